@@ -1,0 +1,298 @@
+"""Cadences: pure next-run math in epoch milliseconds. No I/O, no clock.
+
+Two kinds reduce to one epoch-ms score:
+
+* `Every`: an interval. `anchor="schedule"` (the default) gives `next = due + every`, which
+  is drift-free: a 15-minute job stays on :00/:15/:30/:45. `anchor="release"` gives
+  `next = now + every`, EchoMQ's `advance/4` literally.
+* `Cron`: a 5-field cron expression (or an `@alias`) evaluated in an IANA time zone.
+
+Cron evaluation uses cronsim. It was chosen over croniter by correctness at DST
+transitions (`tests/test_cron_dst.py` holds both against a brute-force oracle): croniter
+fires a fixed time such as `30 2 * * *` twice on a fall-back day; cronsim follows
+Debian cron's rule, which is ours:
+
+* a fixed wall-clock time in a spring-forward gap fires once, at the first valid instant
+  after the gap;
+* a fixed wall-clock time that repeats at fall-back fires once, at its first occurrence;
+* expressions whose minute or hour field starts with `*` (`*/15 * * * *`, `0 */2 * * *`)
+  follow elapsed time through both transitions, so they neither stall nor double.
+
+Missed slots (the pump was down) follow the registration's misfire policy, see `advance`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from .errors import ScheduleError
+
+__all__ = [
+    "Anchor",
+    "Cadence",
+    "Cron",
+    "Every",
+    "Misfire",
+    "advance",
+    "cadence_from_fields",
+    "next_runs",
+    "parse_every_ms",
+]
+
+Anchor = Literal["schedule", "release"]
+Misfire = Literal["coalesce", "catchup"]
+ANCHORS: tuple[Anchor, ...] = ("schedule", "release")
+MISFIRES: tuple[Misfire, ...] = ("coalesce", "catchup")
+
+# Counting missed cron slots after a very long outage is capped; past the cap the
+# count is a lower bound and the cadence jumps straight to the next future slot.
+MAX_COUNTED_MISSES = 100_000
+
+CRON_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_EVERY_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)")
+
+
+class Cadence(Protocol):
+    """When the next run is. Every implementation is a frozen value with no I/O."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def first_run(self, now_ms: int) -> int:
+        """Return the first run of a fresh registration created at `now_ms`."""
+        ...
+
+    def next_after(self, after_ms: int) -> int:
+        """Return the first slot strictly after `after_ms`."""
+        ...
+
+    def to_fields(self) -> dict[str, str]:
+        """Return the record fields that store this cadence."""
+        ...
+
+    def describe(self) -> str:
+        """Return the cadence in words, for people."""
+        ...
+
+
+def parse_every_ms(value: int | timedelta | str) -> int:
+    """Return an interval in ms from ms, a `timedelta`, or a string like `"15m"` / `"1h30m"`."""
+    if isinstance(value, bool):
+        raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
+    if isinstance(value, timedelta):
+        every_ms = int(value.total_seconds() * 1000)
+    elif isinstance(value, int):
+        every_ms = value
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if text.isdigit():
+            every_ms = int(text)
+        else:
+            parts = _EVERY_RE.findall(text)
+            if not parts or _EVERY_RE.sub("", text).strip():
+                raise ScheduleError(
+                    f"every {value!r} is not an interval; use ms or a string like "
+                    "'500ms', '30s', '15m', '1h30m', '2d'"
+                )
+            every_ms = sum(int(n) * _UNITS_MS[unit] for n, unit in parts)
+    else:
+        raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
+    if every_ms <= 0:
+        raise ScheduleError(f"every must be a positive interval, got {value!r}")
+    return every_ms
+
+
+def _words_ms(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    """A fixed interval, start-to-start."""
+
+    every_ms: int
+    anchor: Anchor = "schedule"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every_ms, bool) or not isinstance(self.every_ms, int):
+            raise ScheduleError(f"every_ms must be an int, got {self.every_ms!r}")
+        if self.every_ms <= 0:
+            raise ScheduleError(f"every_ms must be positive, got {self.every_ms}")
+        if self.anchor not in ANCHORS:
+            raise ScheduleError(f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
+
+    @property
+    def kind(self) -> str:
+        return "every"
+
+    def first_run(self, now_ms: int) -> int:
+        return now_ms + self.every_ms
+
+    def next_after(self, after_ms: int) -> int:
+        return after_ms + self.every_ms
+
+    def to_fields(self) -> dict[str, str]:
+        return {"every_ms": str(self.every_ms), "anchor": self.anchor}
+
+    def describe(self) -> str:
+        return f"every {_words_ms(self.every_ms)}" + (
+            " (from release)" if self.anchor == "release" else ""
+        )
+
+
+def _zone(tz: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+        raise ScheduleError(f"unknown time zone {tz!r}; use an IANA name such as 'Europe/Paris'") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A 5-field cron expression in an IANA time zone (default UTC).
+
+    `day_and=True` makes a restricted day-of-month and day-of-week both have to match, as
+    Celery's `crontab` does; the default follows cron, where either may match.
+    """
+
+    expr: str
+    tz: str = "UTC"
+    day_and: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expr, str):
+            raise ScheduleError(f"cron must be a string, got {self.expr!r}")
+        expanded = CRON_ALIASES.get(self.expr.strip().lower(), self.expr)
+        if len(expanded.split()) != 5:
+            raise ScheduleError(
+                f"cron {self.expr!r} must have 5 fields (minute hour day month weekday) "
+                f"or be one of {sorted(CRON_ALIASES)}"
+            )
+        zone = _zone(self.tz)
+        try:
+            CronSim(expanded, datetime(2000, 1, 1, tzinfo=zone))
+        except (CronSimError, ValueError, KeyError, IndexError) as exc:
+            raise ScheduleError(f"invalid cron {self.expr!r}: {exc}") from exc
+        # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
+        # member with no next run.
+        try:
+            self.next_after(946_684_800_000)
+        except StopIteration as exc:
+            raise ScheduleError(f"cron {self.expr!r} never fires") from exc
+
+    @property
+    def kind(self) -> str:
+        return "cron"
+
+    @property
+    def expanded(self) -> str:
+        return CRON_ALIASES.get(self.expr.strip().lower(), self.expr)
+
+    def _iterate(self, after_ms: int) -> Iterator[datetime]:
+        zone = ZoneInfo(self.tz)
+        start = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc).astimezone(zone)
+        sim = CronSim(self.expanded, start)
+        if self.day_and:
+            # cronsim ORs two restricted day fields as cron does; Celery ANDs them.
+            sim.day_and = True
+        return sim
+
+    def next_after(self, after_ms: int) -> int:
+        for candidate in self._iterate(after_ms):
+            candidate_ms = int(candidate.timestamp() * 1000)
+            # In a repeated fall-back hour cronsim works on wall time, so a slot it yields
+            # can map to an instant at or before `after_ms`: that slot already fired.
+            if candidate_ms > after_ms:
+                return candidate_ms
+        raise StopIteration  # pragma: no cover - refused at construction
+
+    def first_run(self, now_ms: int) -> int:
+        return self.next_after(now_ms)
+
+    def to_fields(self) -> dict[str, str]:
+        fields = {"cron": self.expr, "tz": self.tz}
+        if self.day_and:
+            fields["day_and"] = "1"
+        return fields
+
+    def describe(self) -> str:
+        return f"cron {self.expr} ({self.tz})"
+
+
+def cadence_from_fields(fields: dict[str, str]) -> Cadence:
+    """Rebuild a cadence from record fields; raise `ScheduleError` if they are inconsistent."""
+    if fields.get("cron"):
+        return Cron(fields["cron"], fields.get("tz") or "UTC", fields.get("day_and") == "1")
+    raw = fields.get("every_ms")
+    if not raw:
+        raise ScheduleError("record has neither every_ms nor cron")
+    try:
+        every_ms = int(raw)
+    except ValueError as exc:
+        raise ScheduleError(f"every_ms {raw!r} is not an integer") from exc
+    anchor = fields.get("anchor") or "schedule"
+    if anchor not in ANCHORS:
+        raise ScheduleError(f"anchor {anchor!r} is not one of {ANCHORS}")
+    return Every(every_ms, anchor)  # type: ignore[arg-type]
+
+
+def advance(cadence: Cadence, due_ms: int, now_ms: int, misfire: Misfire = "coalesce") -> tuple[int, int]:
+    """Return `(next_ms, missed)` for an occurrence due at `due_ms` released at `now_ms`.
+
+    * `coalesce` (default): the occurrence at `due_ms` fires; every later slot that is
+      already past is dropped and counted in `missed`; the next run is the first future slot.
+    * `catchup`: nothing is dropped; the next run is the slot after `due_ms`, even if it
+      is past, so the pump fires the missed slots one by one.
+
+    An `Every` with `anchor="release"` always resumes at `now + every`; the slots it skips
+    are counted as missed.
+    """
+    if isinstance(cadence, Every):
+        every = cadence.every_ms
+        late = max(0, now_ms - due_ms)
+        if cadence.anchor == "release":
+            return now_ms + every, late // every
+        if misfire == "catchup":
+            return due_ms + every, 0
+        missed = late // every
+        return due_ms + (missed + 1) * every, missed
+    next_ms = cadence.next_after(due_ms)
+    if misfire == "catchup":
+        return next_ms, 0
+    missed = 0
+    while next_ms <= now_ms:
+        missed += 1
+        if missed >= MAX_COUNTED_MISSES:
+            return cadence.next_after(now_ms), missed
+        next_ms = cadence.next_after(next_ms)
+    return next_ms, missed
+
+
+def next_runs(cadence: Cadence, after_ms: int, n: int) -> list[int]:
+    """Return the next `n` slots strictly after `after_ms`."""
+    runs: list[int] = []
+    at = after_ms
+    for _ in range(n):
+        at = cadence.next_after(at)
+        runs.append(at)
+    return runs

@@ -1,0 +1,138 @@
+"""A registration's definition: cadence, template and misfire policy, as an inert value.
+
+The digest of a definition is what `upsert` compares: an unchanged digest means no write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .cadence import MISFIRES, Anchor, Cadence, Cron, Every, Misfire, cadence_from_fields, parse_every_ms
+from .errors import ScheduleError
+
+__all__ = ["MAX_TEMPLATE_BYTES", "Definition", "define", "encode_template"]
+
+# Templates are JSON objects of at most 64 KiB: a recurring task's arguments are small, and
+# the registry is loaded by every pump tick that claims the registration.
+MAX_TEMPLATE_BYTES = 64 * 1024
+
+# Record fields a definition owns. upsert deletes the ones a new definition leaves out.
+DEFINITION_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "misfire", "template")
+
+
+def encode_template(template: object) -> str:
+    """Return `template` as compact canonical JSON; raise `ScheduleError` if it is not JSON."""
+    if not isinstance(template, Mapping):
+        raise ScheduleError(
+            f"template must be a JSON object (a dict), got {type(template).__name__}"
+        )
+    try:
+        text = json.dumps(template, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ScheduleError("template is nested too deeply to serialise") from exc
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEMPLATE_BYTES:
+        raise ScheduleError(f"template is {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ScheduleError("template holds a string that is not valid UTF-8") from exc
+    return text
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("NaN and infinity are not JSON")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Definition:
+    """What a registration does and when: a cadence, a JSON template, a misfire policy."""
+
+    cadence: Cadence
+    template: Mapping[str, Any] = field(default_factory=dict)
+    misfire: Misfire = "coalesce"
+
+    def __post_init__(self) -> None:
+        if self.misfire not in MISFIRES:
+            raise ScheduleError(f"misfire must be one of {MISFIRES}, got {self.misfire!r}")
+        encode_template(self.template)
+
+    @property
+    def template_json(self) -> str:
+        return encode_template(self.template)
+
+    def to_fields(self) -> dict[str, str]:
+        """Return the record fields of this definition (EchoMQ's `every_ms` and `template`)."""
+        fields = dict(self.cadence.to_fields())
+        fields["template"] = self.template_json
+        fields["misfire"] = self.misfire
+        return fields
+
+    @property
+    def cadence_digest(self) -> str:
+        return _digest(self.cadence.to_fields())
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.to_fields())
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Definition:
+        """Rebuild a definition from a record; raise `ScheduleError` on a corrupt record."""
+        cadence = cadence_from_fields(dict(fields))
+        raw = fields.get("template")
+        if raw is None:
+            raise ScheduleError("record has no template")
+        try:
+            template = json.loads(raw, parse_constant=_finite)
+        except (ValueError, RecursionError) as exc:
+            raise ScheduleError(f"record template is not JSON: {exc}") from exc
+        misfire = fields.get("misfire") or "coalesce"
+        return cls(cadence, template, misfire)  # type: ignore[arg-type]
+
+
+def _digest(fields: Mapping[str, str]) -> str:
+    canonical = json.dumps(dict(sorted(fields.items())), separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def define(
+    *,
+    every: int | timedelta | str | None = None,
+    every_ms: int | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    anchor: Anchor = "schedule",
+    misfire: Misfire = "coalesce",
+    template: Mapping[str, Any] | None = None,
+    day_and: bool = False,
+) -> Definition:
+    """Build a `Definition` from keyword arguments; exactly one of `every`/`every_ms`/`cron`."""
+    given = [k for k, v in (("every", every), ("every_ms", every_ms), ("cron", cron)) if v is not None]
+    if len(given) != 1:
+        raise ScheduleError(
+            "give exactly one cadence: every= (e.g. '15m'), every_ms=, or cron= "
+            f"(got {', '.join(given) or 'none'})"
+        )
+    cadence: Cadence
+    if cron is not None:
+        cadence = Cron(cron, tz or "UTC", day_and)
+    else:
+        if tz is not None:
+            raise ScheduleError("tz applies to cron schedules only; an interval has no time zone")
+        raw = every if every is not None else every_ms
+        assert raw is not None
+        cadence = Every(parse_every_ms(raw), anchor)
+    return Definition(cadence, template if template is not None else {}, misfire)
+
+

@@ -1,0 +1,54 @@
+"""The `Dispatcher` protocol: the plug point that turns an occurrence into a broker message.
+
+Adapters (`emq_bridge.celery`, `emq_bridge.dramatiq`) implement it; the core never imports
+them. `ListPushDispatcher` is the adapter-free one: it pushes JSON onto a Redis list.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import DispatchError
+from .registry import Occurrence, redis_errors
+
+__all__ = ["Dispatcher", "ListPushDispatcher", "occurrence_message"]
+
+
+@runtime_checkable
+class Dispatcher(Protocol):
+    """Hands occurrences to a broker."""
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        """Send one occurrence; return only once the broker has accepted it.
+
+        Raise on failure: the pump then leaves the lease to expire, and a pump re-dispatches
+        the occurrence with the same id (at-least-once).
+        """
+        ...
+
+
+def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
+    """Return the JSON-ready message of an occurrence: its template plus its identity."""
+    return {
+        "id": occurrence.id,
+        "queue": occurrence.queue,
+        "name": occurrence.name,
+        "due_ms": occurrence.due_ms,
+        "template": dict(occurrence.template),
+    }
+
+
+class ListPushDispatcher:
+    """Push each occurrence as JSON onto the Redis list `key` (RPUSH)."""
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        try:
+            with redis_errors(f"push {occurrence.queue}/{occurrence.name}"):
+                self.client.rpush(self.key, json.dumps(occurrence_message(occurrence)))
+        except Exception as exc:
+            raise DispatchError(str(exc)) from exc

@@ -1,0 +1,46 @@
+"""One small exception tree: everything emq-bridge raises derives from `EmqError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "CorruptRecord",
+    "DispatchError",
+    "EmqError",
+    "InvalidName",
+    "RegistryError",
+    "RegistryUnavailable",
+    "ScheduleError",
+]
+
+
+class EmqError(Exception):
+    """Root of every error emq-bridge raises."""
+
+
+class ScheduleError(EmqError, ValueError):
+    """A schedule definition is invalid: cadence, time zone, template or options."""
+
+
+class InvalidName(ScheduleError):
+    """A queue or registration name breaks the naming rules (see `emq_bridge.keys`)."""
+
+
+class ConfigError(EmqError, ValueError):
+    """A schedule file or adapter configuration is invalid."""
+
+
+class RegistryError(EmqError):
+    """The registry could not carry out a move."""
+
+
+class RegistryUnavailable(RegistryError):
+    """Redis could not be reached or answered with a connection-level error."""
+
+
+class CorruptRecord(RegistryError):
+    """A registration hash lacks a field or holds a value of the wrong type."""
+
+
+class DispatchError(EmqError):
+    """A dispatcher could not hand an occurrence to its broker."""

@@ -1,0 +1,96 @@
+"""Every Redis key and channel name the registry uses, and the name rules.
+
+All keys of one queue carry the `{q}` hash tag, so a queue's repeat state sits on one
+Redis Cluster slot and every Lua move on it is a single atomic script.
+
+Extra keys never take the form `<prefix>:{q}:repeat:<x>`: that space belongs to
+registration records.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+from .errors import InvalidName
+
+__all__ = ["DEFAULT_PREFIX", "MAX_NAME_BYTES", "QueueKeys", "validate_name"]
+
+DEFAULT_PREFIX = "emq"
+MAX_NAME_BYTES = 200
+
+
+def validate_name(value: object, what: str = "name") -> str:
+    """Return `value` if it is a valid queue or registration name, else raise `InvalidName`.
+
+    A valid name is a non-empty `str` of at most 200 bytes of UTF-8 with no `{`, `}`,
+    whitespace or control characters.
+    """
+    if not isinstance(value, str):
+        raise InvalidName(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidName(f"{what} must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # lone surrogates
+        raise InvalidName(f"{what} {value!r} is not valid UTF-8") from exc
+    if size > MAX_NAME_BYTES:
+        raise InvalidName(f"{what} is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}")
+    for char in value:
+        if char in "{}":
+            raise InvalidName(f"{what} {value!r} must not contain '{{' or '}}'")
+        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Zs"):
+            raise InvalidName(f"{what} {value!r} must not contain whitespace or control characters")
+    return value
+
+
+def validate_prefix(value: str) -> str:
+    """Return `value` if it can prefix keys: the name rules, and no ':' at the end."""
+    validate_name(value, "prefix")
+    if value.endswith(":"):
+        raise InvalidName(f"prefix {value!r} must not end with ':'")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys and channel of one queue's registry."""
+
+    prefix: str
+    queue: str
+
+    @property
+    def tag(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}"
+
+    @property
+    def registry(self) -> str:
+        """Sorted set: members are registration names, scores next-run epoch ms."""
+        return f"{self.tag}:repeat"
+
+    def record(self, name: str) -> str:
+        """Hash holding one registration's cadence, template and counters."""
+        return f"{self.tag}:repeat:{name}"
+
+    @property
+    def leases(self) -> str:
+        """Sorted set of claimed occurrences `"<name> <due_ms>"`, scored by lease deadline."""
+        return f"{self.tag}:leases"
+
+    @property
+    def wake_channel(self) -> str:
+        """Pub/sub channel that registry changes publish to, so sleeping pumps wake."""
+        return f"{self.tag}:wake"
+
+    def all_keys(self, names: tuple[str, ...] = ()) -> list[str]:
+        return [self.registry, self.leases, *(self.record(n) for n in names)]
+
+
+def lease_member(name: str, due_ms: int) -> str:
+    """Encode a claimed occurrence; names hold no whitespace, so a space separates."""
+    return f"{name} {due_ms}"
+
+
+def parse_lease_member(member: str) -> tuple[str, int]:
+    name, _, due = member.rpartition(" ")
+    return name, int(due)

@@ -1,0 +1,19 @@
+-- cancel: remove a registration, its registry member and its leases.
+--
+-- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run
+-- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
+-- KEYS[3]  <prefix>:{q}:leases          sorted set: "<name> <due_ms>" -> lease deadline
+-- ARGV[1]  name
+-- ARGV[2]  owner guard: when not empty, cancel only if the record's `source` equals it
+--
+-- Returns 1 when something was removed, 0 when nothing existed (or the guard refused).
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'source') ~= ARGV[2] then return 0 end
+local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
+local prefix = ARGV[1] .. ' '
+for _, member in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  if string.sub(member, 1, #prefix) == prefix then
+    removed = removed + redis.call('ZREM', KEYS[3], member)
+  end
+end
+if removed > 0 then return 1 end
+return 0

@@ -1,0 +1,20 @@
+-- scan: read what is due, without writing. The pump's first round trip of a tick.
+--
+-- KEYS[1]  <prefix>:{q}:repeat   sorted set: name -> next run
+-- KEYS[2]  <prefix>:{q}:leases   sorted set: "<name> <due_ms>" -> lease deadline
+-- ARGV[1]  now, epoch ms; empty to use the server clock (TIME)
+-- ARGV[2]  batch size
+--
+-- Returns {now_ms, {name, score, ...} due, {member, ...} expired leases,
+--          earliest registry score or '', earliest lease deadline or ''}.
+local now = ARGV[1]
+if now == '' then
+  local t = redis.call('TIME')
+  now = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
+local batch = tonumber(ARGV[2])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, batch)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+return {now, due, expired, first[2] or '', first_lease[2] or ''}

@@ -1,0 +1,296 @@
+"""The pump: scan -> claim -> dispatch -> ack, in batches, on any number of processes.
+
+A tick costs one round trip per queue when nothing is due (`scan.lua`), and four per batch
+when something is (scan, read the records, claim, ack), whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cadence import Cadence, advance
+from .definition import Definition
+from .dispatch import Dispatcher
+from .errors import RegistryUnavailable, ScheduleError
+from .keys import parse_lease_member, validate_name
+from .registry import Occurrence, Repeat, occurrence_id, redis_errors
+
+__all__ = ["Clock", "Pump", "Tick"]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+"""Returns now in epoch ms. The default is the Redis server's clock (`TIME`)."""
+
+CadenceResolver = Callable[[str, str, Cadence], Cadence]
+"""Given (queue, name, stored cadence), returns the cadence to compute next runs with."""
+
+# A registration whose record cannot be decoded is parked this long, then retried.
+CORRUPT_PARK_MS = 60_000
+# Policies that may evict keys without a TTL, i.e. the registry.
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+
+
+@dataclass(slots=True)
+class Tick:
+    """What one `run_once` did."""
+
+    now_ms: int = 0
+    dispatched: list[Occurrence] = field(default_factory=list)
+    failed: list[Occurrence] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
+    next_wake_ms: int | None = None
+
+    def wake_at(self, at_ms: int | None) -> None:
+        if at_ms is not None and (self.next_wake_ms is None or at_ms < self.next_wake_ms):
+            self.next_wake_ms = at_ms
+
+
+class Pump:
+    """Fires the due occurrences of `queues` through `dispatcher`.
+
+    Any number of pumps may run on the same queues: a claim is a compare-and-set, so each
+    occurrence is dispatched by one pump. If a pump dies between claim and ack, the lease
+    expires after `lease_ms` and any pump re-dispatches the occurrence with the same id.
+    """
+
+    def __init__(
+        self,
+        repeat: Repeat,
+        queues: Iterable[str],
+        dispatcher: Dispatcher,
+        *,
+        batch_size: int = 500,
+        lease_ms: int = 60_000,
+        clock: Clock | None = None,
+        max_sleep_s: float = 5.0,
+        resolve_cadence: CadenceResolver | None = None,
+    ) -> None:
+        self.repeat = repeat
+        self.queues = tuple(validate_name(q, "queue") for q in queues)
+        if not self.queues:
+            raise ValueError("a pump needs at least one queue")
+        if batch_size <= 0 or lease_ms <= 0 or max_sleep_s <= 0:
+            raise ValueError("batch_size, lease_ms and max_sleep_s must be positive")
+        self.dispatcher = dispatcher
+        self.batch_size = batch_size
+        self.lease_ms = lease_ms
+        self.clock = clock
+        self.max_sleep_s = max_sleep_s
+        self.resolve_cadence = resolve_cadence
+        self._stop = threading.Event()
+
+    # -- one tick -------------------------------------------------------------------------
+
+    def run_once(self, now_ms: int | None = None) -> Tick:
+        """Fire everything due now (`now_ms`, else the clock, else the server's `TIME`).
+
+        Raises `RegistryUnavailable` when Redis cannot be reached.
+        """
+        if now_ms is None and self.clock is not None:
+            now_ms = self.clock()
+        tick = Tick()
+        for queue in self.queues:
+            self._drain(queue, now_ms, tick)
+        return tick
+
+    def _drain(self, queue: str, now_ms: int | None, tick: Tick) -> None:
+        while True:
+            scan = self.repeat.scan(queue, self.batch_size, now_ms)
+            tick.now_ms = scan.now_ms
+            earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
+            if scan.due or scan.expired:
+                earliest, earliest_lease = self._fire_batch(queue, scan.now_ms, scan.due, scan.expired, tick)
+            full = len(scan.due) >= self.batch_size or len(scan.expired) >= self.batch_size
+            if not full or self._stop.is_set():
+                # After a full batch, look again; otherwise the earliest score says when.
+                tick.wake_at(earliest if not full else scan.now_ms)
+                tick.wake_at(earliest_lease)
+                return
+
+    def _fire_batch(
+        self, queue: str, now_ms: int, due: list[tuple[str, int]], expired: list[str], tick: Tick
+    ) -> tuple[int | None, int | None]:
+        """Claim, dispatch and ack one batch; return the earliest score and lease after it."""
+        redeliveries = [parse_lease_member(m) for m in expired]
+        names = list(dict.fromkeys([n for n, _ in due] + [n for n, _ in redeliveries]))
+        records = self.repeat.load_records(queue, names)
+        definitions: dict[str, Definition] = {}
+        candidates: list[tuple[str, int, int, int, str]] = []
+        for name, score in due:
+            definition = self._definition(queue, name, records.get(name, {}))
+            if definition is None:
+                candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer"))
+                tick.parked.append(name)
+                continue
+            definitions[name] = definition
+            next_ms, missed = advance(definition.cadence, score, now_ms, definition.misfire)
+            if missed:
+                log.warning(
+                    "%s/%s: %d slot(s) missed while no pump ran; coalesced into the one due at %d",
+                    queue, name, missed, score,
+                )
+            candidates.append((name, score, next_ms, missed, "fire"))
+        claim = self.repeat.claim(queue, now_ms, self.lease_ms, candidates, expired)
+
+        batch: list[Occurrence] = []
+        for index in claim.claimed:
+            name, score, _, missed, _ = candidates[index]
+            batch.append(self._occurrence(queue, name, score, definitions[name], now_ms, False, missed))
+        drop: list[str] = []
+        for member in claim.released:
+            name, due_ms = parse_lease_member(member)
+            definition = definitions.get(name) or self._definition(queue, name, records.get(name, {}))
+            if definition is None:
+                log.error("%s/%s: lease %s dropped: the registration is gone or corrupt", queue, name, member)
+                drop.append(member)
+                continue
+            batch.append(self._occurrence(queue, name, due_ms, definition, now_ms, True, 0))
+
+        accepted = list(drop)
+        for occurrence in batch:
+            if self._dispatch(occurrence):
+                accepted.append(occurrence.lease_member)
+                tick.dispatched.append(occurrence)
+            else:
+                tick.failed.append(occurrence)
+        self.repeat.ack(queue, accepted)
+        return claim.earliest_ms, claim.earliest_lease_ms
+
+    def _definition(self, queue: str, name: str, fields: Mapping[str, str]) -> Definition | None:
+        if not fields:
+            log.error("%s/%s: registry member has no record; parked for %ds", queue, name, CORRUPT_PARK_MS // 1000)
+            return None
+        try:
+            definition = Definition.from_fields(fields)
+        except (ScheduleError, ValueError, TypeError) as exc:
+            log.error("%s/%s: corrupt record parked for %ds: %s", queue, name, CORRUPT_PARK_MS // 1000, exc)
+            return None
+        if self.resolve_cadence is not None:
+            definition = Definition(
+                self.resolve_cadence(queue, name, definition.cadence), definition.template, definition.misfire
+            )
+        return definition
+
+    def _occurrence(
+        self, queue: str, name: str, due_ms: int, definition: Definition, now_ms: int, redelivered: bool, missed: int
+    ) -> Occurrence:
+        return Occurrence(
+            queue=queue,
+            name=name,
+            due_ms=due_ms,
+            id=occurrence_id(self.repeat.prefix, queue, name, due_ms),
+            template=definition.template,
+            released_ms=now_ms,
+            redelivered=redelivered,
+            missed=missed,
+        )
+
+    def _dispatch(self, occurrence: Occurrence) -> bool:
+        try:
+            self.dispatcher.dispatch(occurrence)
+        except Exception:
+            # The lease stays; when it expires a pump re-dispatches with the same id.
+            log.exception(
+                "%s/%s: dispatch of occurrence %s failed; it is retried after the lease (%d ms)",
+                occurrence.queue, occurrence.name, occurrence.id, self.lease_ms,
+            )
+            return False
+        log.debug("%s/%s: dispatched occurrence %s due %d", occurrence.queue, occurrence.name, occurrence.id, occurrence.due_ms)
+        return True
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask `run` to finish the batch in hand and return."""
+        self._stop.set()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Pump until `stop` (or `self.stop()`) is set.
+
+        Sleeps until the earliest next run, or until a registry change is published, at most
+        `max_sleep_s`. Redis outages are logged once and retried with backoff.
+        """
+        if stop is not None:
+            self._stop = stop
+        self.check_eviction_policy()
+        subscriber: Any = None
+        outage_since: float | None = None
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if subscriber is None:
+                    subscriber = self._subscribe()
+                tick = self.run_once()
+                if outage_since is not None:
+                    log.warning("Redis is reachable again after %.1fs; pumping resumes", time.monotonic() - outage_since)
+                    outage_since, failures = None, 0
+                delay = self._delay(tick)
+            except RegistryUnavailable as exc:
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    log.error("Redis is unreachable; retrying with backoff until it is back: %s", exc)
+                failures += 1
+                delay = min(5.0, 0.05 * 2**failures)
+                subscriber = _close(subscriber)
+            subscriber = self._wait(delay, subscriber)
+        _close(subscriber)
+
+    def _delay(self, tick: Tick) -> float:
+        if tick.next_wake_ms is None:
+            return self.max_sleep_s
+        return min(self.max_sleep_s, max(0.0, (tick.next_wake_ms - tick.now_ms) / 1000))
+
+    def _subscribe(self) -> Any:
+        try:
+            subscriber = self.repeat.client.pubsub(ignore_subscribe_messages=True)
+            subscriber.subscribe(*(self.repeat.keys(q).wake_channel for q in self.queues))
+        except Exception as exc:
+            log.debug("no wake-up subscription, polling every %.1fs: %s", self.max_sleep_s, exc)
+            return None
+        return subscriber
+
+    def _wait(self, delay: float, subscriber: Any) -> Any:
+        deadline = time.monotonic() + delay
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return subscriber
+            if subscriber is None:
+                self._stop.wait(min(remaining, 0.2))
+                continue
+            try:
+                if subscriber.get_message(timeout=min(remaining, 0.2)) is not None:
+                    return subscriber  # a registry change: tick now
+            except Exception:
+                return _close(subscriber)
+        return subscriber
+
+    def check_eviction_policy(self) -> str | None:
+        """Warn loudly if Redis may evict registry keys; return the policy if it could be read."""
+        try:
+            with redis_errors("CONFIG GET maxmemory-policy"):
+                reply = self.repeat.client.config_get("maxmemory-policy")
+        except Exception as exc:  # CONFIG may be disabled by ACL or a managed service
+            log.info("could not read maxmemory-policy (%s); make sure it is noeviction", exc)
+            return None
+        policy = str(next(iter(reply.values()), "")) if reply else ""
+        if policy in EVICTING_POLICIES:
+            log.warning(
+                "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
+                "set it to noeviction (or a volatile-* policy)", policy,
+            )
+        return policy
+
+
+def _close(subscriber: Any) -> None:
+    if subscriber is not None:
+        try:
+            subscriber.close()
+        except Exception:  # closing a broken connection may itself fail; nothing to save
+            log.debug("closing the wake-up subscription failed", exc_info=True)

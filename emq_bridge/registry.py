@@ -1,0 +1,513 @@
+"""`Repeat`: the Repeat registry. The only module that talks to the registry keys.
+
+Every move is one Lua script (see `emq_bridge/lua/`). Redis connection failures surface as
+`RegistryUnavailable`, other server errors as `RegistryError`; nothing is swallowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import redis
+
+from .cadence import Anchor, Misfire, advance, next_runs
+from .definition import DEFINITION_FIELDS, Definition, define
+from .errors import RegistryError, RegistryUnavailable, ScheduleError
+from .keys import DEFAULT_PREFIX, QueueKeys, lease_member, validate_name, validate_prefix
+from .scripts import Scripts
+
+__all__ = [
+    "Occurrence",
+    "Registered",
+    "Registration",
+    "Repeat",
+    "Scan",
+    "Upserted",
+    "occurrence_id",
+]
+
+log = logging.getLogger(__name__)
+
+Registered = Literal["registered", "exists"]
+Upserted = Literal["created", "unchanged", "updated"]
+_UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated"}
+_OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
+
+
+def occurrence_id(prefix: str, queue: str, name: str, due_ms: int) -> str:
+    """Return the id of the occurrence of `name` due at `due_ms`: a UUIDv5, the same every time.
+
+    A re-dispatch after a crash, or a racing pump, therefore produces the same id.
+    """
+    return str(uuid.uuid5(_OCCURRENCE_NAMESPACE, f"{prefix}:{queue}:{name}:{due_ms}"))
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One firing of a registration at its nominal instant `due_ms` (epoch ms, UTC)."""
+
+    queue: str
+    name: str
+    due_ms: int
+    id: str
+    template: Mapping[str, Any]
+    released_ms: int
+    redelivered: bool = False
+    missed: int = 0
+
+    @property
+    def lease_member(self) -> str:
+        return lease_member(self.name, self.due_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A registration as stored: its definition, its next run and its counters."""
+
+    queue: str
+    name: str
+    definition: Definition
+    next_run_ms: int | None
+    paused: bool
+    source: str | None
+    last_due_ms: int | None
+    last_fired_ms: int | None
+    fired: int
+    missed: int
+    created_ms: int | None
+    updated_ms: int | None
+
+    def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
+        """Return the next `n` runs (epoch ms), starting with the stored next run."""
+        if self.next_run_ms is None:
+            start = after_ms if after_ms is not None else int(time.time() * 1000)
+            return next_runs(self.definition.cadence, start, n)
+        return [self.next_run_ms, *next_runs(self.definition.cadence, self.next_run_ms, n - 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What one queue's registry holds that is due at `now_ms`."""
+
+    now_ms: int
+    due: list[tuple[str, int]]
+    expired: list[str]
+    earliest_ms: int | None
+    earliest_lease_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a claim took: candidate indexes, re-leased lease members, and what is due next."""
+
+    claimed: list[int]
+    released: list[str]
+    earliest_ms: int | None
+    earliest_lease_ms: int | None
+
+
+def text(value: Any) -> str:
+    """Decode a Redis reply item, whatever the client's `decode_responses` is."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _score(value: Any) -> int | None:
+    if value is None or value == "" or value == b"":
+        return None
+    number = float(text(value))
+    return None if number == float("inf") else int(number)
+
+
+def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
+    raw = fields.get(key)
+    return int(raw) if raw not in (None, "") else None
+
+
+@contextmanager
+def redis_errors(action: str) -> Iterator[None]:
+    """Map redis-py's exceptions to ours at this one boundary."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RegistryUnavailable(f"{action}: Redis is unreachable ({type(exc).__name__})") from exc
+    except redis.RedisError as exc:
+        raise RegistryError(f"{action}: {exc}") from exc
+
+
+class Repeat:
+    """The Repeat registry on one Redis (or Redis Cluster) client.
+
+    Keys are `<prefix>:{<queue>}:repeat` (sorted set) and `<prefix>:{<queue>}:repeat:<name>`
+    (hash). Times are epoch milliseconds; "now" defaults to the Redis server's clock.
+    """
+
+    def __init__(self, client: Any, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.prefix = validate_prefix(prefix)
+        self.scripts = Scripts.load(client)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
+        """Connect with `redis.Redis.from_url` (`redis://`, `rediss://`, `unix://`)."""
+        return cls(redis.Redis.from_url(url, **options), prefix)
+
+    def keys(self, queue: str) -> QueueKeys:
+        return QueueKeys(self.prefix, validate_name(queue, "queue"))
+
+    def server_time_ms(self) -> int:
+        """Return the Redis server's clock in epoch ms (the one clock pumps agree on)."""
+        with redis_errors("TIME"):
+            seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def _now(self, now_ms: int | None) -> int:
+        return self.server_time_ms() if now_ms is None else now_ms
+
+    # -- registration moves -------------------------------------------------------------
+
+    def register(
+        self,
+        queue: str,
+        name: str,
+        *,
+        every: int | timedelta | str | None = None,
+        every_ms: int | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        anchor: Anchor = "schedule",
+        misfire: Misfire = "coalesce",
+        template: Mapping[str, Any] | None = None,
+        definition: Definition | None = None,
+        now_ms: int | None = None,
+    ) -> Registered:
+        """Register `name` once: `registered`, or `exists` when it is already there.
+
+        `exists` writes nothing, so the live cadence is never disturbed by a re-register.
+        """
+        keys = self.keys(queue)
+        validate_name(name, "registration name")
+        if definition is None:
+            definition = define(
+                every=every, every_ms=every_ms, cron=cron, tz=tz, anchor=anchor,
+                misfire=misfire, template=template,
+            )
+        now = self._now(now_ms)
+        fields = self._record_fields(definition, now, source=None)
+        with redis_errors(f"register {queue}/{name}"):
+            created = self.scripts.register(
+                keys=[keys.registry, keys.record(name)],
+                args=[name, definition.cadence.first_run(now), keys.wake_channel, *_flatten(fields)],
+            )
+        return "registered" if int(created) == 1 else "exists"
+
+    def upsert(
+        self,
+        queue: str,
+        name: str,
+        *,
+        every: int | timedelta | str | None = None,
+        every_ms: int | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        anchor: Anchor = "schedule",
+        misfire: Misfire = "coalesce",
+        template: Mapping[str, Any] | None = None,
+        definition: Definition | None = None,
+        source: str | None = None,
+        now_ms: int | None = None,
+    ) -> Upserted:
+        """Create `name`, leave it alone if its definition is unchanged, or rewrite it.
+
+        `unchanged` writes nothing. `updated` keeps the next run unless the cadence changed,
+        in which case the next run is re-derived from now under the new cadence.
+        `source` tags the owner of the registration (used by `sync` to prune).
+        """
+        if definition is None:
+            definition = define(
+                every=every, every_ms=every_ms, cron=cron, tz=tz, anchor=anchor,
+                misfire=misfire, template=template,
+            )
+        return self.upsert_many([(queue, name, definition)], source=source, now_ms=now_ms)[0]
+
+    def upsert_many(
+        self,
+        items: Sequence[tuple[str, str, Definition]],
+        *,
+        source: str | None = None,
+        now_ms: int | None = None,
+    ) -> list[Upserted]:
+        """Upsert `(queue, name, definition)` items, pipelined in chunks; one result per item.
+
+        Each item is its own atomic script: a failure midway leaves earlier items applied,
+        and running the same call again converges.
+        """
+        if source is not None:
+            validate_name(source, "source")
+        prepared = []
+        for queue, name, definition in items:
+            prepared.append((self.keys(queue), validate_name(name, "registration name"), definition))
+        now = self._now(now_ms)
+        results: list[Upserted] = []
+        for start in range(0, len(prepared), 1000):
+            with redis_errors("upsert"):
+                pipe = self.client.pipeline(transaction=False)
+                for keys, name, definition in prepared[start : start + 1000]:
+                    self._upsert_call(pipe, keys, name, definition, source, now)
+                results.extend(_UPSERT_RESULTS[int(r)] for r in pipe.execute())
+        return results
+
+    def _upsert_call(
+        self, client: Any, keys: QueueKeys, name: str, definition: Definition, source: str | None, now: int
+    ) -> Any:
+        fields = self._record_fields(definition, now, source)
+        del fields["created_ms"]  # upsert.lua sets it on create only
+        stale = [f for f in DEFINITION_FIELDS if f not in fields]
+        if source is None:
+            stale.append("source")
+        return self.scripts.upsert(
+            keys=[keys.registry, keys.record(name)],
+            args=[
+                name, fields["digest"], definition.cadence_digest,
+                definition.cadence.first_run(now), keys.wake_channel, now,
+                len(fields), *_flatten(fields), *stale,
+            ],
+            client=client,
+        )
+
+    def _record_fields(self, definition: Definition, now_ms: int, source: str | None) -> dict[str, str]:
+        fields = definition.to_fields()
+        # The owner is part of the digest, so a change of owner is an update.
+        fields["digest"] = definition.digest if source is None else _hash(definition.digest, source)
+        fields["cadence_digest"] = definition.cadence_digest
+        fields["created_ms"] = str(now_ms)
+        fields["updated_ms"] = str(now_ms)
+        if source is not None:
+            fields["source"] = source
+        return fields
+
+    def cancel(self, queue: str, name: str, *, if_source: str | None = None) -> bool:
+        """Remove `name`, its registry member and its leases; True if anything existed.
+
+        With `if_source`, remove it only if the record is owned by that source.
+        """
+        keys = self.keys(queue)
+        validate_name(name, "registration name")
+        with redis_errors(f"cancel {queue}/{name}"):
+            removed = self.scripts.cancel(
+                keys=[keys.registry, keys.record(name), keys.leases], args=[name, if_source or ""]
+            )
+        return int(removed) == 1
+
+    def pause(self, queue: str, name: str) -> bool:
+        """Stop firing `name` until resumed; True if it was running. KeyError if unknown."""
+        keys = self.keys(queue)
+        validate_name(name, "registration name")
+        with redis_errors(f"pause {queue}/{name}"):
+            result = int(self.scripts.pause(keys=[keys.registry, keys.record(name)], args=[name, keys.wake_channel]))
+        if result < 0:
+            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+        return result == 1
+
+    def resume(self, queue: str, name: str, *, now_ms: int | None = None) -> bool:
+        """Fire `name` again from its next slot in the future; True if it was paused.
+
+        An interval keeps its phase; slots that passed while paused are not fired.
+        """
+        registration = self.get(queue, name)
+        if registration is None:
+            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+        if not registration.paused:
+            return False
+        now = self._now(now_ms)
+        keys = self.keys(queue)
+        with redis_errors(f"resume {queue}/{name}"):
+            raw = self.client.hget(keys.record(name), "paused_next_ms")
+        parked = _score(raw) if raw is not None else None
+        cadence = registration.definition.cadence
+        if parked is None:
+            next_ms = cadence.first_run(now)
+        elif parked > now:
+            next_ms = parked
+        else:
+            next_ms, _ = advance(cadence, parked, now, "coalesce")
+        with redis_errors(f"resume {queue}/{name}"):
+            result = int(self.scripts.resume(
+                keys=[keys.registry, keys.record(name)], args=[name, next_ms, keys.wake_channel]
+            ))
+        return result == 1
+
+    def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
+        """Fire `name` once now, as a fresh occurrence, leaving its cadence alone.
+
+        Returns the occurrence id. KeyError if there is no such registration.
+        """
+        keys = self.keys(queue)
+        validate_name(name, "registration name")
+        now = self._now(now_ms)
+        with redis_errors(f"trigger {queue}/{name}"):
+            done = int(self.scripts.trigger(
+                keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
+            ))
+        if not done:
+            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+        return occurrence_id(self.prefix, queue, name, now)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, queue: str, name: str) -> Registration | None:
+        """Return the registration `name`, or None."""
+        found = self._read(queue, [name])
+        return found[0] if found else None
+
+    def list(self, queue: str) -> list[Registration]:
+        """Return every registration of `queue`, in next-run order (paused last)."""
+        keys = self.keys(queue)
+        with redis_errors(f"list {queue}"):
+            names = [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
+        return self._read(queue, names)
+
+    def names(self, queue: str) -> list[str]:
+        """Return the names registered in `queue`."""
+        keys = self.keys(queue)
+        with redis_errors(f"list {queue}"):
+            return [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
+
+    def queues(self) -> list[str]:
+        """Return the queues that have a registry under this prefix (SCAN; an admin read)."""
+        found: set[str] = set()
+        with redis_errors("list queues"):
+            for key in self.client.scan_iter(match=f"{self.prefix}:{{*}}:repeat", count=1000, _type="zset"):
+                raw = text(key)
+                found.add(raw[len(self.prefix) + 2 : -len("}:repeat")])
+        return sorted(found)
+
+    def next_runs(self, queue: str, name: str, n: int = 5) -> list[int]:
+        """Return the next `n` runs of `name` in epoch ms. KeyError if unknown."""
+        registration = self.get(queue, name)
+        if registration is None:
+            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+        return registration.upcoming(n)
+
+    def _read(self, queue: str, names: Sequence[str]) -> list[Registration]:
+        keys = self.keys(queue)
+        with redis_errors(f"read {queue}"):
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(keys.record(name))
+                pipe.zscore(keys.registry, name)
+            replies = pipe.execute()
+        found = []
+        for index, name in enumerate(names):
+            raw, score = replies[2 * index], replies[2 * index + 1]
+            if not raw:
+                continue
+            fields = {text(k): text(v) for k, v in raw.items()}
+            try:
+                found.append(_registration(queue, name, fields, score))
+            except (ScheduleError, ValueError) as exc:
+                log.error("corrupt registration %s/%s skipped: %s", queue, name, exc)
+        return found
+
+    # -- pump-facing moves ----------------------------------------------------------------
+
+    def scan(self, queue: str, batch: int, now_ms: int | None = None) -> Scan:
+        """Return what is due in `queue` at `now_ms` (default: the server's clock). No writes."""
+        keys = self.keys(queue)
+        with redis_errors(f"scan {queue}"):
+            now, due, expired, first, first_lease = self.scripts.scan(
+                keys=[keys.registry, keys.leases], args=["" if now_ms is None else now_ms, batch]
+            )
+        pairs = [(text(due[i]), int(float(text(due[i + 1])))) for i in range(0, len(due), 2)]
+        return Scan(int(text(now)), pairs, [text(m) for m in expired], _score(first), _score(first_lease))
+
+    def load_records(self, queue: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Return the raw record fields of `names` in one round trip (missing ones are empty)."""
+        keys = self.keys(queue)
+        with redis_errors(f"load {queue}"):
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(keys.record(name))
+            replies = pipe.execute()
+        return {
+            name: {text(k): text(v) for k, v in raw.items()}
+            for name, raw in zip(names, replies)
+        }
+
+    def claim(
+        self,
+        queue: str,
+        now_ms: int,
+        lease_ms: int,
+        candidates: Sequence[tuple[str, int, int, int, str]],
+        expired: Sequence[str] = (),
+    ) -> Claim:
+        """Compare-and-set claim; see `lua/claim.lua`.
+
+        `candidates` are `(name, score_read, next_score, missed, "fire" | "defer")`.
+        """
+        keys = self.keys(queue)
+        args: list[Any] = [now_ms, now_ms + lease_ms, len(candidates)]
+        for candidate in candidates:
+            args.extend(candidate)
+        args.extend(expired)
+        with redis_errors(f"claim {queue}"):
+            claimed, released, first, first_lease = self.scripts.claim(
+                keys=[keys.registry, keys.leases, *(keys.record(c[0]) for c in candidates)], args=args
+            )
+        return Claim([int(i) - 1 for i in claimed], [text(m) for m in released], _score(first), _score(first_lease))
+
+    def ack(self, queue: str, lease_members: Sequence[str]) -> int:
+        """Drop the leases of occurrences the broker accepted; return how many were dropped."""
+        if not lease_members:
+            return 0
+        keys = self.keys(queue)
+        with redis_errors(f"ack {queue}"):
+            return int(self.scripts.ack(keys=[keys.leases], args=list(lease_members)))
+
+    def leases(self, queue: str) -> list[tuple[str, int, int]]:
+        """Return the in-flight occurrences `(name, due_ms, lease_deadline_ms)` of `queue`."""
+        keys = self.keys(queue)
+        with redis_errors(f"leases {queue}"):
+            raw = self.client.zrange(keys.leases, 0, -1, withscores=True)
+        out = []
+        for member, deadline in raw:
+            name, _, due = text(member).rpartition(" ")
+            out.append((name, int(due), int(deadline)))
+        return out
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:32]
+
+
+def _flatten(fields: Mapping[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
+
+
+def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
+    paused = fields.get("paused") == "1"
+    next_run = _optional_int(fields, "paused_next_ms") if paused else _score(score)
+    return Registration(
+        queue=queue,
+        name=name,
+        definition=Definition.from_fields(fields),
+        next_run_ms=next_run,
+        paused=paused,
+        source=fields.get("source") or None,
+        last_due_ms=_optional_int(fields, "last_due_ms"),
+        last_fired_ms=_optional_int(fields, "last_fired_ms"),
+        fired=int(fields.get("fired") or 0),
+        missed=int(fields.get("missed") or 0),
+        created_ms=_optional_int(fields, "created_ms"),
+        updated_ms=_optional_int(fields, "updated_ms"),
+    )

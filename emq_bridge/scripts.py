@@ -1,0 +1,41 @@
+"""Load the Lua moves from `emq_bridge/lua/` and register them once per client.
+
+redis-py's `Script` runs EVALSHA and reloads the script on NOSCRIPT, so a server restart or
+a failover to a replica that never saw the script is handled for us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["MOVES", "Scripts", "lua_source"]
+
+MOVES = ("register", "upsert", "cancel", "scan", "claim", "ack", "pause", "resume", "trigger")
+
+
+@cache
+def lua_source(move: str) -> str:
+    """Return the source of `lua/<move>.lua`."""
+    return resources.files("emq_bridge").joinpath("lua", f"{move}.lua").read_text("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """The registered scripts of one Redis client, one attribute per move."""
+
+    register: Any
+    upsert: Any
+    cancel: Any
+    scan: Any
+    claim: Any
+    ack: Any
+    pause: Any
+    resume: Any
+    trigger: Any
+
+    @classmethod
+    def load(cls, client: Any) -> Scripts:
+        return cls(**{move: client.register_script(lua_source(move)) for move in MOVES})

@@ -1,0 +1,125 @@
+"""Sync declared schedules (decorators, a config file) into the registry.
+
+A sync is a plan (create / unchanged / update / remove), then an apply of upserts and
+guarded cancels. Each source tags what it writes, so a sync removes only what the same
+source declared before and no longer declares; schedules added at runtime are never
+touched. Because every step is an idempotent upsert, concurrent syncs converge.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .definition import Definition
+from .errors import ConfigError
+from .keys import validate_name
+from .registry import Repeat, Upserted
+
+__all__ = ["Declaration", "SyncPlan", "plan_sync", "sync"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """A schedule some source wants in the registry."""
+
+    queue: str
+    name: str
+    definition: Definition
+
+    def __post_init__(self) -> None:
+        validate_name(self.queue, "queue")
+        validate_name(self.name, "registration name")
+
+
+@dataclass(slots=True)
+class SyncPlan:
+    """What a sync will do (or did), per change kind."""
+
+    source: str
+    create: list[Declaration] = field(default_factory=list)
+    update: list[Declaration] = field(default_factory=list)
+    unchanged: list[Declaration] = field(default_factory=list)
+    remove: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def changes(self) -> int:
+        return len(self.create) + len(self.update) + len(self.remove)
+
+    def lines(self) -> list[str]:
+        """Return the plan as a diff: `+` create, `~` update, `-` remove, `=` unchanged."""
+        out = [f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}" for d in self.create]
+        out += [f"~ {d.queue}/{d.name}  {d.definition.cadence.describe()}" for d in self.update]
+        out += [f"- {q}/{n}" for q, n in self.remove]
+        out += [f"= {d.queue}/{d.name}" for d in self.unchanged]
+        return out
+
+
+def _check_unique(declarations: list[Declaration]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for declaration in declarations:
+        key = (declaration.queue, declaration.name)
+        if key in seen:
+            raise ConfigError(f"schedule {declaration.queue}/{declaration.name} is declared twice")
+        seen.add(key)
+
+
+def plan_sync(repeat: Repeat, declarations: Iterable[Declaration], source: str, *, prune: bool = True) -> SyncPlan:
+    """Compare `declarations` with the registry and return what a sync would change."""
+    validate_name(source, "source")
+    wanted = list(declarations)
+    _check_unique(wanted)
+    plan = SyncPlan(source)
+    queues = {d.queue for d in wanted}
+    if prune:
+        queues.update(repeat.queues())
+    current = {(r.queue, r.name): r for q in sorted(queues) for r in repeat.list(q)}
+    for declaration in wanted:
+        existing = current.get((declaration.queue, declaration.name))
+        if existing is None:
+            plan.create.append(declaration)
+        elif existing.definition.digest == declaration.definition.digest and existing.source == source:
+            plan.unchanged.append(declaration)
+        else:
+            plan.update.append(declaration)
+    if prune:
+        declared = {(d.queue, d.name) for d in wanted}
+        plan.remove = sorted(
+            key for key, registration in current.items()
+            if registration.source == source and key not in declared
+        )
+    return plan
+
+
+def sync(
+    repeat: Repeat, declarations: Iterable[Declaration], source: str, *, prune: bool = True, dry_run: bool = False
+) -> SyncPlan:
+    """Plan, then (unless `dry_run`) apply: upsert every declaration, cancel the pruned ones.
+
+    The plan returned reflects what the registry answered when applied, so under concurrent
+    syncs an item planned as `create` may come back as `unchanged`.
+    """
+    plan = plan_sync(repeat, declarations, source, prune=prune)
+    if dry_run:
+        return plan
+    applied = SyncPlan(source)
+    buckets: dict[Upserted, list[Declaration]] = {
+        "created": applied.create, "updated": applied.update, "unchanged": applied.unchanged,
+    }
+    # Unchanged items are upserted too: it writes nothing, and it repairs a record deleted
+    # since the plan was read.
+    todo = [*plan.create, *plan.update, *plan.unchanged]
+    results = repeat.upsert_many([(d.queue, d.name, d.definition) for d in todo], source=source)
+    for declaration, result in zip(todo, results):
+        buckets[result].append(declaration)
+    for queue, name in plan.remove:
+        if repeat.cancel(queue, name, if_source=source):
+            applied.remove.append((queue, name))
+    log.info(
+        "sync %s: %d created, %d updated, %d unchanged, %d removed", source,
+        len(applied.create), len(applied.update), len(applied.unchanged), len(applied.remove),
+    )
+    return applied
