@@ -7,12 +7,14 @@ them. `ListPushDispatcher` is the adapter-free one: it pushes JSON onto a Redis 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import DispatchError
 from .registry import Occurrence, redis_errors
+from .sync import Declaration
 
-__all__ = ["Dispatcher", "ListPushDispatcher", "occurrence_message"]
+__all__ = ["Dispatcher", "ListPushDispatcher", "PumpTarget", "occurrence_message"]
 
 
 @runtime_checkable
@@ -26,6 +28,20 @@ class Dispatcher(Protocol):
         the occurrence with the same id (at-least-once).
         """
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class PumpTarget:
+    """What an adapter hands the `pump` command: where to send, which queues, what to sync.
+
+    `emq_bridge.celery.load_target(spec)` and `emq_bridge.dramatiq.load_target(spec)` return
+    one; `source` tags the declarations when they are synced.
+    """
+
+    dispatcher: Dispatcher
+    queues: tuple[str, ...]
+    declarations: tuple[Declaration, ...]
+    source: str
 
 
 def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
