@@ -7,10 +7,12 @@ Two kinds reduce to one epoch-ms score:
   `next = now + every`, EchoMQ's `advance/4` literally.
 * `Cron`: a 5-field cron expression (or an `@alias`) evaluated in an IANA time zone.
 
-Cron evaluation uses cronsim. It was chosen over croniter by correctness at DST
-transitions (`tests/test_cron_dst.py` holds both against a brute-force oracle): croniter
-fires a fixed time such as `30 2 * * *` twice on a fall-back day; cronsim follows
-Debian cron's rule, which is ours:
+Cron fields are matched by cronsim on naive wall times, and the DST rule below is applied
+by `Cron` itself. cronsim was chosen over croniter by correctness (`tests/test_cadence.py`
+holds both against a brute-force oracle): croniter fires a fixed time such as `30 2 * * *`
+twice on a fall-back day. cronsim's own tz-aware mode follows the same rule as ours but
+drops a slot at Lord Howe's half-hour fall-back, hence the rule lives here. The rule, from
+Debian cron:
 
 * a fixed wall-clock time in a spring-forward gap fires once, at the first valid instant
   after the gap;
@@ -188,9 +190,9 @@ class Cron:
                 f"cron {self.expr!r} must have 5 fields (minute hour day month weekday) "
                 f"or be one of {sorted(CRON_ALIASES)}"
             )
-        zone = _zone(self.tz)
+        _zone(self.tz)
         try:
-            CronSim(expanded, datetime(2000, 1, 1, tzinfo=zone))
+            CronSim(expanded, datetime(2000, 1, 1))
         except (CronSimError, ValueError, KeyError, IndexError) as exc:
             raise ScheduleError(f"invalid cron {self.expr!r}: {exc}") from exc
         # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
@@ -208,23 +210,64 @@ class Cron:
     def expanded(self) -> str:
         return CRON_ALIASES.get(self.expr.strip().lower(), self.expr)
 
-    def _iterate(self, after_ms: int) -> Iterator[datetime]:
-        zone = ZoneInfo(self.tz)
-        start = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc).astimezone(zone)
+    @property
+    def follows_elapsed_time(self) -> bool:
+        """True when the minute or hour field starts with `*` (Debian cron's wildcard jobs)."""
+        minute, hour = self.expanded.split()[:2]
+        return minute.startswith("*") or hour.startswith("*")
+
+    def _walls(self, start: datetime) -> Iterator[datetime]:
         sim = CronSim(self.expanded, start)
         if self.day_and:
             # cronsim ORs two restricted day fields as cron does; Celery ANDs them.
             sim.day_and = True
         return sim
 
+    def _instants(self, wall: datetime, zone: ZoneInfo) -> list[datetime]:
+        """Map a matching wall time to the instants it fires at, by the DST rule."""
+        first = wall.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+        if first.astimezone(zone).replace(tzinfo=None) == wall:
+            second = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+            if second != first and self.follows_elapsed_time:
+                return [first, second]  # a repeated wall time, on elapsed time: both
+            return [first]  # a fixed time that repeats fires at its first occurrence
+        if self.follows_elapsed_time:
+            return []  # in a gap, elapsed-time jobs run on the new time
+        # A fixed time in a gap fires at the first valid instant after it: the transition.
+        before = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+        low, high = before, first
+        while high - low > timedelta(seconds=1):
+            middle = low + (high - low) / 2
+            if middle.astimezone(zone).replace(tzinfo=None) < wall:
+                low = middle
+            else:
+                high = middle
+        return [high.replace(microsecond=0)]
+
     def next_after(self, after_ms: int) -> int:
-        for candidate in self._iterate(after_ms):
-            candidate_ms = int(candidate.timestamp() * 1000)
-            # In a repeated fall-back hour cronsim works on wall time, so a slot it yields
-            # can map to an instant at or before `after_ms`: that slot already fired.
-            if candidate_ms > after_ms:
-                return candidate_ms
-        raise StopIteration  # pragma: no cover - refused at construction
+        # cronsim matches calendar fields on naive wall times; the DST rule is ours
+        # (`_instants`). cronsim's own tz-aware mode drops a slot at Lord Howe's half-hour
+        # fall-back, which tests/test_cadence.py's oracle caught.
+        zone = ZoneInfo(self.tz)
+        after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
+        # Near a transition, start 3 hours of wall time early: in a repeated hour, a wall
+        # time "before" the local time of `after` can still fire after it.
+        start = after.astimezone(zone).replace(tzinfo=None)
+        if not _no_transition_near(zone, after, after):
+            start -= _DST_SPAN
+        walls = self._walls(start)
+        best: datetime | None = None
+        for wall in walls:
+            if best is not None and wall > best.astimezone(zone).replace(tzinfo=None) + _DST_SPAN:
+                break
+            for instant in self._instants(wall, zone):
+                if instant > after and (best is None or instant < best):
+                    best = instant
+            if best is not None and _no_transition_near(zone, after, best):
+                break  # wall order is instant order away from transitions
+        if best is None:  # pragma: no cover - cronsim stops only after 50 years
+            raise StopIteration
+        return int(best.timestamp() * 1000)
 
     def first_run(self, now_ms: int) -> int:
         return self.next_after(now_ms)
@@ -237,6 +280,16 @@ class Cron:
 
     def describe(self) -> str:
         return f"cron {self.expr} ({self.tz})"
+
+
+_DST_SPAN = timedelta(hours=3)  # larger than any DST shift (Troll's is 2 h)
+
+
+def _no_transition_near(zone: ZoneInfo, start: datetime, end: datetime) -> bool:
+    """True when `zone` keeps one offset from `start - 3h` to `end + 3h` and they are close."""
+    if end - start > timedelta(hours=12):
+        return False
+    return (start - _DST_SPAN).astimezone(zone).utcoffset() == (end + _DST_SPAN).astimezone(zone).utcoffset()
 
 
 def cadence_from_fields(fields: dict[str, str]) -> Cadence:
