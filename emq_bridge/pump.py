@@ -16,7 +16,7 @@ from typing import Any
 from .cadence import Cadence, advance
 from .definition import Definition
 from .dispatch import Dispatcher
-from .errors import RegistryUnavailable, ScheduleError
+from .errors import RegistryError, RegistryUnavailable, ScheduleError
 from .keys import parse_lease_member, validate_name
 from .registry import Occurrence, Repeat, occurrence_id, redis_errors
 
@@ -32,6 +32,8 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 
 # A registration whose record cannot be decoded is parked this long, then retried.
 CORRUPT_PARK_MS = 60_000
+# A queue whose registry moves fail (not an outage) is retried this often by `run`.
+BROKEN_RETRY_S = 1.0
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
@@ -92,12 +94,26 @@ class Pump:
 
         Raises `RegistryUnavailable` when Redis cannot be reached.
         """
+        tick, errors = self._tick(now_ms)
+        if errors:
+            raise next(iter(errors.values()))
+        return tick
+
+    def _tick(self, now_ms: int | None) -> tuple[Tick, dict[str, RegistryError]]:
+        """Drain every queue; a queue whose move fails (a key of the wrong type, a script
+        error) is returned with its error and does not stop the others."""
         if now_ms is None and self.clock is not None:
             now_ms = self.clock()
         tick = Tick()
+        errors: dict[str, RegistryError] = {}
         for queue in self.queues:
-            self._drain(queue, now_ms, tick)
-        return tick
+            try:
+                self._drain(queue, now_ms, tick)
+            except RegistryUnavailable:
+                raise
+            except RegistryError as exc:
+                errors[queue] = exc
+        return tick, errors
 
     def _drain(self, queue: str, now_ms: int | None, tick: Tick) -> None:
         while True:
@@ -159,8 +175,8 @@ class Pump:
                 tick.dispatched.append(occurrence)
             else:
                 tick.failed.append(occurrence)
-        self.repeat.ack(queue, accepted)
-        return claim.earliest_ms, claim.earliest_lease_ms
+        earliest_lease = self.repeat.ack(queue, accepted)
+        return claim.earliest_ms, earliest_lease
 
     def _definition(self, queue: str, name: str, fields: Mapping[str, str]) -> Definition | None:
         if not fields:
@@ -222,15 +238,17 @@ class Pump:
         subscriber: Any = None
         outage_since: float | None = None
         failures = 0
+        broken: dict[str, str] = {}
         while not self._stop.is_set():
             try:
                 if subscriber is None:
                     subscriber = self._subscribe()
-                tick = self.run_once()
+                tick, errors = self._tick(None)
                 if outage_since is not None:
                     log.warning("Redis is reachable again after %.1fs; pumping resumes", time.monotonic() - outage_since)
                     outage_since, failures = None, 0
-                delay = self._delay(tick)
+                broken = self._report_broken(broken, errors)
+                delay = min(self._delay(tick), BROKEN_RETRY_S) if errors else self._delay(tick)
             except RegistryUnavailable as exc:
                 if outage_since is None:
                     outage_since = time.monotonic()
@@ -240,6 +258,21 @@ class Pump:
                 subscriber = _close(subscriber)
             subscriber = self._wait(delay, subscriber)
         _close(subscriber)
+
+    def _report_broken(
+        self, broken: dict[str, str], errors: Mapping[str, RegistryError]
+    ) -> dict[str, str]:
+        """Log a failing queue once (again only if its error changes) and its recovery."""
+        now_broken = {queue: str(exc) for queue, exc in errors.items()}
+        for queue, message in now_broken.items():
+            if broken.get(queue) != message:
+                log.error(
+                    "%s: a registry move failed; the other queues are served, this one is "
+                    "retried every %.0fs: %s", queue, BROKEN_RETRY_S, message,
+                )
+        for queue in broken.keys() - now_broken.keys():
+            log.warning("%s: registry moves succeed again; pumping resumes", queue)
+        return now_broken
 
     def _delay(self, tick: Tick) -> float:
         if tick.next_wake_ms is None:

@@ -466,13 +466,15 @@ class Repeat:
             )
         return Claim([int(i) - 1 for i in claimed], [text(m) for m in released], _score(first), _score(first_lease))
 
-    def ack(self, queue: str, lease_members: Sequence[str]) -> int:
-        """Drop the leases of occurrences the broker accepted; return how many were dropped."""
-        if not lease_members:
-            return 0
+    def ack(self, queue: str, lease_members: Sequence[str]) -> int | None:
+        """Drop the leases of occurrences the broker accepted.
+
+        Returns the earliest remaining lease deadline (epoch ms), or None when none is left.
+        """
         keys = self.keys(queue)
         with redis_errors(f"ack {queue}"):
-            return int(self.scripts.ack(keys=[keys.leases], args=list(lease_members)))
+            _, first = self.scripts.ack(keys=[keys.leases], args=list(lease_members))
+        return _score(first)
 
     def leases(self, queue: str) -> list[tuple[str, int, int]]:
         """Return the in-flight occurrences `(name, due_ms, lease_deadline_ms)` of `queue`."""

@@ -1,0 +1,198 @@
+"""The registry moves on a real server, and on fakeredis for users' test suites."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from emq_bridge import InvalidName, Repeat, ScheduleError
+from emq_bridge.keys import MAX_NAME_BYTES
+
+T0 = 1_900_000_000_000
+TEMPLATE = {"task": "reports.digest", "args": [1], "kwargs": {"full": True}}
+
+
+def keys_under(repeat: Repeat) -> set[str]:
+    return {k.decode() if isinstance(k, bytes) else k for k in repeat.client.scan_iter(match=f"{repeat.prefix}:*")}
+
+
+def command_calls(client: Any, *commands: str) -> int:
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands)
+
+
+def test_register_twice_answers_registered_then_exists_and_keeps_one_record(any_repeat: Repeat) -> None:
+    assert any_repeat.register("reports", "digest", every_ms=900_000, template=TEMPLATE, now_ms=T0) == "registered"
+    assert any_repeat.register("reports", "digest", every_ms=60_000, template={}, now_ms=T0 + 5) == "exists"
+    keys = any_repeat.keys("reports")
+    assert any_repeat.client.zrange(keys.registry, 0, -1, withscores=True) == [(b"digest", float(T0 + 900_000))]
+    record = any_repeat.client.hgetall(keys.record("digest"))
+    # EchoMQ's field names, and the first definition kept.
+    assert record[b"every_ms"] == b"900000"
+    assert json.loads(record[b"template"]) == TEMPLATE
+
+
+def test_a_hundred_concurrent_registers_give_one_registered_and_one_entry(redis_url: str, prefix: str) -> None:
+    results: list[str] = []
+    barrier = threading.Barrier(100)
+
+    def boot() -> None:
+        repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
+        barrier.wait()
+        results.append(repeat.register("reports", "digest", every="15m", template=TEMPLATE))
+
+    threads = [threading.Thread(target=boot) for _ in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["exists"] * 99 + ["registered"]
+    repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
+    assert repeat.names("reports") == ["digest"]
+    assert keys_under(repeat) == {f"{prefix}:{{reports}}:repeat", f"{prefix}:{{reports}}:repeat:digest"}
+
+
+def test_cancel_removes_both_keys_and_a_later_register_is_fresh(any_repeat: Repeat) -> None:
+    any_repeat.register("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
+    assert any_repeat.cancel("reports", "digest") is True
+    assert keys_under(any_repeat) == set()
+    assert any_repeat.cancel("reports", "digest") is False
+    assert any_repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0) == "registered"
+    registration = any_repeat.get("reports", "digest")
+    assert registration is not None and registration.next_run_ms == T0 + 60_000
+
+
+def test_upsert_creates_then_leaves_an_unchanged_definition_alone(any_repeat: Repeat) -> None:
+    assert any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0) == "created"
+    keys = any_repeat.keys("reports")
+    before = (any_repeat.client.zscore(keys.registry, "digest"), any_repeat.client.hgetall(keys.record("digest")))
+    assert any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0 + 600_000) == "unchanged"
+    after = (any_repeat.client.zscore(keys.registry, "digest"), any_repeat.client.hgetall(keys.record("digest")))
+    assert after == before
+
+
+def test_an_unchanged_upsert_issues_no_write_command(repeat: Repeat) -> None:
+    repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
+    writes = ("hset", "zadd", "hdel", "del", "zrem", "hincrby")
+    before = command_calls(repeat.client, *writes)
+    for _ in range(5):
+        assert repeat.upsert("reports", "digest", every="15m", template=TEMPLATE) == "unchanged"
+    assert command_calls(repeat.client, *writes) == before
+
+
+def test_a_changed_cadence_rederives_the_score_and_a_changed_template_keeps_it(any_repeat: Repeat) -> None:
+    any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
+    assert any_repeat.upsert("reports", "digest", every="15m", template={"task": "other"}, now_ms=T0 + 1000) == "updated"
+    registration = any_repeat.get("reports", "digest")
+    assert registration is not None
+    assert registration.next_run_ms == T0 + 900_000
+    assert registration.definition.template == {"task": "other"}
+    assert any_repeat.upsert("reports", "digest", cron="0 9 * * *", tz="Europe/Paris", template={"task": "other"}, now_ms=T0 + 2000) == "updated"
+    registration = any_repeat.get("reports", "digest")
+    assert registration is not None
+    assert registration.next_run_ms == registration.definition.cadence.next_after(T0 + 2000)
+    # The interval's field is gone from the record: the cron definition replaced it whole.
+    assert any_repeat.client.hget(any_repeat.keys("reports").record("digest"), "every_ms") is None
+
+
+def test_a_change_of_owner_is_an_update_that_keeps_the_cadence(any_repeat: Repeat) -> None:
+    any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
+    assert any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, source="app", now_ms=T0 + 9) == "updated"
+    registration = any_repeat.get("reports", "digest")
+    assert registration is not None and registration.source == "app" and registration.next_run_ms == T0 + 900_000
+    assert any_repeat.cancel("reports", "digest", if_source="someone-else") is False
+    assert any_repeat.cancel("reports", "digest", if_source="app") is True
+
+
+def test_pause_parks_the_entry_and_resume_keeps_an_interval_on_its_grid(any_repeat: Repeat) -> None:
+    any_repeat.register("reports", "digest", every="10s", template=TEMPLATE, now_ms=T0)
+    assert any_repeat.pause("reports", "digest") is True
+    assert any_repeat.pause("reports", "digest") is False
+    paused = any_repeat.get("reports", "digest")
+    assert paused is not None and paused.paused and paused.next_run_ms == T0 + 10_000
+    assert any_repeat.names("reports") == ["digest"]  # still one member, at +inf
+    assert any_repeat.scan("reports", 10, T0 + 10**9).due == []
+    assert any_repeat.resume("reports", "digest", now_ms=T0 + 35_000) is True
+    resumed = any_repeat.get("reports", "digest")
+    assert resumed is not None and not resumed.paused and resumed.next_run_ms == T0 + 40_000
+    assert any_repeat.resume("reports", "digest") is False
+    with pytest.raises(KeyError):
+        any_repeat.pause("reports", "missing")
+
+
+def test_trigger_adds_an_immediate_occurrence_without_moving_the_cadence(any_repeat: Repeat) -> None:
+    any_repeat.register("reports", "digest", every="1h", template=TEMPLATE, now_ms=T0)
+    occurrence_id = any_repeat.trigger("reports", "digest", now_ms=T0 + 5)
+    assert any_repeat.scan("reports", 10, T0 + 5).expired == ["digest 1900000000005"]
+    assert any_repeat.get("reports", "digest").next_run_ms == T0 + 3_600_000  # type: ignore[union-attr]
+    assert len(occurrence_id) == 36
+    with pytest.raises(KeyError):
+        any_repeat.trigger("reports", "missing")
+
+
+def test_list_and_queues_and_next_runs_read_back_what_was_written(any_repeat: Repeat) -> None:
+    any_repeat.register("a", "x", every="1m", template=TEMPLATE, now_ms=T0)
+    any_repeat.register("a", "y", cron="0 9 * * *", tz="Europe/Paris", template=TEMPLATE, now_ms=T0)
+    any_repeat.register("b", "z", every="1s", template=TEMPLATE, now_ms=T0)
+    assert [r.name for r in any_repeat.list("a")] == ["x", "y"]
+    assert any_repeat.queues() == ["a", "b"]
+    assert any_repeat.next_runs("a", "x", 3) == [T0 + 60_000, T0 + 120_000, T0 + 180_000]
+
+
+def test_all_keys_of_a_queue_share_one_cluster_slot(repeat: Repeat) -> None:
+    keys = repeat.keys("reports")
+    slots = {key_slot(k.encode()) for k in [keys.registry, keys.leases, keys.record("digest"), keys.record("a:b")]}
+    assert len(slots) == 1
+
+
+BAD_NAMES = ["", "{x}", "a b", "a\nb", "a\x00b", "tab\t", "x" * (MAX_NAME_BYTES + 1), "é" * 101, "\u2028"]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_a_bad_queue_or_registration_name_is_refused_before_anything_is_written(any_repeat: Repeat, bad: str) -> None:
+    with pytest.raises(InvalidName):
+        any_repeat.register(bad, "digest", every="1m", template=TEMPLATE)
+    with pytest.raises(InvalidName):
+        any_repeat.upsert("reports", bad, every="1m", template=TEMPLATE)
+    assert keys_under(any_repeat) == set()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"every_ms": 0},
+        {"every_ms": -1},
+        {"every": "soon"},
+        {"cron": "61 * * * *"},
+        {"cron": "0 9 * * *", "tz": "Nowhere/Land"},
+        {"every": "1m", "cron": "* * * * *"},
+        {},
+        {"every": "1m", "template": {"when": object()}},
+        {"every": "1m", "template": {"nan": float("nan")}},
+        {"every": "1m", "template": ["not", "an", "object"]},
+        {"every": "1m", "template": {"big": "x" * 70_000}},
+        {"every": "1m", "misfire": "sometimes"},
+        {"every": "1m", "anchor": "whenever"},
+        {"every": "1m", "tz": "Europe/Paris"},
+    ],
+)
+def test_bad_definitions_raise_a_schedule_error_and_write_nothing(any_repeat: Repeat, kwargs: dict[str, Any]) -> None:
+    kwargs.setdefault("template", TEMPLATE)
+    with pytest.raises(ScheduleError):
+        any_repeat.register("reports", "digest", **kwargs)
+    with pytest.raises(ScheduleError):
+        any_repeat.upsert("reports", "digest", **kwargs)
+    assert keys_under(any_repeat) == set()
+
+
+def test_an_unreachable_server_is_a_registry_unavailable_error() -> None:
+    from emq_bridge import RegistryUnavailable
+
+    repeat = Repeat(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2))
+    with pytest.raises(RegistryUnavailable):
+        repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0)
