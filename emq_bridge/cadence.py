@@ -165,8 +165,15 @@ class Every:
 def _zone(tz: str) -> ZoneInfo:
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-        raise ScheduleError(f"unknown time zone {tz!r}; use an IANA name such as 'Europe/Paris'") from exc
+    except (
+        ZoneInfoNotFoundError,
+        ValueError,
+        TypeError,
+        OSError,
+    ) as exc:  # OSError: 'Europe' is a directory
+        raise ScheduleError(
+            f"unknown time zone {tz!r}; use an IANA name such as 'Europe/Paris'"
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +296,9 @@ def _no_transition_near(zone: ZoneInfo, start: datetime, end: datetime) -> bool:
     """True when `zone` keeps one offset from `start - 3h` to `end + 3h` and they are close."""
     if end - start > timedelta(hours=12):
         return False
-    return (start - _DST_SPAN).astimezone(zone).utcoffset() == (end + _DST_SPAN).astimezone(zone).utcoffset()
+    return (start - _DST_SPAN).astimezone(zone).utcoffset() == (end + _DST_SPAN).astimezone(
+        zone
+    ).utcoffset()
 
 
 def cadence_from_fields(fields: dict[str, str]) -> Cadence:
@@ -306,10 +315,12 @@ def cadence_from_fields(fields: dict[str, str]) -> Cadence:
     anchor = fields.get("anchor") or "schedule"
     if anchor not in ANCHORS:
         raise ScheduleError(f"anchor {anchor!r} is not one of {ANCHORS}")
-    return Every(every_ms, anchor)  # type: ignore[arg-type]
+    return Every(every_ms, anchor)
 
 
-def advance(cadence: Cadence, due_ms: int, now_ms: int, misfire: Misfire = "coalesce") -> tuple[int, int]:
+def advance(
+    cadence: Cadence, due_ms: int, now_ms: int, misfire: Misfire = "coalesce"
+) -> tuple[int, int]:
     """Return `(next_ms, missed)` for an occurrence due at `due_ms` released at `now_ms`.
 
     * `coalesce` (default): the occurrence at `due_ms` fires; every later slot that is

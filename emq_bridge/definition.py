@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .cadence import MISFIRES, Anchor, Cadence, Cron, Every, Misfire, cadence_from_fields, parse_every_ms
+from .cadence import (
+    MISFIRES,
+    Anchor,
+    Cadence,
+    Cron,
+    Every,
+    Misfire,
+    cadence_from_fields,
+    parse_every_ms,
+)
 from .errors import ScheduleError
 
 __all__ = ["MAX_TEMPLATE_BYTES", "Definition", "define", "encode_template"]
@@ -33,11 +42,14 @@ def encode_template(template: object) -> str:
             f"template must be a JSON object (a dict), got {type(template).__name__}"
         )
     try:
-        text = json.dumps(template, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(
+            template, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+        )
     except (TypeError, ValueError) as exc:
         raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
     except RecursionError as exc:
         raise ScheduleError("template is nested too deeply to serialise") from exc
+    _check_keys(template)  # after dumps, which refuses cycles
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_TEMPLATE_BYTES:
         raise ScheduleError(f"template is {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES}")
@@ -46,6 +58,24 @@ def encode_template(template: object) -> str:
     except UnicodeEncodeError as exc:
         raise ScheduleError("template holds a string that is not valid UTF-8") from exc
     return text
+
+
+def _check_keys(template: Mapping[Any, Any]) -> None:
+    """Raise `ScheduleError` if a mapping in `template` has a key that is not a string.
+
+    `json.dumps` would turn `{1: ...}` into `{"1": ...}`: the task would get other kwargs
+    than the ones registered.
+    """
+    stack: list[Any] = [template]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise ScheduleError(f"template keys must be strings, got {key!r}")
+                stack.append(item)
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
 
 
 def _finite(value: Any) -> Any:
@@ -118,7 +148,9 @@ def define(
     day_and: bool = False,
 ) -> Definition:
     """Build a `Definition` from keyword arguments; exactly one of `every`/`every_ms`/`cron`."""
-    given = [k for k, v in (("every", every), ("every_ms", every_ms), ("cron", cron)) if v is not None]
+    given = [
+        k for k, v in (("every", every), ("every_ms", every_ms), ("cron", cron)) if v is not None
+    ]
     if len(given) != 1:
         raise ScheduleError(
             "give exactly one cadence: every= (e.g. '15m'), every_ms=, or cron= "
@@ -134,5 +166,3 @@ def define(
         assert raw is not None
         cadence = Every(parse_every_ms(raw), anchor)
     return Definition(cadence, template if template is not None else {}, misfire)
-
-

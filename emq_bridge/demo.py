@@ -23,7 +23,9 @@ class PrintingDispatcher:
 
     def dispatch(self, occurrence: Occurrence) -> None:
         self.count += 1
-        due = datetime.fromtimestamp(occurrence.due_ms / 1000, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        due = datetime.fromtimestamp(occurrence.due_ms / 1000, tz=timezone.utc).strftime(
+            "%H:%M:%S.%f"
+        )[:-3]
         print(f"  fired {occurrence.queue}/{occurrence.name:<10} due {due} UTC  id {occurrence.id}")
 
 
@@ -31,7 +33,8 @@ def main(seconds: float = 6.0) -> None:
     with redis_url() as url:
         repeat = Repeat(redis.Redis.from_url(url), prefix="demo")
         for name, every in (("heartbeat", "1s"), ("digest", "2s"), ("report", "3s")):
-            print(f"register demo/{name} every {every}: {repeat.register('demo', name, every=every, template={'task': name})}")
+            result = repeat.register("demo", name, every=every, template={"task": name})
+            print(f"register demo/{name} every {every}: {result}")
         dispatcher = PrintingDispatcher()
         pump = Pump(repeat, ["demo"], dispatcher)
         worker = threading.Thread(target=pump.run, daemon=True)

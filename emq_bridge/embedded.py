@@ -28,7 +28,7 @@ __all__ = ["EmbeddedServer", "find_server_binary", "redis_url"]
 
 
 def find_server_binary() -> str:
-    """Return the path of a Redis-protocol server binary, or raise `EmqError` saying how to get one."""
+    """Return the path of a Redis-protocol server binary, or raise `EmqError` saying how."""
     named = os.environ.get("EMQ_REDIS_SERVER")
     if named:
         if not Path(named).is_file():
@@ -69,7 +69,11 @@ class EmbeddedServer:
     """
 
     def __init__(
-        self, *, port: int | None = None, extra_args: Sequence[str] = (), binary: str | None = None,
+        self,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
         directory: str | None = None,
     ) -> None:
         self.binary = binary or find_server_binary()
@@ -86,18 +90,38 @@ class EmbeddedServer:
     def start(self, timeout_s: float = 10.0) -> EmbeddedServer:
         """Start the server and wait until it answers PING."""
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self.directory,
-            "--daemonize", "no", "--loglevel", "warning", *self.extra_args,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.directory,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            # Only async-signal-safe work (one prctl call) runs between fork and exec.
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                err = (
+                    self.process.stderr.read().decode(errors="replace")
+                    if self.process.stderr
+                    else ""
+                )
                 raise EmqError(f"{self.binary} exited at start: {err.strip()[-500:]}")
             if self._answers():
                 return self
@@ -109,7 +133,7 @@ class EmbeddedServer:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith((b"+PONG", b"-LOADING") ) and sock is not None
+                return sock.recv(64).startswith((b"+PONG", b"-LOADING")) and sock is not None
         except OSError:
             return False
 
@@ -140,7 +164,12 @@ class EmbeddedServer:
     def __enter__(self) -> EmbeddedServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 

@@ -121,7 +121,9 @@ class Pump:
             tick.now_ms = scan.now_ms
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
             if scan.due or scan.expired:
-                earliest, earliest_lease = self._fire_batch(queue, scan.now_ms, scan.due, scan.expired, tick)
+                earliest, earliest_lease = self._fire_batch(
+                    queue, scan.now_ms, scan.due, scan.expired, tick
+                )
             full = len(scan.due) >= self.batch_size or len(scan.expired) >= self.batch_size
             if not full or self._stop.is_set():
                 # After a full batch, look again; otherwise the earliest score says when.
@@ -149,7 +151,10 @@ class Pump:
             if missed:
                 log.warning(
                     "%s/%s: %d slot(s) missed while no pump ran; coalesced into the one due at %d",
-                    queue, name, missed, score,
+                    queue,
+                    name,
+                    missed,
+                    score,
                 )
             candidates.append((name, score, next_ms, missed, "fire"))
         claim = self.repeat.claim(queue, now_ms, self.lease_ms, candidates, expired)
@@ -157,13 +162,22 @@ class Pump:
         batch: list[Occurrence] = []
         for index in claim.claimed:
             name, score, _, missed, _ = candidates[index]
-            batch.append(self._occurrence(queue, name, score, definitions[name], now_ms, False, missed))
+            batch.append(
+                self._occurrence(queue, name, score, definitions[name], now_ms, False, missed)
+            )
         drop: list[str] = []
         for member in claim.released:
             name, due_ms = parse_lease_member(member)
-            definition = definitions.get(name) or self._definition(queue, name, records.get(name, {}))
+            definition = definitions.get(name) or self._definition(
+                queue, name, records.get(name, {})
+            )
             if definition is None:
-                log.error("%s/%s: lease %s dropped: the registration is gone or corrupt", queue, name, member)
+                log.error(
+                    "%s/%s: lease %s dropped: the registration is gone or corrupt",
+                    queue,
+                    name,
+                    member,
+                )
                 drop.append(member)
                 continue
             batch.append(self._occurrence(queue, name, due_ms, definition, now_ms, True, 0))
@@ -180,21 +194,41 @@ class Pump:
 
     def _definition(self, queue: str, name: str, fields: Mapping[str, str]) -> Definition | None:
         if not fields:
-            log.error("%s/%s: registry member has no record; parked for %ds", queue, name, CORRUPT_PARK_MS // 1000)
+            log.error(
+                "%s/%s: registry member has no record; parked for %ds",
+                queue,
+                name,
+                CORRUPT_PARK_MS // 1000,
+            )
             return None
         try:
             definition = Definition.from_fields(fields)
         except (ScheduleError, ValueError, TypeError) as exc:
-            log.error("%s/%s: corrupt record parked for %ds: %s", queue, name, CORRUPT_PARK_MS // 1000, exc)
+            log.error(
+                "%s/%s: corrupt record parked for %ds: %s",
+                queue,
+                name,
+                CORRUPT_PARK_MS // 1000,
+                exc,
+            )
             return None
         if self.resolve_cadence is not None:
             definition = Definition(
-                self.resolve_cadence(queue, name, definition.cadence), definition.template, definition.misfire
+                self.resolve_cadence(queue, name, definition.cadence),
+                definition.template,
+                definition.misfire,
             )
         return definition
 
     def _occurrence(
-        self, queue: str, name: str, due_ms: int, definition: Definition, now_ms: int, redelivered: bool, missed: int
+        self,
+        queue: str,
+        name: str,
+        due_ms: int,
+        definition: Definition,
+        now_ms: int,
+        redelivered: bool,
+        missed: int,
     ) -> Occurrence:
         return Occurrence(
             queue=queue,
@@ -214,10 +248,19 @@ class Pump:
             # The lease stays; when it expires a pump re-dispatches with the same id.
             log.exception(
                 "%s/%s: dispatch of occurrence %s failed; it is retried after the lease (%d ms)",
-                occurrence.queue, occurrence.name, occurrence.id, self.lease_ms,
+                occurrence.queue,
+                occurrence.name,
+                occurrence.id,
+                self.lease_ms,
             )
             return False
-        log.debug("%s/%s: dispatched occurrence %s due %d", occurrence.queue, occurrence.name, occurrence.id, occurrence.due_ms)
+        log.debug(
+            "%s/%s: dispatched occurrence %s due %d",
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
+            occurrence.due_ms,
+        )
         return True
 
     # -- the loop -------------------------------------------------------------------------
@@ -245,17 +288,23 @@ class Pump:
                     subscriber = self._subscribe()
                 tick, errors = self._tick(None)
                 if outage_since is not None:
-                    log.warning("Redis is reachable again after %.1fs; pumping resumes", time.monotonic() - outage_since)
+                    log.warning(
+                        "Redis is reachable again after %.1fs; pumping resumes",
+                        time.monotonic() - outage_since,
+                    )
                     outage_since, failures = None, 0
                 broken = self._report_broken(broken, errors)
                 delay = min(self._delay(tick), BROKEN_RETRY_S) if errors else self._delay(tick)
             except RegistryUnavailable as exc:
                 if outage_since is None:
                     outage_since = time.monotonic()
-                    log.error("Redis is unreachable; retrying with backoff until it is back: %s", exc)
+                    log.error(
+                        "Redis is unreachable; retrying with backoff until it is back: %s", exc
+                    )
                 failures += 1
                 delay = min(5.0, 0.05 * 2**failures)
-                subscriber = _close(subscriber)
+                _close(subscriber)
+                subscriber = None
             subscriber = self._wait(delay, subscriber)
         _close(subscriber)
 
@@ -268,7 +317,10 @@ class Pump:
             if broken.get(queue) != message:
                 log.error(
                     "%s: a registry move failed; the other queues are served, this one is "
-                    "retried every %.0fs: %s", queue, BROKEN_RETRY_S, message,
+                    "retried every %.0fs: %s",
+                    queue,
+                    BROKEN_RETRY_S,
+                    message,
                 )
         for queue in broken.keys() - now_broken.keys():
             log.warning("%s: registry moves succeed again; pumping resumes", queue)
@@ -301,7 +353,8 @@ class Pump:
                 if subscriber.get_message(timeout=min(remaining, 0.2)) is not None:
                     return subscriber  # a registry change: tick now
             except Exception:
-                return _close(subscriber)
+                _close(subscriber)  # the connection broke; a new one is made next tick
+                return None
         return subscriber
 
     def check_eviction_policy(self) -> str | None:
@@ -316,7 +369,8 @@ class Pump:
         if policy in EVICTING_POLICIES:
             log.warning(
                 "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
-                "set it to noeviction (or a volatile-* policy)", policy,
+                "set it to noeviction (or a volatile-* policy)",
+                policy,
             )
         return policy
 

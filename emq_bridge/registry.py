@@ -6,6 +6,7 @@ Every move is one Lua script (see `emq_bridge/lua/`). Redis connection failures 
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import time
@@ -122,7 +123,7 @@ def text(value: Any) -> str:
 
 
 def _score(value: Any) -> int | None:
-    if value is None or value == "" or value == b"":
+    if value is None or value in ("", b""):
         return None
     number = float(text(value))
     return None if number == float("inf") else int(number)
@@ -198,15 +199,25 @@ class Repeat:
         validate_name(name, "registration name")
         if definition is None:
             definition = define(
-                every=every, every_ms=every_ms, cron=cron, tz=tz, anchor=anchor,
-                misfire=misfire, template=template,
+                every=every,
+                every_ms=every_ms,
+                cron=cron,
+                tz=tz,
+                anchor=anchor,
+                misfire=misfire,
+                template=template,
             )
         now = self._now(now_ms)
         fields = self._record_fields(definition, now, source=None)
         with redis_errors(f"register {queue}/{name}"):
             created = self.scripts.register(
                 keys=[keys.registry, keys.record(name)],
-                args=[name, definition.cadence.first_run(now), keys.wake_channel, *_flatten(fields)],
+                args=[
+                    name,
+                    definition.cadence.first_run(now),
+                    keys.wake_channel,
+                    *_flatten(fields),
+                ],
             )
         return "registered" if int(created) == 1 else "exists"
 
@@ -234,8 +245,13 @@ class Repeat:
         """
         if definition is None:
             definition = define(
-                every=every, every_ms=every_ms, cron=cron, tz=tz, anchor=anchor,
-                misfire=misfire, template=template,
+                every=every,
+                every_ms=every_ms,
+                cron=cron,
+                tz=tz,
+                anchor=anchor,
+                misfire=misfire,
+                template=template,
             )
         return self.upsert_many([(queue, name, definition)], source=source, now_ms=now_ms)[0]
 
@@ -255,7 +271,9 @@ class Repeat:
             validate_name(source, "source")
         prepared = []
         for queue, name, definition in items:
-            prepared.append((self.keys(queue), validate_name(name, "registration name"), definition))
+            prepared.append(
+                (self.keys(queue), validate_name(name, "registration name"), definition)
+            )
         now = self._now(now_ms)
         results: list[Upserted] = []
         for start in range(0, len(prepared), 1000):
@@ -267,7 +285,13 @@ class Repeat:
         return results
 
     def _upsert_call(
-        self, client: Any, keys: QueueKeys, name: str, definition: Definition, source: str | None, now: int
+        self,
+        client: Any,
+        keys: QueueKeys,
+        name: str,
+        definition: Definition,
+        source: str | None,
+        now: int,
     ) -> Any:
         fields = self._record_fields(definition, now, source)
         del fields["created_ms"]  # upsert.lua sets it on create only
@@ -277,14 +301,22 @@ class Repeat:
         return self.scripts.upsert(
             keys=[keys.registry, keys.record(name)],
             args=[
-                name, fields["digest"], definition.cadence_digest,
-                definition.cadence.first_run(now), keys.wake_channel, now,
-                len(fields), *_flatten(fields), *stale,
+                name,
+                fields["digest"],
+                definition.cadence_digest,
+                definition.cadence.first_run(now),
+                keys.wake_channel,
+                now,
+                len(fields),
+                *_flatten(fields),
+                *stale,
             ],
             client=client,
         )
 
-    def _record_fields(self, definition: Definition, now_ms: int, source: str | None) -> dict[str, str]:
+    def _record_fields(
+        self, definition: Definition, now_ms: int, source: str | None
+    ) -> dict[str, str]:
         fields = definition.to_fields()
         # The owner is part of the digest, so a change of owner is an update.
         fields["digest"] = definition.digest if source is None else _hash(definition.digest, source)
@@ -313,7 +345,11 @@ class Repeat:
         keys = self.keys(queue)
         validate_name(name, "registration name")
         with redis_errors(f"pause {queue}/{name}"):
-            result = int(self.scripts.pause(keys=[keys.registry, keys.record(name)], args=[name, keys.wake_channel]))
+            result = int(
+                self.scripts.pause(
+                    keys=[keys.registry, keys.record(name)], args=[name, keys.wake_channel]
+                )
+            )
         if result < 0:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
         return result == 1
@@ -341,9 +377,11 @@ class Repeat:
         else:
             next_ms, _ = advance(cadence, parked, now, "coalesce")
         with redis_errors(f"resume {queue}/{name}"):
-            result = int(self.scripts.resume(
-                keys=[keys.registry, keys.record(name)], args=[name, next_ms, keys.wake_channel]
-            ))
+            result = int(
+                self.scripts.resume(
+                    keys=[keys.registry, keys.record(name)], args=[name, next_ms, keys.wake_channel]
+                )
+            )
         return result == 1
 
     def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
@@ -355,9 +393,11 @@ class Repeat:
         validate_name(name, "registration name")
         now = self._now(now_ms)
         with redis_errors(f"trigger {queue}/{name}"):
-            done = int(self.scripts.trigger(
-                keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
-            ))
+            done = int(
+                self.scripts.trigger(
+                    keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
+                )
+            )
         if not done:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
         return occurrence_id(self.prefix, queue, name, now)
@@ -366,39 +406,41 @@ class Repeat:
 
     def get(self, queue: str, name: str) -> Registration | None:
         """Return the registration `name`, or None."""
-        found = self._read(queue, [name])
+        found: builtins.list[Registration] = self._read(queue, [name])
         return found[0] if found else None
 
-    def list(self, queue: str) -> list[Registration]:
+    def list(self, queue: str) -> builtins.list[Registration]:
         """Return every registration of `queue`, in next-run order (paused last)."""
         keys = self.keys(queue)
         with redis_errors(f"list {queue}"):
             names = [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
         return self._read(queue, names)
 
-    def names(self, queue: str) -> list[str]:
+    def names(self, queue: str) -> builtins.list[str]:
         """Return the names registered in `queue`."""
         keys = self.keys(queue)
         with redis_errors(f"list {queue}"):
             return [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
 
-    def queues(self) -> list[str]:
+    def queues(self) -> builtins.list[str]:
         """Return the queues that have a registry under this prefix (SCAN; an admin read)."""
         found: set[str] = set()
         with redis_errors("list queues"):
-            for key in self.client.scan_iter(match=f"{self.prefix}:{{*}}:repeat", count=1000, _type="zset"):
+            for key in self.client.scan_iter(
+                match=f"{self.prefix}:{{*}}:repeat", count=1000, _type="zset"
+            ):
                 raw = text(key)
                 found.add(raw[len(self.prefix) + 2 : -len("}:repeat")])
         return sorted(found)
 
-    def next_runs(self, queue: str, name: str, n: int = 5) -> list[int]:
+    def next_runs(self, queue: str, name: str, n: int = 5) -> builtins.list[int]:
         """Return the next `n` runs of `name` in epoch ms. KeyError if unknown."""
         registration = self.get(queue, name)
         if registration is None:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
         return registration.upcoming(n)
 
-    def _read(self, queue: str, names: Sequence[str]) -> list[Registration]:
+    def _read(self, queue: str, names: Sequence[str]) -> builtins.list[Registration]:
         keys = self.keys(queue)
         with redis_errors(f"read {queue}"):
             pipe = self.client.pipeline(transaction=False)
@@ -428,7 +470,9 @@ class Repeat:
                 keys=[keys.registry, keys.leases], args=["" if now_ms is None else now_ms, batch]
             )
         pairs = [(text(due[i]), int(float(text(due[i + 1])))) for i in range(0, len(due), 2)]
-        return Scan(int(text(now)), pairs, [text(m) for m in expired], _score(first), _score(first_lease))
+        return Scan(
+            int(text(now)), pairs, [text(m) for m in expired], _score(first), _score(first_lease)
+        )
 
     def load_records(self, queue: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
         """Return the raw record fields of `names` in one round trip (missing ones are empty)."""
@@ -440,7 +484,7 @@ class Repeat:
             replies = pipe.execute()
         return {
             name: {text(k): text(v) for k, v in raw.items()}
-            for name, raw in zip(names, replies)
+            for name, raw in zip(names, replies, strict=True)
         }
 
     def claim(
@@ -456,15 +500,21 @@ class Repeat:
         `candidates` are `(name, score_read, next_score, missed, "fire" | "defer")`.
         """
         keys = self.keys(queue)
-        args: list[Any] = [now_ms, now_ms + lease_ms, len(candidates)]
+        args: builtins.list[Any] = [now_ms, now_ms + lease_ms, len(candidates)]
         for candidate in candidates:
             args.extend(candidate)
         args.extend(expired)
         with redis_errors(f"claim {queue}"):
             claimed, released, first, first_lease = self.scripts.claim(
-                keys=[keys.registry, keys.leases, *(keys.record(c[0]) for c in candidates)], args=args
+                keys=[keys.registry, keys.leases, *(keys.record(c[0]) for c in candidates)],
+                args=args,
             )
-        return Claim([int(i) - 1 for i in claimed], [text(m) for m in released], _score(first), _score(first_lease))
+        return Claim(
+            [int(i) - 1 for i in claimed],
+            [text(m) for m in released],
+            _score(first),
+            _score(first_lease),
+        )
 
     def ack(self, queue: str, lease_members: Sequence[str]) -> int | None:
         """Drop the leases of occurrences the broker accepted.
@@ -476,7 +526,7 @@ class Repeat:
             _, first = self.scripts.ack(keys=[keys.leases], args=list(lease_members))
         return _score(first)
 
-    def leases(self, queue: str) -> list[tuple[str, int, int]]:
+    def leases(self, queue: str) -> builtins.list[tuple[str, int, int]]:
         """Return the in-flight occurrences `(name, due_ms, lease_deadline_ms)` of `queue`."""
         keys = self.keys(queue)
         with redis_errors(f"leases {queue}"):

@@ -19,7 +19,7 @@ MOVES = ("register", "upsert", "cancel", "scan", "claim", "ack", "pause", "resum
 @cache
 def lua_source(move: str) -> str:
     """Return the source of `lua/<move>.lua`."""
-    return resources.files("emq_bridge").joinpath("lua", f"{move}.lua").read_text("utf-8")
+    return resources.files("emq_bridge").joinpath("lua").joinpath(f"{move}.lua").read_text("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,9 @@ def _check_unique(declarations: list[Declaration]) -> None:
         seen.add(key)
 
 
-def plan_sync(repeat: Repeat, declarations: Iterable[Declaration], source: str, *, prune: bool = True) -> SyncPlan:
+def plan_sync(
+    repeat: Repeat, declarations: Iterable[Declaration], source: str, *, prune: bool = True
+) -> SyncPlan:
     """Compare `declarations` with the registry and return what a sync would change."""
     validate_name(source, "source")
     wanted = list(declarations)
@@ -81,21 +83,30 @@ def plan_sync(repeat: Repeat, declarations: Iterable[Declaration], source: str, 
         existing = current.get((declaration.queue, declaration.name))
         if existing is None:
             plan.create.append(declaration)
-        elif existing.definition.digest == declaration.definition.digest and existing.source == source:
+        elif (
+            existing.definition.digest == declaration.definition.digest
+            and existing.source == source
+        ):
             plan.unchanged.append(declaration)
         else:
             plan.update.append(declaration)
     if prune:
         declared = {(d.queue, d.name) for d in wanted}
         plan.remove = sorted(
-            key for key, registration in current.items()
+            key
+            for key, registration in current.items()
             if registration.source == source and key not in declared
         )
     return plan
 
 
 def sync(
-    repeat: Repeat, declarations: Iterable[Declaration], source: str, *, prune: bool = True, dry_run: bool = False
+    repeat: Repeat,
+    declarations: Iterable[Declaration],
+    source: str,
+    *,
+    prune: bool = True,
+    dry_run: bool = False,
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert every declaration, cancel the pruned ones.
 
@@ -107,19 +118,25 @@ def sync(
         return plan
     applied = SyncPlan(source)
     buckets: dict[Upserted, list[Declaration]] = {
-        "created": applied.create, "updated": applied.update, "unchanged": applied.unchanged,
+        "created": applied.create,
+        "updated": applied.update,
+        "unchanged": applied.unchanged,
     }
     # Unchanged items are upserted too: it writes nothing, and it repairs a record deleted
     # since the plan was read.
     todo = [*plan.create, *plan.update, *plan.unchanged]
     results = repeat.upsert_many([(d.queue, d.name, d.definition) for d in todo], source=source)
-    for declaration, result in zip(todo, results):
+    for declaration, result in zip(todo, results, strict=True):
         buckets[result].append(declaration)
     for queue, name in plan.remove:
         if repeat.cancel(queue, name, if_source=source):
             applied.remove.append((queue, name))
     log.info(
-        "sync %s: %d created, %d updated, %d unchanged, %d removed", source,
-        len(applied.create), len(applied.update), len(applied.unchanged), len(applied.remove),
+        "sync %s: %d created, %d updated, %d unchanged, %d removed",
+        source,
+        len(applied.create),
+        len(applied.update),
+        len(applied.unchanged),
+        len(applied.remove),
     )
     return applied

@@ -67,6 +67,8 @@ def fake_repeat(prefix: str = "emq", **options: Any) -> Repeat:
     return Repeat(fakeredis.FakeRedis(**options), prefix)
 
 
-def manual_pump(repeat: Repeat, queues: list[str], clock: ManualClock, dispatcher: Dispatcher | None = None) -> Pump:
+def manual_pump(
+    repeat: Repeat, queues: list[str], clock: ManualClock, dispatcher: Dispatcher | None = None
+) -> Pump:
     """Return a pump driven by `clock`, recording into a `RecordingDispatcher` by default."""
     return Pump(repeat, queues, dispatcher or RecordingDispatcher(), clock=clock)

@@ -74,6 +74,8 @@ def rabbitmq_url() -> str:
     url = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
     if not _reachable("127.0.0.1", 5672) and "RABBITMQ_URL" not in os.environ:
         if IN_CI:
-            pytest.fail("RabbitMQ is not reachable at 127.0.0.1:5672 and CI=true: it must run in CI")
+            pytest.fail(
+                "RabbitMQ is not reachable at 127.0.0.1:5672 and CI=true: it must run in CI"
+            )
         pytest.skip("RabbitMQ is not reachable at 127.0.0.1:5672 (runs in CI)")
     return url

@@ -17,11 +17,9 @@ RANGES = {0: (0, 59), 1: (0, 23), 2: (1, 31), 3: (1, 12), 4: (0, 7)}
 def parse_field(text: str, index: int) -> set[int]:
     low, high = RANGES[index]
     values: set[int] = set()
-    for part in text.split(","):
-        step = 1
-        if "/" in part:
-            part, step_text = part.split("/")
-            step = int(step_text)
+    for item in text.split(","):
+        part, _, step_text = item.partition("/")
+        step = int(step_text) if step_text else 1
         if part == "*":
             start, end = low, high
         elif "-" in part:
@@ -64,7 +62,11 @@ class Oracle:
         at = start.replace(second=0, microsecond=0) + timedelta(minutes=1)
         while at <= end:
             local = at.astimezone(self.zone)
-            if local.minute in self.minutes and local.hour in self.hours and self.day_matches(local.date()):
+            if (
+                local.minute in self.minutes
+                and local.hour in self.hours
+                and self.day_matches(local.date())
+            ):
                 out.append(int(at.timestamp() * 1000))
             at += timedelta(minutes=1)
         return out
@@ -88,7 +90,9 @@ class Oracle:
             if self.day_matches(day):
                 for hour in sorted(self.hours):
                     for minute in sorted(self.minutes):
-                        instant = self._instant(datetime(day.year, day.month, day.day, hour, minute))
+                        instant = self._instant(
+                            datetime(day.year, day.month, day.day, hour, minute)
+                        )
                         if start < instant <= end:
                             out.add(int(instant.timestamp() * 1000))
             day += timedelta(days=1)

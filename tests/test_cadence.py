@@ -18,14 +18,25 @@ MIN = 60_000
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("500ms", 500), ("30s", 30_000), ("15m", 900_000), ("1h30m", 5_400_000), ("2d", 172_800_000),
-     ("1w", 604_800_000), ("250", 250), (timedelta(minutes=5), 300_000), (42, 42)],
+    [
+        ("500ms", 500),
+        ("30s", 30_000),
+        ("15m", 900_000),
+        ("1h30m", 5_400_000),
+        ("2d", 172_800_000),
+        ("1w", 604_800_000),
+        ("250", 250),
+        (timedelta(minutes=5), 300_000),
+        (42, 42),
+    ],
 )
 def test_every_accepts_ms_timedeltas_and_unit_strings(text: object, ms: int) -> None:
     assert parse_every_ms(text) == ms  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [0, -5, "0s", "", "15 minutes", "m", "1.5h", True, None, 1.5, timedelta(0)])
+@pytest.mark.parametrize(
+    "bad", [0, -5, "0s", "", "15 minutes", "m", "1.5h", True, None, 1.5, timedelta(0)]
+)
 def test_every_rejects_what_is_not_a_positive_interval(bad: object) -> None:
     with pytest.raises(ScheduleError):
         parse_every_ms(bad)  # type: ignore[arg-type]
@@ -33,16 +44,18 @@ def test_every_rejects_what_is_not_a_positive_interval(bad: object) -> None:
 
 # (every_ms, anchor, misfire, due, now) -> (next, missed)
 INTERVAL_TABLE = [
-    (15 * MIN, "schedule", "coalesce", 0, 7_000, 15 * MIN, 0),              # on time: due + every
-    (15 * MIN, "release", "coalesce", 0, 7_000, 15 * MIN + 7_000, 0),       # EchoMQ: now + every
-    (15 * MIN, "schedule", "coalesce", 0, 50 * MIN, 60 * MIN, 3),           # down 50 min: 3 dropped
-    (15 * MIN, "schedule", "catchup", 0, 50 * MIN, 15 * MIN, 0),            # catch-up: next slot
+    (15 * MIN, "schedule", "coalesce", 0, 7_000, 15 * MIN, 0),  # on time: due + every
+    (15 * MIN, "release", "coalesce", 0, 7_000, 15 * MIN + 7_000, 0),  # EchoMQ: now + every
+    (15 * MIN, "schedule", "coalesce", 0, 50 * MIN, 60 * MIN, 3),  # down 50 min: 3 dropped
+    (15 * MIN, "schedule", "catchup", 0, 50 * MIN, 15 * MIN, 0),  # catch-up: next slot
     (15 * MIN, "release", "coalesce", 0, 50 * MIN, 65 * MIN, 3),
-    (15 * MIN, "schedule", "coalesce", 0, 15 * MIN, 30 * MIN, 1),           # exactly one period late
+    (15 * MIN, "schedule", "coalesce", 0, 15 * MIN, 30 * MIN, 1),  # exactly one period late
 ]
 
 
-@pytest.mark.parametrize(("every", "anchor", "misfire", "due", "now", "next_ms", "missed"), INTERVAL_TABLE)
+@pytest.mark.parametrize(
+    ("every", "anchor", "misfire", "due", "now", "next_ms", "missed"), INTERVAL_TABLE
+)
 def test_an_interval_advances_per_its_anchor_and_misfire_policy(
     every: int, anchor: str, misfire: str, due: int, now: int, next_ms: int, missed: int
 ) -> None:
@@ -50,9 +63,13 @@ def test_an_interval_advances_per_its_anchor_and_misfire_policy(
 
 
 @given(
-    every=st.integers(1, 10**7), due=st.integers(0, 10**12), late=st.integers(0, 10**9),
+    every=st.integers(1, 10**7),
+    due=st.integers(0, 10**12),
+    late=st.integers(0, 10**9),
 )
-def test_a_schedule_anchored_interval_never_drifts_and_counts_every_dropped_slot(every: int, due: int, late: int) -> None:
+def test_a_schedule_anchored_interval_never_drifts_and_counts_every_dropped_slot(
+    every: int, due: int, late: int
+) -> None:
     now = due + late
     next_ms, missed = advance(Every(every), due, now)
     assert next_ms > now
@@ -70,8 +87,15 @@ def test_a_fifteen_minute_interval_stays_on_the_quarter_hours_despite_late_relea
 
 @pytest.mark.parametrize(
     ("expr", "tz"),
-    [("61 * * * *", "UTC"), ("* * *", "UTC"), ("0 0 31 2 *", "UTC"), ("0 9 * * *", "Mars/Olympus"),
-     ("@sometimes", "UTC"), ("a b c d e", "UTC"), ("0 9 * * 8", "UTC")],
+    [
+        ("61 * * * *", "UTC"),
+        ("* * *", "UTC"),
+        ("0 0 31 2 *", "UTC"),
+        ("0 9 * * *", "Mars/Olympus"),
+        ("@sometimes", "UTC"),
+        ("a b c d e", "UTC"),
+        ("0 9 * * 8", "UTC"),
+    ],
 )
 def test_an_invalid_cron_or_time_zone_is_refused_with_a_clear_error(expr: str, tz: str) -> None:
     with pytest.raises(ScheduleError):
@@ -87,26 +111,32 @@ def test_cron_aliases_expand() -> None:
 def test_day_and_requires_both_restricted_day_fields_as_celery_does() -> None:
     start = int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)  # a Tuesday
     either = datetime.fromtimestamp(Cron("0 0 13 * 5").next_after(start) / 1000, tz=timezone.utc)
-    both = datetime.fromtimestamp(Cron("0 0 13 * 5", day_and=True).next_after(start) / 1000, tz=timezone.utc)
+    both = datetime.fromtimestamp(
+        Cron("0 0 13 * 5", day_and=True).next_after(start) / 1000, tz=timezone.utc
+    )
     assert either == datetime(2030, 1, 4, tzinfo=timezone.utc)  # the first Friday
     assert both == datetime(2030, 9, 13, tzinfo=timezone.utc)  # the first Friday the 13th
 
 
 ZONES = ["Europe/Paris", "America/New_York", "Australia/Lord_Howe"]
 EXPRESSIONS = [
-    "30 2 * * *",        # fixed, inside the Paris/New York gap and repeat
-    "0 2 * * *",         # fixed, at the edge of the gap
-    "15,45 1-3 * * *",   # fixed, several slots around the transition
-    "45 1 * * *",        # fixed, inside Lord Howe's half-hour repeat (01:30-02:00)
-    "*/15 * * * *",      # elapsed time
-    "0 */2 * * *",       # elapsed time, stepped hours
-    "30 1 * * 1-5",      # fixed, weekdays
-    "0 3 1,15 * 0",      # fixed, day-of-month OR day-of-week
+    "30 2 * * *",  # fixed, inside the Paris/New York gap and repeat
+    "0 2 * * *",  # fixed, at the edge of the gap
+    "15,45 1-3 * * *",  # fixed, several slots around the transition
+    "45 1 * * *",  # fixed, inside Lord Howe's half-hour repeat (01:30-02:00)
+    "*/15 * * * *",  # elapsed time
+    "0 */2 * * *",  # elapsed time, stepped hours
+    "30 1 * * 1-5",  # fixed, weekdays
+    "0 3 1,15 * 0",  # fixed, day-of-month OR day-of-week
 ]
 
 
 def _windows(tz: str) -> list[tuple[datetime, datetime]]:
-    return [(t - timedelta(days=2), t + timedelta(days=2)) for year in (2025, 2026, 2027) for t in transitions(tz, year)]
+    return [
+        (t - timedelta(days=2), t + timedelta(days=2))
+        for year in (2025, 2026, 2027)
+        for t in transitions(tz, year)
+    ]
 
 
 def _ours(expr: str, tz: str, start: datetime, end: datetime) -> list[int]:
@@ -119,7 +149,9 @@ def _ours(expr: str, tz: str, start: datetime, end: datetime) -> list[int]:
 
 @pytest.mark.parametrize("tz", ZONES)
 @pytest.mark.parametrize("expr", EXPRESSIONS)
-def test_cron_matches_the_dst_oracle_around_every_transition_of_three_years(expr: str, tz: str) -> None:
+def test_cron_matches_the_dst_oracle_around_every_transition_of_three_years(
+    expr: str, tz: str
+) -> None:
     windows = _windows(tz)
     assert len(windows) == 6  # two transitions a year in each of these zones
     for start, end in windows:
@@ -138,7 +170,9 @@ def test_a_fixed_time_repeated_at_fall_back_fires_once() -> None:
     start = datetime(2026, 10, 31, 12, tzinfo=timezone.utc)
     fires = _ours("30 1 * * *", "America/New_York", start, start + timedelta(days=2))
     assert fires == [
-        int(datetime(2026, 11, 1, 5, 30, tzinfo=timezone.utc).timestamp() * 1000),  # 01:30 EDT, once
+        int(
+            datetime(2026, 11, 1, 5, 30, tzinfo=timezone.utc).timestamp() * 1000
+        ),  # 01:30 EDT, once
         int(datetime(2026, 11, 2, 6, 30, tzinfo=timezone.utc).timestamp() * 1000),
     ]
 
@@ -147,7 +181,9 @@ def test_lord_howe_half_hour_shift_puts_a_gap_time_at_the_end_of_the_gap() -> No
     # Lord Howe springs forward from 02:00 to 02:30 on 4 October 2026.
     start = datetime(2026, 10, 3, 0, tzinfo=timezone.utc)
     fires = _ours("15 2 * * *", "Australia/Lord_Howe", start, start + timedelta(days=2))
-    first = datetime.fromtimestamp(fires[0] / 1000, tz=timezone.utc).astimezone(ZoneInfo("Australia/Lord_Howe"))
+    first = datetime.fromtimestamp(fires[0] / 1000, tz=timezone.utc).astimezone(
+        ZoneInfo("Australia/Lord_Howe")
+    )
     assert (first.hour, first.minute) == (2, 30)
 
 
@@ -168,7 +204,9 @@ def test_croniter_is_rejected_because_it_fires_a_repeated_fixed_time_twice() -> 
 
 
 @given(st.integers(0, 3 * 366 * 24 * 60), st.sampled_from(ZONES), st.sampled_from(EXPRESSIONS))
-def test_next_after_is_strictly_later_and_agrees_with_the_oracle_anywhere(minute: int, tz: str, expr: str) -> None:
+def test_next_after_is_strictly_later_and_agrees_with_the_oracle_anywhere(
+    minute: int, tz: str, expr: str
+) -> None:
     start = datetime(2025, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=minute, seconds=17)
     got = Cron(expr, tz).next_after(int(start.timestamp() * 1000))
     assert got > start.timestamp() * 1000

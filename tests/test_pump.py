@@ -21,7 +21,9 @@ HOUR = 3_600_000
 TEMPLATE = {"task": "reports.digest"}
 
 
-def test_eight_pumps_dispatch_each_of_a_thousand_due_occurrences_exactly_once(redis_url: str, prefix: str) -> None:
+def test_eight_pumps_dispatch_each_of_a_thousand_due_occurrences_exactly_once(
+    redis_url: str, prefix: str
+) -> None:
     setup = Repeat(redis.Redis.from_url(redis_url), prefix)
     for i in range(1000):
         setup.register("burst", f"job-{i}", every="1h", template=TEMPLATE, now_ms=T0)
@@ -46,7 +48,9 @@ def test_eight_pumps_dispatch_each_of_a_thousand_due_occurrences_exactly_once(re
     assert {r.next_run_ms for r in setup.list("burst")} == {T0 + 2 * HOUR}
 
 
-def test_each_occurrence_carries_an_id_derived_from_queue_name_and_due_time(any_repeat: Repeat) -> None:
+def test_each_occurrence_carries_an_id_derived_from_queue_name_and_due_time(
+    any_repeat: Repeat,
+) -> None:
     any_repeat.register("reports", "digest", every="1h", template=TEMPLATE, now_ms=T0)
     recorder = RecordingDispatcher()
     Pump(any_repeat, ["reports"], recorder).run_once(now_ms=T0 + HOUR + 5)
@@ -56,7 +60,9 @@ def test_each_occurrence_carries_an_id_derived_from_queue_name_and_due_time(any_
     assert occurrence.template == TEMPLATE and not occurrence.redelivered
 
 
-def test_a_pump_killed_between_claim_and_ack_is_covered_by_another_with_the_same_id(redis_url: str, prefix: str) -> None:
+def test_a_pump_killed_between_claim_and_ack_is_covered_by_another_with_the_same_id(
+    redis_url: str, prefix: str
+) -> None:
     repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
     repeat.register("reports", "digest", every="1h", template=TEMPLATE, now_ms=T0)
     doomed = textwrap.dedent(f"""
@@ -69,7 +75,9 @@ def test_a_pump_killed_between_claim_and_ack_is_covered_by_another_with_the_same
         repeat = Repeat(redis.Redis.from_url({redis_url!r}), {prefix!r})
         Pump(repeat, ["reports"], Crash(), lease_ms=30_000).run_once(now_ms={T0 + HOUR})
     """)
-    died = subprocess.run([sys.executable, "-c", doomed], capture_output=True, text=True, timeout=60)
+    died = subprocess.run(
+        [sys.executable, "-c", doomed], capture_output=True, text=True, timeout=60
+    )
     assert died.returncode == 9, died.stderr
     claimed_id = died.stdout.strip()
     assert repeat.get("reports", "digest").next_run_ms == T0 + 2 * HOUR  # type: ignore[union-attr]
@@ -106,14 +114,20 @@ def test_a_failed_dispatch_is_retried_after_the_lease_with_the_same_id(any_repea
     assert any_repeat.leases("reports") == []
 
 
-def test_the_score_moves_at_claim_so_a_late_release_never_pushes_the_cadence(any_repeat: Repeat) -> None:
+def test_the_score_moves_at_claim_so_a_late_release_never_pushes_the_cadence(
+    any_repeat: Repeat,
+) -> None:
     any_repeat.register("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
-    tick = Pump(any_repeat, ["reports"], RecordingDispatcher()).run_once(now_ms=T0 + 900_000 + 7_000)
+    tick = Pump(any_repeat, ["reports"], RecordingDispatcher()).run_once(
+        now_ms=T0 + 900_000 + 7_000
+    )
     assert any_repeat.get("reports", "digest").next_run_ms == T0 + 1_800_000  # type: ignore[union-attr]
     assert tick.next_wake_ms == T0 + 1_800_000
 
 
-def test_missed_slots_coalesce_by_default_and_are_counted(any_repeat: Repeat, caplog: pytest.LogCaptureFixture) -> None:
+def test_missed_slots_coalesce_by_default_and_are_counted(
+    any_repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
     any_repeat.register("reports", "digest", every="10m", template=TEMPLATE, now_ms=T0)
     recorder = RecordingDispatcher()
     with caplog.at_level(logging.WARNING, logger="emq_bridge.pump"):
@@ -121,12 +135,18 @@ def test_missed_slots_coalesce_by_default_and_are_counted(any_repeat: Repeat, ca
     assert [o.due_ms for o in recorder.occurrences] == [T0 + 600_000]
     assert recorder.occurrences[0].missed == 5
     registration = any_repeat.get("reports", "digest")
-    assert registration is not None and registration.missed == 5 and registration.next_run_ms == T0 + 70 * 60_000
+    assert (
+        registration is not None
+        and registration.missed == 5
+        and registration.next_run_ms == T0 + 70 * 60_000
+    )
     assert "5 slot(s) missed" in caplog.text
 
 
 def test_the_catchup_policy_fires_every_missed_slot(any_repeat: Repeat) -> None:
-    any_repeat.register("reports", "digest", every="10m", misfire="catchup", template=TEMPLATE, now_ms=T0)
+    any_repeat.register(
+        "reports", "digest", every="10m", misfire="catchup", template=TEMPLATE, now_ms=T0
+    )
     recorder = RecordingDispatcher()
     pump = Pump(any_repeat, ["reports"], recorder)
     for _ in range(8):
@@ -161,7 +181,9 @@ def test_a_triggered_occurrence_fires_once_on_the_next_tick(any_repeat: Repeat) 
     assert [o.id for o in recorder.occurrences] == [triggered]
 
 
-def test_a_pump_driven_by_a_manual_clock_fires_exactly_what_the_clock_reaches(any_repeat: Repeat) -> None:
+def test_a_pump_driven_by_a_manual_clock_fires_exactly_what_the_clock_reaches(
+    any_repeat: Repeat,
+) -> None:
     clock = ManualClock(T0)
     any_repeat.register("reports", "fast", every="1s", template=TEMPLATE, now_ms=clock())
     any_repeat.register("reports", "slow", every="1m", template=TEMPLATE, now_ms=clock())
@@ -174,7 +196,9 @@ def test_a_pump_driven_by_a_manual_clock_fires_exactly_what_the_clock_reaches(an
     assert recorder.names().count("slow") == 1
 
 
-def test_a_sleeping_pump_wakes_for_a_schedule_registered_while_it_sleeps(redis_url: str, prefix: str) -> None:
+def test_a_sleeping_pump_wakes_for_a_schedule_registered_while_it_sleeps(
+    redis_url: str, prefix: str
+) -> None:
     repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
     repeat.register("wake", "placeholder", every="1d", template=TEMPLATE)
     recorder = RecordingDispatcher()
@@ -203,7 +227,9 @@ def test_embedded_server_dies_with_a_killed_parent() -> None:
         print(server.process.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    parent = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     pid = int(parent.stdout.strip())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

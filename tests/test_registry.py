@@ -18,7 +18,10 @@ TEMPLATE = {"task": "reports.digest", "args": [1], "kwargs": {"full": True}}
 
 
 def keys_under(repeat: Repeat) -> set[str]:
-    return {k.decode() if isinstance(k, bytes) else k for k in repeat.client.scan_iter(match=f"{repeat.prefix}:*")}
+    return {
+        k.decode() if isinstance(k, bytes) else k
+        for k in repeat.client.scan_iter(match=f"{repeat.prefix}:*")
+    }
 
 
 def command_calls(client: Any, *commands: str) -> int:
@@ -26,18 +29,30 @@ def command_calls(client: Any, *commands: str) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands)
 
 
-def test_register_twice_answers_registered_then_exists_and_keeps_one_record(any_repeat: Repeat) -> None:
-    assert any_repeat.register("reports", "digest", every_ms=900_000, template=TEMPLATE, now_ms=T0) == "registered"
-    assert any_repeat.register("reports", "digest", every_ms=60_000, template={}, now_ms=T0 + 5) == "exists"
+def test_register_twice_answers_registered_then_exists_and_keeps_one_record(
+    any_repeat: Repeat,
+) -> None:
+    assert (
+        any_repeat.register("reports", "digest", every_ms=900_000, template=TEMPLATE, now_ms=T0)
+        == "registered"
+    )
+    assert (
+        any_repeat.register("reports", "digest", every_ms=60_000, template={}, now_ms=T0 + 5)
+        == "exists"
+    )
     keys = any_repeat.keys("reports")
-    assert any_repeat.client.zrange(keys.registry, 0, -1, withscores=True) == [(b"digest", float(T0 + 900_000))]
+    assert any_repeat.client.zrange(keys.registry, 0, -1, withscores=True) == [
+        (b"digest", float(T0 + 900_000))
+    ]
     record = any_repeat.client.hgetall(keys.record("digest"))
     # EchoMQ's field names, and the first definition kept.
     assert record[b"every_ms"] == b"900000"
     assert json.loads(record[b"template"]) == TEMPLATE
 
 
-def test_a_hundred_concurrent_registers_give_one_registered_and_one_entry(redis_url: str, prefix: str) -> None:
+def test_a_hundred_concurrent_registers_give_one_registered_and_one_entry(
+    redis_url: str, prefix: str
+) -> None:
     results: list[str] = []
     barrier = threading.Barrier(100)
 
@@ -54,7 +69,10 @@ def test_a_hundred_concurrent_registers_give_one_registered_and_one_entry(redis_
     assert sorted(results) == ["exists"] * 99 + ["registered"]
     repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
     assert repeat.names("reports") == ["digest"]
-    assert keys_under(repeat) == {f"{prefix}:{{reports}}:repeat", f"{prefix}:{{reports}}:repeat:digest"}
+    assert keys_under(repeat) == {
+        f"{prefix}:{{reports}}:repeat",
+        f"{prefix}:{{reports}}:repeat:digest",
+    }
 
 
 def test_cancel_removes_both_keys_and_a_later_register_is_fresh(any_repeat: Repeat) -> None:
@@ -62,17 +80,32 @@ def test_cancel_removes_both_keys_and_a_later_register_is_fresh(any_repeat: Repe
     assert any_repeat.cancel("reports", "digest") is True
     assert keys_under(any_repeat) == set()
     assert any_repeat.cancel("reports", "digest") is False
-    assert any_repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0) == "registered"
+    assert (
+        any_repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0)
+        == "registered"
+    )
     registration = any_repeat.get("reports", "digest")
     assert registration is not None and registration.next_run_ms == T0 + 60_000
 
 
 def test_upsert_creates_then_leaves_an_unchanged_definition_alone(any_repeat: Repeat) -> None:
-    assert any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0) == "created"
+    assert (
+        any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
+        == "created"
+    )
     keys = any_repeat.keys("reports")
-    before = (any_repeat.client.zscore(keys.registry, "digest"), any_repeat.client.hgetall(keys.record("digest")))
-    assert any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0 + 600_000) == "unchanged"
-    after = (any_repeat.client.zscore(keys.registry, "digest"), any_repeat.client.hgetall(keys.record("digest")))
+    before = (
+        any_repeat.client.zscore(keys.registry, "digest"),
+        any_repeat.client.hgetall(keys.record("digest")),
+    )
+    assert (
+        any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0 + 600_000)
+        == "unchanged"
+    )
+    after = (
+        any_repeat.client.zscore(keys.registry, "digest"),
+        any_repeat.client.hgetall(keys.record("digest")),
+    )
     assert after == before
 
 
@@ -85,14 +118,31 @@ def test_an_unchanged_upsert_issues_no_write_command(repeat: Repeat) -> None:
     assert command_calls(repeat.client, *writes) == before
 
 
-def test_a_changed_cadence_rederives_the_score_and_a_changed_template_keeps_it(any_repeat: Repeat) -> None:
+def test_a_changed_cadence_rederives_the_score_and_a_changed_template_keeps_it(
+    any_repeat: Repeat,
+) -> None:
     any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
-    assert any_repeat.upsert("reports", "digest", every="15m", template={"task": "other"}, now_ms=T0 + 1000) == "updated"
+    assert (
+        any_repeat.upsert(
+            "reports", "digest", every="15m", template={"task": "other"}, now_ms=T0 + 1000
+        )
+        == "updated"
+    )
     registration = any_repeat.get("reports", "digest")
     assert registration is not None
     assert registration.next_run_ms == T0 + 900_000
     assert registration.definition.template == {"task": "other"}
-    assert any_repeat.upsert("reports", "digest", cron="0 9 * * *", tz="Europe/Paris", template={"task": "other"}, now_ms=T0 + 2000) == "updated"
+    assert (
+        any_repeat.upsert(
+            "reports",
+            "digest",
+            cron="0 9 * * *",
+            tz="Europe/Paris",
+            template={"task": "other"},
+            now_ms=T0 + 2000,
+        )
+        == "updated"
+    )
     registration = any_repeat.get("reports", "digest")
     assert registration is not None
     assert registration.next_run_ms == registration.definition.cadence.next_after(T0 + 2000)
@@ -102,9 +152,18 @@ def test_a_changed_cadence_rederives_the_score_and_a_changed_template_keeps_it(a
 
 def test_a_change_of_owner_is_an_update_that_keeps_the_cadence(any_repeat: Repeat) -> None:
     any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, now_ms=T0)
-    assert any_repeat.upsert("reports", "digest", every="15m", template=TEMPLATE, source="app", now_ms=T0 + 9) == "updated"
+    assert (
+        any_repeat.upsert(
+            "reports", "digest", every="15m", template=TEMPLATE, source="app", now_ms=T0 + 9
+        )
+        == "updated"
+    )
     registration = any_repeat.get("reports", "digest")
-    assert registration is not None and registration.source == "app" and registration.next_run_ms == T0 + 900_000
+    assert (
+        registration is not None
+        and registration.source == "app"
+        and registration.next_run_ms == T0 + 900_000
+    )
     assert any_repeat.cancel("reports", "digest", if_source="someone-else") is False
     assert any_repeat.cancel("reports", "digest", if_source="app") is True
 
@@ -125,7 +184,9 @@ def test_pause_parks_the_entry_and_resume_keeps_an_interval_on_its_grid(any_repe
         any_repeat.pause("reports", "missing")
 
 
-def test_trigger_adds_an_immediate_occurrence_without_moving_the_cadence(any_repeat: Repeat) -> None:
+def test_trigger_adds_an_immediate_occurrence_without_moving_the_cadence(
+    any_repeat: Repeat,
+) -> None:
     any_repeat.register("reports", "digest", every="1h", template=TEMPLATE, now_ms=T0)
     occurrence_id = any_repeat.trigger("reports", "digest", now_ms=T0 + 5)
     assert any_repeat.scan("reports", 10, T0 + 5).expired == ["digest 1900000000005"]
@@ -146,15 +207,30 @@ def test_list_and_queues_and_next_runs_read_back_what_was_written(any_repeat: Re
 
 def test_all_keys_of_a_queue_share_one_cluster_slot(repeat: Repeat) -> None:
     keys = repeat.keys("reports")
-    slots = {key_slot(k.encode()) for k in [keys.registry, keys.leases, keys.record("digest"), keys.record("a:b")]}
+    slots = {
+        key_slot(k.encode())
+        for k in [keys.registry, keys.leases, keys.record("digest"), keys.record("a:b")]
+    }
     assert len(slots) == 1
 
 
-BAD_NAMES = ["", "{x}", "a b", "a\nb", "a\x00b", "tab\t", "x" * (MAX_NAME_BYTES + 1), "é" * 101, "\u2028"]
+BAD_NAMES = [
+    "",
+    "{x}",
+    "a b",
+    "a\nb",
+    "a\x00b",
+    "tab\t",
+    "x" * (MAX_NAME_BYTES + 1),
+    "é" * 101,
+    "\u2028",
+]
 
 
 @pytest.mark.parametrize("bad", BAD_NAMES)
-def test_a_bad_queue_or_registration_name_is_refused_before_anything_is_written(any_repeat: Repeat, bad: str) -> None:
+def test_a_bad_queue_or_registration_name_is_refused_before_anything_is_written(
+    any_repeat: Repeat, bad: str
+) -> None:
     with pytest.raises(InvalidName):
         any_repeat.register(bad, "digest", every="1m", template=TEMPLATE)
     with pytest.raises(InvalidName):
@@ -181,7 +257,9 @@ def test_a_bad_queue_or_registration_name_is_refused_before_anything_is_written(
         {"every": "1m", "tz": "Europe/Paris"},
     ],
 )
-def test_bad_definitions_raise_a_schedule_error_and_write_nothing(any_repeat: Repeat, kwargs: dict[str, Any]) -> None:
+def test_bad_definitions_raise_a_schedule_error_and_write_nothing(
+    any_repeat: Repeat, kwargs: dict[str, Any]
+) -> None:
     kwargs.setdefault("template", TEMPLATE)
     with pytest.raises(ScheduleError):
         any_repeat.register("reports", "digest", **kwargs)

@@ -42,7 +42,9 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
 
         @rule(name=NAMES, every=EVERY, task=TASKS)
         def register(self, name: str, every: int, task: str) -> None:
-            result = self.repeat.register("q", name, every_ms=every, template={"task": task}, now_ms=self.now)
+            result = self.repeat.register(
+                "q", name, every_ms=every, template={"task": task}, now_ms=self.now
+            )
             if name in self.model:
                 assert result == "exists"
             else:
@@ -51,7 +53,9 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
 
         @rule(name=NAMES, every=EVERY, task=TASKS)
         def upsert(self, name: str, every: int, task: str) -> None:
-            result = self.repeat.upsert("q", name, every_ms=every, template={"task": task}, now_ms=self.now)
+            result = self.repeat.upsert(
+                "q", name, every_ms=every, template={"task": task}, now_ms=self.now
+            )
             current = self.model.get(name)
             if current is None:
                 assert result == "created"
@@ -109,7 +113,9 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
         @invariant()
         def registry_matches_model(self) -> None:
             keys = self.repeat.keys("q")
-            scores = {m.decode(): s for m, s in client.zrange(keys.registry, 0, -1, withscores=True)}
+            scores = {
+                m.decode(): s for m, s in client.zrange(keys.registry, 0, -1, withscores=True)
+            }
             assert set(scores) == set(self.model)
             for name, current in self.model.items():
                 assert scores[name] == (float("inf") if current.paused else current.next_ms)
