@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cadence import Cadence, advance
-from .definition import Definition
+from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import Dispatcher
 from .errors import RegistryError, RegistryUnavailable, ScheduleError
 from .keys import parse_lease_member, validate_name
@@ -34,6 +34,8 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
+# Decoded definitions kept between ticks, keyed by their raw record fields.
+DECODED_CACHE_SIZE = 10_000
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
@@ -86,6 +88,7 @@ class Pump:
         self.max_sleep_s = max_sleep_s
         self.resolve_cadence = resolve_cadence
         self._stop = threading.Event()
+        self._decoded: dict[tuple[str | None, ...], Definition] = {}
 
     # -- one tick -------------------------------------------------------------------------
 
@@ -201,8 +204,12 @@ class Pump:
                 CORRUPT_PARK_MS // 1000,
             )
             return None
+        # Decoding validates the cadence and the template; a tick of many registrations
+        # that share a definition decodes it once. The key is the raw fields themselves.
+        cache_key = tuple(fields.get(f) for f in DEFINITION_FIELDS)
+        cached = self._decoded.get(cache_key)
         try:
-            definition = Definition.from_fields(fields)
+            definition = cached or Definition.from_fields(fields)
         except (ScheduleError, ValueError, TypeError) as exc:
             log.error(
                 "%s/%s: corrupt record parked for %ds: %s",
@@ -212,6 +219,10 @@ class Pump:
                 exc,
             )
             return None
+        if cached is None:
+            if len(self._decoded) >= DECODED_CACHE_SIZE:
+                self._decoded.clear()
+            self._decoded[cache_key] = definition
         if self.resolve_cadence is not None:
             definition = Definition(
                 self.resolve_cadence(queue, name, definition.cadence),

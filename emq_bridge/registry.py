@@ -53,7 +53,10 @@ def occurrence_id(prefix: str, queue: str, name: str, due_ms: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Occurrence:
-    """One firing of a registration at its nominal instant `due_ms` (epoch ms, UTC)."""
+    """One firing of a registration at its nominal instant `due_ms` (epoch ms, UTC).
+
+    `template` is shared with the pump's decoded-definition cache: read it, never mutate it.
+    """
 
     queue: str
     name: str
