@@ -68,7 +68,9 @@ CRON_ALIASES = {
 }
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_EVERY_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)")
+_EVERY_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)", re.ASCII)
+# Scores are epoch ms held in a double, exact up to 2**53: an interval stays far below that.
+MAX_EVERY_MS = 1000 * 365 * 86_400_000
 
 
 class Cadence(Protocol):
@@ -104,11 +106,11 @@ def parse_every_ms(value: int | timedelta | str) -> int:
         every_ms = value
     elif isinstance(value, str):
         text = value.strip().lower()
-        if text.isdigit():
+        if text.isascii() and text.isdigit() and len(text) <= 20:
             every_ms = int(text)
         else:
             parts = _EVERY_RE.findall(text)
-            if not parts or _EVERY_RE.sub("", text).strip():
+            if not parts or _EVERY_RE.sub("", text).strip() or any(len(n) > 20 for n, _ in parts):
                 raise ScheduleError(
                     f"every {value!r} is not an interval; use ms or a string like "
                     "'500ms', '30s', '15m', '1h30m', '2d'"
@@ -118,6 +120,8 @@ def parse_every_ms(value: int | timedelta | str) -> int:
         raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
     if every_ms <= 0:
         raise ScheduleError(f"every must be a positive interval, got {value!r}")
+    if every_ms > MAX_EVERY_MS:
+        raise ScheduleError(f"every must be at most 1000 years ({MAX_EVERY_MS} ms), got {value!r}")
     return every_ms
 
 
@@ -140,6 +144,10 @@ class Every:
             raise ScheduleError(f"every_ms must be an int, got {self.every_ms!r}")
         if self.every_ms <= 0:
             raise ScheduleError(f"every_ms must be positive, got {self.every_ms}")
+        if self.every_ms > MAX_EVERY_MS:
+            raise ScheduleError(
+                f"every_ms must be at most {MAX_EVERY_MS} (1000 years), got {self.every_ms}"
+            )
         if self.anchor not in ANCHORS:
             raise ScheduleError(f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
 

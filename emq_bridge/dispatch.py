@@ -7,9 +7,11 @@ them. `ListPushDispatcher` is the adapter-free one: it pushes JSON onto a Redis 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from .cadence import Cadence
 from .errors import DispatchError
 from .registry import Occurrence, redis_errors
 from .sync import Declaration
@@ -35,13 +37,16 @@ class PumpTarget:
     """What an adapter hands the `pump` command: where to send, which queues, what to sync.
 
     `emq_bridge.celery.load_target(spec)` and `emq_bridge.dramatiq.load_target(spec)` return
-    one; `source` tags the declarations when they are synced.
+    one; `source` tags the declarations when they are synced. `resolve_cadence`, when set,
+    is the `Pump(resolve_cadence=...)` hook for schedules only the adapter's process can
+    compute (Celery's `solar` and custom schedule classes).
     """
 
     dispatcher: Dispatcher
     queues: tuple[str, ...]
     declarations: tuple[Declaration, ...]
     source: str
+    resolve_cadence: Callable[[str, str, Cadence], Cadence] | None = None
 
 
 def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:

@@ -1,0 +1,91 @@
+"""The `emq-bridge` command line (also `python -m emq_bridge`).
+
+Exit codes: 0 success, 1 bad input (an invalid file, an unknown schedule), 2 bad usage,
+3 Redis unreachable or refusing a command. Errors are one line on stderr, and the
+credentials of the Redis URL are never printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import InvalidName
+from ..keys import DEFAULT_PREFIX, validate_prefix
+from .context import DEFAULT_REDIS_URL, Settings, emq_errors, install_logging, remove_logging
+from .operations import COMMANDS as OPERATION_COMMANDS
+from .schedules import COMMANDS as SCHEDULE_COMMANDS
+
+__all__ = ["cli", "main"]
+
+
+class EmqGroup(click.Group):
+    """A group that maps emq-bridge's errors to click's at one boundary (see `emq_errors`)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with emq_errors(ctx):
+            return super().invoke(ctx)
+
+
+def _prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return validate_prefix(value)
+    except InvalidName as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.group(
+    cls=EmqGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.option(
+    "--redis-url",
+    envvar="REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    show_envvar=True,
+    metavar="URL",
+    help="Redis server holding the registry: redis://, rediss:// or unix://.",
+)
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    callback=_prefix,
+    help="Key prefix of the registry (keys are <prefix>:{queue}:repeat...).",
+)
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Log errors only.")
+@click.version_option(__version__, prog_name="emq-bridge")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str, prefix: str, verbose: int, quiet: bool) -> None:
+    """Recurring schedules in Redis, pumped into Celery or Dramatiq.
+
+    Every command but `demo` works on the registry at --redis-url (or $REDIS_URL;
+    default redis://127.0.0.1:6379/0) under --prefix.
+
+    \b
+    Examples:
+      emq-bridge list
+      emq-bridge --redis-url redis://cache:6379/1 list reports --json
+      emq-bridge sync schedules.toml --dry-run
+      emq-bridge add reports digest --task app.send_digest --every 15m
+      emq-bridge next reports nightly -n 10
+      emq-bridge pump --dramatiq app.tasks
+      emq-bridge demo
+    """
+    verbosity = -1 if quiet else verbose
+    ctx.obj = Settings(redis_url=redis_url, prefix=prefix, verbosity=verbosity)
+    handler = install_logging(verbosity)
+    ctx.call_on_close(lambda: remove_logging(handler))
+
+
+for _command in (*SCHEDULE_COMMANDS, *OPERATION_COMMANDS):
+    cli.add_command(_command)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command line (the `emq-bridge` console script) and exit with its status."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="emq-bridge")

@@ -1,0 +1,128 @@
+"""Turn registrations and plans into text for people and JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from ..cadence import Cadence, Cron, Every
+from ..registry import Registration
+
+__all__ = [
+    "absolute",
+    "iso",
+    "registration_json",
+    "relative",
+    "table",
+    "to_json",
+    "zone_of",
+]
+
+_UNITS = (("day", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000))
+
+
+def zone_of(cadence: Cadence) -> ZoneInfo:
+    """Return the time zone a cadence's times are shown in: a cron's own, else UTC."""
+    return ZoneInfo(cadence.tz if isinstance(cadence, Cron) else "UTC")
+
+
+def _local(ms: int, zone: ZoneInfo) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).astimezone(zone)
+
+
+def absolute(ms: int, zone: ZoneInfo) -> str:
+    """Return `ms` as wall-clock time in `zone`, e.g. `2026-03-29 03:00:00 CEST`."""
+    return _local(ms, zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def iso(ms: int | None, zone: ZoneInfo) -> str | None:
+    """Return `ms` as ISO 8601 in `zone` with its UTC offset, to the millisecond."""
+    return None if ms is None else _local(ms, zone).isoformat(timespec="milliseconds")
+
+
+def relative(ms: int, now_ms: int) -> str:
+    """Return `ms` relative to `now_ms` in the largest whole unit: `in 4 min`, `2 h ago`, `now`."""
+    delta = ms - now_ms
+    size = abs(delta)
+    if size < 1000:
+        return "now"
+    for unit, unit_ms in _UNITS:
+        if size >= unit_ms:
+            count = size // unit_ms
+            words = f"{count} {unit}{'s' if unit == 'day' and count != 1 else ''}"
+            return f"in {words}" if delta > 0 else f"{words} ago"
+    raise AssertionError("unreachable: sizes of 1 s and more match a unit")
+
+
+def cadence_json(cadence: Cadence) -> dict[str, Any]:
+    """Return a cadence's typed fields: `every_ms`/`anchor` or `cron`/`tz`/`day_and`."""
+    if isinstance(cadence, Every):
+        return {"kind": "every", "every_ms": cadence.every_ms, "anchor": cadence.anchor}
+    if isinstance(cadence, Cron):
+        return {"kind": "cron", "cron": cadence.expr, "tz": cadence.tz, "day_and": cadence.day_and}
+    return {"kind": cadence.kind}
+
+
+def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]:
+    """Return everything known about a registration as JSON-ready data (times in epoch ms)."""
+    cadence = registration.definition.cadence
+    zone = zone_of(cadence)
+    next_ms = registration.next_run_ms
+    return {
+        "queue": registration.queue,
+        "name": registration.name,
+        "state": "paused" if registration.paused else "active",
+        "cadence": cadence.describe(),
+        **cadence_json(cadence),
+        "misfire": registration.definition.misfire,
+        "template": dict(registration.definition.template),
+        "source": registration.source,
+        "next_run_ms": next_ms,
+        "next_run": iso(next_ms, zone),
+        "next_run_in_ms": None if next_ms is None else next_ms - now_ms,
+        "last_due_ms": registration.last_due_ms,
+        "last_fired_ms": registration.last_fired_ms,
+        "last_run": iso(registration.last_fired_ms, zone),
+        "fired": registration.fired,
+        "missed": registration.missed,
+        "created_ms": registration.created_ms,
+        "updated_ms": registration.updated_ms,
+        "now_ms": now_ms,
+    }
+
+
+def next_run_text(registration: Registration, now_ms: int) -> str:
+    """Return the next run as `<absolute in the schedule's zone> (<relative>)`."""
+    if registration.next_run_ms is None:
+        return "-"
+    zone = zone_of(registration.definition.cadence)
+    return (
+        f"{absolute(registration.next_run_ms, zone)} ({relative(registration.next_run_ms, now_ms)})"
+    )
+
+
+def last_run_text(registration: Registration, now_ms: int) -> str:
+    """Return when the last occurrence was released, relative to now, or `never`."""
+    if registration.last_fired_ms is None:
+        return "never"
+    return relative(registration.last_fired_ms, now_ms)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Return rows as left-aligned columns under an upper-case header."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [[h.upper() for h in header], *rows]
+    ]
+    return "\n".join(lines)
+
+
+def to_json(data: Any) -> str:
+    """Return `data` as indented JSON with sorted keys."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)

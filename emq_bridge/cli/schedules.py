@@ -1,0 +1,361 @@
+"""Commands on registrations: list, show, next, add, remove, pause, resume, trigger."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
+
+import click
+
+from ..cadence import ANCHORS, MISFIRES
+from ..config import declaration_from_entry
+from ..registry import Registration, Repeat
+from .context import Settings, pass_settings
+from .render import (
+    absolute,
+    iso,
+    last_run_text,
+    next_run_text,
+    registration_json,
+    relative,
+    table,
+    to_json,
+    zone_of,
+)
+
+__all__ = ["COMMANDS"]
+
+T = TypeVar("T")
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def _lifecycle(move: Callable[[], T]) -> T:
+    """Run a registry move that raises KeyError for an unknown name; exit 1 with its reason."""
+    try:
+        return move()
+    except KeyError as exc:
+        raise click.ClickException(
+            str(exc.args[0]) if exc.args else "no such registration"
+        ) from exc
+
+
+def _require(repeat: Repeat, queue: str, name: str) -> Registration:
+    registration = repeat.get(queue, name)
+    if registration is None:
+        raise click.ClickException(f"no registration {name!r} in queue {queue!r}")
+    return registration
+
+
+@click.command("list")
+@click.argument("queue", required=False)
+@json_option
+@pass_settings
+def list_command(settings: Settings, queue: str | None, as_json: bool) -> None:
+    """List schedules with their cadence, next and last run, and state.
+
+    Without QUEUE, list every queue under the prefix. The next run is shown in the
+    schedule's time zone (UTC for intervals) and relative to the Redis server's clock.
+
+    \b
+    Examples:
+      emq-bridge list
+      emq-bridge list reports --json | jq '.[].next_run'
+    """
+    repeat = settings.repeat()
+    queues = [queue] if queue is not None else repeat.queues()
+    registrations = [r for q in queues for r in repeat.list(q)]
+    now_ms = repeat.server_time_ms()
+    if as_json:
+        click.echo(to_json([registration_json(r, now_ms) for r in registrations]))
+        return
+    if not registrations:
+        where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
+        click.echo(f"no schedules in {where}", err=True)
+        return
+    rows = [
+        [
+            r.queue,
+            r.name,
+            r.definition.cadence.describe(),
+            next_run_text(r, now_ms),
+            last_run_text(r, now_ms),
+            "paused" if r.paused else "active",
+        ]
+        for r in registrations
+    ]
+    click.echo(table(["queue", "name", "cadence", "next run", "last run", "state"], rows))
+
+
+@click.command("show")
+@click.argument("queue")
+@click.argument("name")
+@json_option
+@pass_settings
+def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> None:
+    """Show one schedule in full.
+
+    Its cadence, state, next and last run, counters, owner and template.
+
+    \b
+    Examples:
+      emq-bridge show reports digest
+      emq-bridge show reports digest --json
+    """
+    repeat = settings.repeat()
+    registration = _require(repeat, queue, name)
+    now_ms = repeat.server_time_ms()
+    data = registration_json(registration, now_ms)
+    if as_json:
+        click.echo(to_json(data))
+        return
+    zone = zone_of(registration.definition.cadence)
+    last = "never"
+    fired_ms = registration.last_fired_ms
+    if fired_ms is not None:
+        last = f"{absolute(fired_ms, zone)} ({relative(fired_ms, now_ms)})"
+    lines = [
+        ("cadence", data["cadence"]),
+        ("state", data["state"]),
+        ("next run", next_run_text(registration, now_ms)),
+        ("last run", last),
+        ("fired", str(registration.fired)),
+        ("missed", str(registration.missed)),
+        ("misfire", registration.definition.misfire),
+        ("source", registration.source or "(added at runtime)"),
+        ("template", json.dumps(data["template"], sort_keys=True)),
+    ]
+    click.echo(f"{queue}/{name}")
+    for label, value in lines:
+        click.echo(f"  {label:<9} {value}")
+
+
+@click.command("next")
+@click.argument("queue")
+@click.argument("name")
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(1, 1000),
+    default=10,
+    show_default=True,
+    help="How many upcoming runs.",
+)
+@json_option
+@pass_settings
+def next_command(settings: Settings, queue: str, name: str, count: int, as_json: bool) -> None:
+    """Print the upcoming runs of a schedule.
+
+    Times are in the schedule's time zone with their UTC offset, so DST changes show.
+
+    \b
+    Examples:
+      emq-bridge next reports nightly -n 10
+      emq-bridge next reports nightly --json
+    """
+    repeat = settings.repeat()
+    registration = _require(repeat, queue, name)
+    runs = registration.upcoming(count)
+    now_ms = repeat.server_time_ms()
+    zone = zone_of(registration.definition.cadence)
+    if as_json:
+        click.echo(
+            to_json([{"at_ms": ms, "at": _iso(ms, zone), "in_ms": ms - now_ms} for ms in runs])
+        )
+        return
+    for ms in runs:
+        offset = _offset(ms, zone)
+        click.echo(f"{absolute(ms, zone)} {offset}  ({relative(ms, now_ms)})")
+
+
+def _iso(ms: int, zone: ZoneInfo) -> str:
+    text = iso(ms, zone)
+    assert text is not None
+    return text
+
+
+def _offset(ms: int, zone: ZoneInfo) -> str:
+    return _iso(ms, zone)[-6:]
+
+
+def _json_value(
+    kind: type, what: str
+) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}") from exc
+        if not isinstance(parsed, kind):
+            raise click.BadParameter(f"must be a JSON {what}")
+        return parsed
+
+    return convert
+
+
+@click.command("add")
+@click.argument("queue")
+@click.argument("name")
+@click.option(
+    "--task", required=True, metavar="NAME", help="Celery task name or Dramatiq actor name."
+)
+@click.option("--every", metavar="DURATION", help="Interval, e.g. 30s, 15m, 1h30m.")
+@click.option(
+    "--every-ms", type=click.IntRange(min=1), metavar="MS", help="Interval in milliseconds."
+)
+@click.option("--cron", metavar="EXPR", help='Cron expression, e.g. "0 9 * * 1-5" or @daily.')
+@click.option("--tz", metavar="ZONE", help="IANA time zone of --cron (default UTC).")
+@click.option(
+    "--day-and",
+    is_flag=True,
+    default=None,
+    help="Cron: day-of-month AND day-of-week must both match (Celery's rule).",
+)
+@click.option(
+    "--anchor",
+    type=click.Choice(ANCHORS),
+    help="Interval: next = due + every (schedule, default) or now + every (release).",
+)
+@click.option(
+    "--misfire", type=click.Choice(MISFIRES), help="Missed slots: coalesce (default) or catchup."
+)
+@click.option(
+    "--args",
+    "args_",
+    callback=_json_value(list, "array"),
+    metavar="JSON",
+    help="Positional args, a JSON array.",
+)
+@click.option(
+    "--kwargs",
+    callback=_json_value(dict, "object"),
+    metavar="JSON",
+    help="Keyword args, a JSON object.",
+)
+@click.option(
+    "--options",
+    callback=_json_value(dict, "object"),
+    metavar="JSON",
+    help="Send options, a JSON object.",
+)
+@click.option("--replace", is_flag=True, help="Overwrite an existing schedule of that name.")
+@pass_settings
+def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **fields: Any) -> None:
+    """Add a schedule at runtime.
+
+    A schedule added here belongs to no file, so no `sync` ever removes it.
+
+    Give one cadence: --every, --every-ms or --cron (with --tz). Without --replace an
+    existing schedule of the same name is left alone: exit 0 if it is identical, else 1.
+
+    \b
+    Examples:
+      emq-bridge add reports digest --task app.send_digest --every 15m
+      emq-bridge add reports nightly --task nightly_report --cron "0 9 * * *" --tz Europe/Paris
+      emq-bridge add emails retry --task retry --every 1m --kwargs '{"limit": 100}' --replace
+    """
+    entry = {"queue": queue, "name": name}
+    entry.update({"args" if k == "args_" else k: v for k, v in fields.items() if v is not None})
+    declaration = declaration_from_entry(entry)
+    repeat = settings.repeat()
+    if replace:
+        result = repeat.upsert(queue, name, definition=declaration.definition)
+        click.echo(f"{result} {queue}/{name}  {declaration.definition.cadence.describe()}")
+        return
+    if repeat.register(queue, name, definition=declaration.definition) == "registered":
+        click.echo(f"added {queue}/{name}  {declaration.definition.cadence.describe()}")
+        return
+    existing = _require(repeat, queue, name)
+    if existing.definition.digest != declaration.definition.digest:
+        raise click.ClickException(
+            f"{queue}/{name} already exists with a different definition "
+            f"({existing.definition.cadence.describe()}); add --replace to overwrite it"
+        )
+    click.echo(f"exists {queue}/{name} (identical; nothing written)")
+
+
+@click.command("remove")
+@click.argument("queue")
+@click.argument("name")
+@pass_settings
+def remove_command(settings: Settings, queue: str, name: str) -> None:
+    """Remove a schedule.
+
+    Its record, its registry entry and its in-flight leases go.
+
+    \b
+    Example:
+      emq-bridge remove reports digest
+    """
+    if not settings.repeat().cancel(queue, name):
+        raise click.ClickException(f"no registration {name!r} in queue {queue!r}")
+    click.echo(f"removed {queue}/{name}")
+
+
+@click.command("pause")
+@click.argument("queue")
+@click.argument("name")
+@pass_settings
+def pause_command(settings: Settings, queue: str, name: str) -> None:
+    """Pause a schedule: it stops firing until resumed.
+
+    \b
+    Example:
+      emq-bridge pause reports digest
+    """
+    changed = _lifecycle(lambda: settings.repeat().pause(queue, name))
+    click.echo(f"paused {queue}/{name}" if changed else f"{queue}/{name} was already paused")
+
+
+@click.command("resume")
+@click.argument("queue")
+@click.argument("name")
+@pass_settings
+def resume_command(settings: Settings, queue: str, name: str) -> None:
+    """Resume a paused schedule.
+
+    It fires again from its next future slot; slots that passed while paused are skipped.
+
+    \b
+    Example:
+      emq-bridge resume reports digest
+    """
+    changed = _lifecycle(lambda: settings.repeat().resume(queue, name))
+    click.echo(f"resumed {queue}/{name}" if changed else f"{queue}/{name} was not paused")
+
+
+@click.command("trigger")
+@click.argument("queue")
+@click.argument("name")
+@pass_settings
+def trigger_command(settings: Settings, queue: str, name: str) -> None:
+    """Fire a schedule once, now.
+
+    The occurrence is a fresh one; the cadence is left alone.
+
+    A running pump dispatches the occurrence on its next tick. Prints the occurrence id
+    (the Celery task_id / Dramatiq message_id it is sent with).
+
+    \b
+    Example:
+      emq-bridge trigger reports digest
+    """
+    occurrence = _lifecycle(lambda: settings.repeat().trigger(queue, name))
+    click.echo(occurrence)
+    click.echo(f"triggered {queue}/{name}; a running pump dispatches it on its next tick", err=True)
+
+
+COMMANDS = (
+    list_command,
+    show_command,
+    next_command,
+    add_command,
+    remove_command,
+    pause_command,
+    resume_command,
+    trigger_command,
+)
