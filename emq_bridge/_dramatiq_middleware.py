@@ -1,0 +1,283 @@
+"""`RecurringMiddleware`: sync declared schedules when a Dramatiq worker boots, and pump them.
+
+Private to `emq_bridge.dramatiq`. At worker boot the middleware syncs the schedules
+declared on the broker's actors (and a schedule file, if given) into the registry, then
+starts a pump thread inside the worker, so a Dramatiq deployment needs no scheduler
+process. Many workers booting at once converge: sync is a set of idempotent upserts, and
+the pumps' claims are compare-and-set, so each occurrence is enqueued once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Middleware, MiddlewareError
+
+from ._dramatiq_dispatch import DramatiqDispatcher
+from ._dramatiq_schedule import (
+    RECURRING_OPTION,
+    actor_declarations,
+    broker_declarations,
+    set_current_message,
+)
+from .config import load_schedule_file
+from .errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
+from .keys import DEFAULT_PREFIX, validate_name, validate_prefix
+from .pump import Pump
+from .registry import Repeat
+from .sync import Declaration, SyncPlan, sync
+
+__all__ = [
+    "DEFAULT_SOURCE",
+    "BootError",
+    "RecurringMiddleware",
+    "RecurringOptionError",
+    "check_actors",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOURCE = "dramatiq"
+# After an unexpected pump failure the thread waits this long, then pumps again.
+PUMP_RESTART_S = 1.0
+PUMP_JOIN_S = 10.0
+
+
+class BootError(EmqError, MiddlewareError):
+    """Recurring schedules could not be set up when a Dramatiq worker booted.
+
+    A `MiddlewareError`, so Dramatiq lets it stop the worker instead of logging it away;
+    its `__cause__` is the underlying emq-bridge error (`RegistryUnavailable`, ...).
+    """
+
+
+class RecurringOptionError(ScheduleError, MiddlewareError):
+    """An actor's `recurring=` option is invalid; raised when the actor is declared."""
+
+
+def check_actors(broker: dramatiq.Broker, declarations: Iterable[Declaration], origin: str) -> None:
+    """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue."""
+    for declaration in declarations:
+        where = f"{origin}: schedule {declaration.queue}/{declaration.name}"
+        task = declaration.definition.template.get("task")
+        actor = broker.actors.get(task) if isinstance(task, str) else None
+        if actor is None:
+            known = ", ".join(sorted(broker.actors)) or "none"
+            raise ConfigError(
+                f"{where} names actor {task!r}, which is not declared on the broker "
+                f"(declared actors: {known})"
+            )
+        if actor.queue_name != declaration.queue:
+            raise ConfigError(
+                f"{where} is in queue {declaration.queue!r}, but actor {task!r} consumes "
+                f"queue {actor.queue_name!r}; declare it in that queue"
+            )
+
+
+def _address(client: Any) -> str:
+    """Describe where a redis-py client connects, for error messages (never the password)."""
+    try:
+        options = client.connection_pool.connection_kwargs
+    except AttributeError:
+        return repr(client)
+    if options.get("path"):
+        return f"unix://{options['path']}"
+    return f"{options.get('host', '?')}:{options.get('port', '?')}/{options.get('db', 0)}"
+
+
+class RecurringMiddleware(Middleware):
+    """Sync the broker's recurring schedules at worker boot and run the pump in the worker.
+
+    `repeat` is the registry: a `Repeat`, or a Redis client or `redis://` URL to open one
+    under `prefix`. By default it is the broker's own Redis client when the broker is a
+    `RedisBroker`, else `$REDIS_URL`.
+    `source` tags what this app's sync owns: a reboot removes the schedules this source
+    declared before and no longer declares, and never touches others; two apps sharing a
+    registry need distinct sources. `schedule_file` adds a config file's schedules (synced
+    under the file's own source). With `run_pump`, each worker process runs one pump thread
+    on `pump_queues` (default: every queue the broker declares).
+
+    A boot that cannot reach Redis, or finds an invalid schedule or an unknown actor,
+    raises `BootError` and the worker does not start.
+    """
+
+    def __init__(
+        self,
+        repeat: Repeat | str | Any = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        source: str = DEFAULT_SOURCE,
+        schedule_file: str | os.PathLike[str] | None = None,
+        run_pump: bool = True,
+        sync_at_boot: bool = True,
+        prune: bool = True,
+        pump_queues: Iterable[str] | None = None,
+        lease_ms: int = 60_000,
+        max_sleep_s: float = 5.0,
+    ) -> None:
+        self.prefix = validate_prefix(prefix)
+        self.source = validate_name(source, "source")
+        self.schedule_file = os.fspath(schedule_file) if schedule_file is not None else None
+        self.run_pump = run_pump
+        self.sync_at_boot = sync_at_boot
+        self.prune = prune
+        self.pump_queues = tuple(validate_name(q, "queue") for q in pump_queues or ())
+        self.lease_ms = lease_ms
+        self.max_sleep_s = max_sleep_s
+        self._registry_spec = repeat
+        self.repeat: Repeat | None = repeat if isinstance(repeat, Repeat) else None
+        self.plans: list[SyncPlan] = []
+        self.declarations: tuple[Declaration, ...] = ()
+        self.pump: Pump | None = None
+        self._pump_thread: threading.Thread | None = None
+        self._pump_stop = threading.Event()
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {RECURRING_OPTION}
+
+    # -- Dramatiq hooks ------------------------------------------------------------------
+
+    def before_declare_actor(
+        self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]
+    ) -> None:
+        if RECURRING_OPTION in actor.options:
+            try:
+                actor_declarations(actor)
+            except (ScheduleError, TypeError, ValueError) as exc:
+                raise RecurringOptionError(f"actor {actor.actor_name!r}: {exc}") from exc
+
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        set_current_message(message)
+
+    def after_process_message(
+        self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        set_current_message(None)
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        set_current_message(None)
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        # Dramatiq logs and drops any exception here that is not a MiddlewareError: every
+        # failure becomes a BootError, so the worker stops instead of running unscheduled.
+        try:
+            self.boot(broker)
+        except Exception as exc:
+            log.critical("emq-bridge: recurring schedules could not be set up: %s", exc)
+            raise BootError(f"recurring schedules could not be set up at boot: {exc}") from exc
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        if self.run_pump:
+            self.start_pump(broker)
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self.stop_pump()
+
+    # -- boot ------------------------------------------------------------------------------
+
+    def registry(self, broker: dramatiq.Broker) -> Repeat:
+        """Return the registry: the one given, else the RedisBroker's client, else `$REDIS_URL`."""
+        if self.repeat is None:
+            spec = self._registry_spec
+            if spec is None and isinstance(broker, RedisBroker):
+                spec = broker.client
+            if spec is None:
+                spec = os.environ.get("REDIS_URL")
+            if spec is None:
+                raise ConfigError(
+                    f"RecurringMiddleware on a {type(broker).__name__} needs a registry: pass "
+                    "repeat= (a Repeat, a Redis client or a redis:// URL) or set REDIS_URL"
+                )
+            if isinstance(spec, str):
+                try:
+                    self.repeat = Repeat.from_url(spec, self.prefix)
+                except ValueError as exc:
+                    raise ConfigError(f"registry URL {spec!r} is invalid: {exc}") from exc
+            else:
+                self.repeat = Repeat(spec, self.prefix)
+        return self.repeat
+
+    def boot(self, broker: dramatiq.Broker) -> list[SyncPlan]:
+        """Check the registry answers, then sync the declared schedules; return the applied plans.
+
+        Raises `RegistryUnavailable` when Redis cannot be reached, `ScheduleError` or
+        `ConfigError` for an invalid schedule or an unknown actor.
+        """
+        repeat = self.registry(broker)
+        try:
+            repeat.server_time_ms()
+        except RegistryUnavailable as exc:
+            raise RegistryUnavailable(f"{exc} at {_address(repeat.client)}") from exc
+        code = broker_declarations(broker)
+        sources: list[tuple[str, tuple[Declaration, ...]]] = [(self.source, code)]
+        if self.schedule_file is not None:
+            loaded = load_schedule_file(self.schedule_file)
+            check_actors(broker, loaded.declarations, self.schedule_file)
+            sources.append((loaded.source, loaded.declarations))
+        self.declarations = tuple(d for _, declared in sources for d in declared)
+        self.plans = []
+        if self.sync_at_boot:
+            for source, declared in sources:
+                plan = sync(repeat, declared, source, prune=self.prune)
+                for line in plan.lines():
+                    log.info("emq-bridge sync %s: %s", source, line)
+                self.plans.append(plan)
+        return self.plans
+
+    def queues(
+        self, broker: dramatiq.Broker, declarations: Iterable[Declaration] = ()
+    ) -> tuple[str, ...]:
+        """Return the pump's queues: `pump_queues`, else the broker's and the declared ones."""
+        if self.pump_queues:
+            return self.pump_queues
+        declared = {d.queue for d in declarations} | set(broker.get_declared_queues())
+        return tuple(sorted(declared))
+
+    # -- the pump thread -----------------------------------------------------------------
+
+    def start_pump(self, broker: dramatiq.Broker) -> Pump:
+        """Start a pump thread on this worker's queues (a no-op if one runs); return the pump."""
+        if self.pump is not None and self._pump_thread is not None and self._pump_thread.is_alive():
+            return self.pump
+        pump = Pump(
+            self.registry(broker),
+            self.queues(broker, self.declarations),
+            DramatiqDispatcher(broker),
+            lease_ms=self.lease_ms, max_sleep_s=self.max_sleep_s,
+        )
+        self._pump_stop = threading.Event()
+        self._pump_thread = threading.Thread(
+            target=self._run_pump, args=(pump, self._pump_stop), name="emq-bridge-pump", daemon=True
+        )
+        self.pump = pump
+        self._pump_thread.start()
+        log.info("emq-bridge pump started in the worker on queues %s", ", ".join(pump.queues))
+        return pump
+
+    def stop_pump(self, timeout_s: float = PUMP_JOIN_S) -> None:
+        """Stop the pump thread once it has handed over the batch in hand."""
+        self._pump_stop.set()
+        thread, self._pump_thread = self._pump_thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("emq-bridge pump thread did not stop within %.0fs", timeout_s)
+
+    @staticmethod
+    def _run_pump(pump: Pump, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                pump.run(stop)
+            except Exception:
+                # Pump.run retries Redis outages itself; anything else is a bug or a broken
+                # registry: log it with its traceback and pump again after a pause.
+                log.exception("emq-bridge pump failed; it restarts in %.0fs", PUMP_RESTART_S)
+                stop.wait(PUMP_RESTART_S)
