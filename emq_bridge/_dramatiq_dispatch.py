@@ -13,7 +13,13 @@ from typing import Any
 
 import dramatiq
 
-from ._dramatiq_schedule import OPTION_DUE_MS, OPTION_NAME, OPTION_QUEUE, OPTION_REDELIVERED
+from ._dramatiq_schedule import (
+    OPTION_DUE_MS,
+    OPTION_NAME,
+    OPTION_QUEUE,
+    OPTION_REDELIVERED,
+    OPTION_TRIGGERED,
+)
 from .errors import DispatchError
 from .registry import Occurrence
 
@@ -57,6 +63,7 @@ def build_message(broker: dramatiq.Broker, occurrence: Occurrence) -> dramatiq.M
         OPTION_NAME: occurrence.name,
         OPTION_QUEUE: occurrence.queue,
         OPTION_REDELIVERED: occurrence.redelivered,
+        OPTION_TRIGGERED: occurrence.triggered,
     })
     return dramatiq.Message(
         queue_name=actor.queue_name,

@@ -33,6 +33,7 @@ __all__ = [
     "OPTION_NAME",
     "OPTION_QUEUE",
     "OPTION_REDELIVERED",
+    "OPTION_TRIGGERED",
     "RECURRING_OPTION",
     "OccurrenceInfo",
     "Schedule",
@@ -52,6 +53,7 @@ OPTION_DUE_MS = "emq_due_ms"
 OPTION_NAME = "emq_name"
 OPTION_QUEUE = "emq_queue"
 OPTION_REDELIVERED = "emq_redelivered"
+OPTION_TRIGGERED = "emq_triggered"
 
 _DECORATED = "_emq_recurring"  # attribute on an Actor: the schedules its decorators declared
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("emq_bridge_message", default=None)
@@ -237,7 +239,8 @@ class OccurrenceInfo:
     """What an actor knows of the occurrence it serves: its id, registration and nominal time.
 
     `redelivered` is true when the occurrence was sent again after its lease expired (the
-    pump that claimed it may have enqueued it already) and for a manual `trigger`.
+    pump that claimed it may have enqueued it already); `triggered` is true for a manual
+    `trigger` (a fresh occurrence at the moment of the trigger).
     """
 
     id: str
@@ -245,6 +248,7 @@ class OccurrenceInfo:
     name: str
     due_ms: int
     redelivered: bool = False
+    triggered: bool = False
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -265,6 +269,7 @@ def occurrence_of(message: Any) -> OccurrenceInfo | None:
         name=str(options.get(OPTION_NAME, "")),
         due_ms=int(due_ms),
         redelivered=bool(options.get(OPTION_REDELIVERED, False)),
+        triggered=bool(options.get(OPTION_TRIGGERED, False)),
         options=options,
     )
 

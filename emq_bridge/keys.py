@@ -86,11 +86,18 @@ class QueueKeys:
         return [self.registry, self.leases, *(self.record(n) for n in names)]
 
 
-def lease_member(name: str, due_ms: int) -> str:
-    """Encode a claimed occurrence; names hold no whitespace, so a space separates."""
-    return f"{name} {due_ms}"
+MANUAL = "manual"
 
 
-def parse_lease_member(member: str) -> tuple[str, int]:
-    name, _, due = member.rpartition(" ")
-    return name, int(due)
+def lease_member(name: str, due_ms: int, triggered: bool = False) -> str:
+    """Encode a claimed occurrence as `"<name> <due_ms>"`, plus `" manual"` for a trigger.
+
+    Names hold no whitespace, so a space separates the parts.
+    """
+    return f"{name} {due_ms} {MANUAL}" if triggered else f"{name} {due_ms}"
+
+
+def parse_lease_member(member: str) -> tuple[str, int, bool]:
+    """Return `(name, due_ms, triggered)` of a lease member."""
+    name, due, *rest = member.split(" ")
+    return name, int(due), rest == [MANUAL]

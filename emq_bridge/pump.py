@@ -139,7 +139,7 @@ class Pump:
     ) -> tuple[int | None, int | None]:
         """Claim, dispatch and ack one batch; return the earliest score and lease after it."""
         redeliveries = [parse_lease_member(m) for m in expired]
-        names = list(dict.fromkeys([n for n, _ in due] + [n for n, _ in redeliveries]))
+        names = list(dict.fromkeys([n for n, _ in due] + [n for n, _, _ in redeliveries]))
         records = self.repeat.load_records(queue, names)
         definitions: dict[str, Definition] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
@@ -166,11 +166,11 @@ class Pump:
         for index in claim.claimed:
             name, score, _, missed, _ = candidates[index]
             batch.append(
-                self._occurrence(queue, name, score, definitions[name], now_ms, False, missed)
+                self._occurrence(queue, name, score, definitions[name], now_ms, missed=missed)
             )
         drop: list[str] = []
         for member in claim.released:
-            name, due_ms = parse_lease_member(member)
+            name, due_ms, triggered = parse_lease_member(member)
             definition = definitions.get(name) or self._definition(
                 queue, name, records.get(name, {})
             )
@@ -183,7 +183,18 @@ class Pump:
                 )
                 drop.append(member)
                 continue
-            batch.append(self._occurrence(queue, name, due_ms, definition, now_ms, True, 0))
+            # An expired lease is a re-dispatch, unless a trigger wrote it to fire once now.
+            batch.append(
+                self._occurrence(
+                    queue,
+                    name,
+                    due_ms,
+                    definition,
+                    now_ms,
+                    redelivered=not triggered,
+                    triggered=triggered,
+                )
+            )
 
         accepted = list(drop)
         for occurrence in batch:
@@ -198,7 +209,7 @@ class Pump:
     def _definition(self, queue: str, name: str, fields: Mapping[str, str]) -> Definition | None:
         if not fields:
             log.error(
-                "%s/%s: registry member has no record; parked for %ds",
+                "%s/%s: registry member has no record (or one that is not a hash); parked for %ds",
                 queue,
                 name,
                 CORRUPT_PARK_MS // 1000,
@@ -238,8 +249,10 @@ class Pump:
         due_ms: int,
         definition: Definition,
         now_ms: int,
-        redelivered: bool,
-        missed: int,
+        *,
+        redelivered: bool = False,
+        missed: int = 0,
+        triggered: bool = False,
     ) -> Occurrence:
         return Occurrence(
             queue=queue,
@@ -250,6 +263,7 @@ class Pump:
             released_ms=now_ms,
             redelivered=redelivered,
             missed=missed,
+            triggered=triggered,
         )
 
     def _dispatch(self, occurrence: Occurrence) -> bool:
@@ -372,11 +386,18 @@ class Pump:
         """Warn loudly if Redis may evict registry keys; return the policy if it could be read."""
         try:
             with redis_errors("CONFIG GET maxmemory-policy"):
-                reply = self.repeat.client.config_get("maxmemory-policy")
+                if self.repeat.cluster:  # every primary holds registries: ask each one
+                    client = self.repeat.client
+                    reply = client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
+                else:
+                    reply = self.repeat.client.config_get("maxmemory-policy")
         except Exception as exc:  # CONFIG may be disabled by ACL or a managed service
             log.info("could not read maxmemory-policy (%s); make sure it is noeviction", exc)
             return None
-        policy = str(next(iter(reply.values()), "")) if reply else ""
+        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
+        nodes = reply.values() if per_node else [reply]
+        policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
+        policy = next((p for p in policies if p in EVICTING_POLICIES), policies[0])
         if policy in EVICTING_POLICIES:
             log.warning(
                 "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "

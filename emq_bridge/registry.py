@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,11 +19,19 @@ from datetime import timedelta
 from typing import Any, Literal
 
 import redis
+import redis.cluster
 
 from .cadence import Anchor, Misfire, advance, next_runs
 from .definition import DEFINITION_FIELDS, Definition, define
-from .errors import RegistryError, RegistryUnavailable, ScheduleError
-from .keys import DEFAULT_PREFIX, QueueKeys, lease_member, validate_name, validate_prefix
+from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
+from .keys import (
+    DEFAULT_PREFIX,
+    QueueKeys,
+    lease_member,
+    parse_lease_member,
+    validate_name,
+    validate_prefix,
+)
 from .scripts import Scripts
 
 __all__ = [
@@ -66,10 +75,11 @@ class Occurrence:
     released_ms: int
     redelivered: bool = False
     missed: int = 0
+    triggered: bool = False
 
     @property
     def lease_member(self) -> str:
-        return lease_member(self.name, self.due_ms)
+        return lease_member(self.name, self.due_ms, self.triggered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +139,16 @@ def _score(value: Any) -> int | None:
     if value is None or value in ("", b""):
         return None
     number = float(text(value))
-    return None if number == float("inf") else int(number)
+    return None if number == float("inf") else _due_ms(number)
+
+
+def _due_ms(value: Any) -> int:
+    """Return a due score as integer ms, as claim.lua reads it: floored, and -inf as 0.
+
+    Scores are integers unless edited by hand; this keeps such a member claimable.
+    """
+    number = float(text(value)) if not isinstance(value, float) else value
+    return 0 if number == float("-inf") else math.floor(number)
 
 
 def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
@@ -142,6 +161,10 @@ def redis_errors(action: str) -> Iterator[None]:
     """Map redis-py's exceptions to ours at this one boundary."""
     try:
         yield
+    except redis.AuthenticationError as exc:  # a ConnectionError to redis-py
+        raise RegistryUnavailable(
+            f"{action}: Redis refused the credentials; check the user and password"
+        ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise RegistryUnavailable(f"{action}: Redis is unreachable ({type(exc).__name__})") from exc
     except redis.RedisError as exc:
@@ -159,11 +182,25 @@ class Repeat:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self.scripts = Scripts.load(client)
+        self.cluster = isinstance(client, redis.cluster.RedisCluster)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
-        """Connect with `redis.Redis.from_url` (`redis://`, `rediss://`, `unix://`)."""
-        return cls(redis.Redis.from_url(url, **options), prefix)
+        """Connect with `redis.Redis.from_url` (`redis://`, `rediss://`, `unix://`).
+
+        A malformed URL raises `ConfigError`; its message never holds the password.
+        """
+        try:
+            client = redis.Redis.from_url(url, **options)
+        except ValueError:
+            # Not chained: redis-py's message quotes URL parts, which may be a password with
+            # an unescaped '/', '#' or '@' in it.
+            raise ConfigError(
+                "invalid Redis URL: use redis://, rediss:// or unix://, e.g. "
+                "redis://user:password@host:6379/0, with special characters of the password "
+                "escaped as %XX"
+            ) from None
+        return cls(client, prefix)
 
     def keys(self, queue: str) -> QueueKeys:
         return QueueKeys(self.prefix, validate_name(queue, "queue"))
@@ -279,6 +316,12 @@ class Repeat:
             )
         now = self._now(now_ms)
         results: list[Upserted] = []
+        if self.cluster:  # redis-py refuses scripts in a cluster pipeline: one call each
+            with redis_errors("upsert"):
+                for keys, name, definition in prepared:
+                    reply = self._upsert_call(self.client, keys, name, definition, source, now)
+                    results.append(_UPSERT_RESULTS[int(reply)])
+            return results
         for start in range(0, len(prepared), 1000):
             with redis_errors("upsert"):
                 pipe = self.client.pipeline(transaction=False)
@@ -408,7 +451,8 @@ class Repeat:
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, queue: str, name: str) -> Registration | None:
-        """Return the registration `name`, or None."""
+        """Return the registration `name`, or None. `InvalidName` if it breaks the name rules."""
+        validate_name(name, "registration name")
         found: builtins.list[Registration] = self._read(queue, [name])
         return found[0] if found else None
 
@@ -430,7 +474,7 @@ class Repeat:
         found: set[str] = set()
         with redis_errors("list queues"):
             for key in self.client.scan_iter(
-                match=f"{self.prefix}:{{*}}:repeat", count=1000, _type="zset"
+                match=f"{_glob_escape(self.prefix)}:{{*}}:repeat", count=1000, _type="zset"
             ):
                 raw = text(key)
                 found.add(raw[len(self.prefix) + 2 : -len("}:repeat")])
@@ -472,21 +516,24 @@ class Repeat:
             now, due, expired, first, first_lease = self.scripts.scan(
                 keys=[keys.registry, keys.leases], args=["" if now_ms is None else now_ms, batch]
             )
-        pairs = [(text(due[i]), int(float(text(due[i + 1])))) for i in range(0, len(due), 2)]
+        pairs = [(text(due[i]), _due_ms(due[i + 1])) for i in range(0, len(due), 2)]
         return Scan(
             int(text(now)), pairs, [text(m) for m in expired], _score(first), _score(first_lease)
         )
 
     def load_records(self, queue: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
-        """Return the raw record fields of `names` in one round trip (missing ones are empty)."""
+        """Return the raw record fields of `names` in one round trip.
+
+        A missing record, or a record key that is not a hash, comes back empty.
+        """
         keys = self.keys(queue)
         with redis_errors(f"load {queue}"):
             pipe = self.client.pipeline(transaction=False)
             for name in names:
                 pipe.hgetall(keys.record(name))
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
         return {
-            name: {text(k): text(v) for k, v in raw.items()}
+            name: {text(k): text(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
             for name, raw in zip(names, replies, strict=True)
         }
 
@@ -536,9 +583,14 @@ class Repeat:
             raw = self.client.zrange(keys.leases, 0, -1, withscores=True)
         out = []
         for member, deadline in raw:
-            name, _, due = text(member).rpartition(" ")
-            out.append((name, int(due), int(deadline)))
+            name, due, _ = parse_lease_member(text(member))
+            out.append((name, due, int(deadline)))
         return out
+
+
+def _glob_escape(value: str) -> str:
+    """Escape the glob characters of `value` for a SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
 
 
 def _hash(*parts: str) -> str:

@@ -179,6 +179,9 @@ def test_a_triggered_occurrence_fires_once_on_the_next_tick(any_repeat: Repeat) 
     pump.run_once(now_ms=T0 + 20)
     pump.run_once(now_ms=T0 + 30)
     assert [o.id for o in recorder.occurrences] == [triggered]
+    [occurrence] = recorder.occurrences
+    assert occurrence.triggered and not occurrence.redelivered
+    assert any_repeat.leases("reports") == []
 
 
 def test_a_pump_driven_by_a_manual_clock_fires_exactly_what_the_clock_reaches(

@@ -189,7 +189,7 @@ def test_trigger_adds_an_immediate_occurrence_without_moving_the_cadence(
 ) -> None:
     any_repeat.register("reports", "digest", every="1h", template=TEMPLATE, now_ms=T0)
     occurrence_id = any_repeat.trigger("reports", "digest", now_ms=T0 + 5)
-    assert any_repeat.scan("reports", 10, T0 + 5).expired == ["digest 1900000000005"]
+    assert any_repeat.scan("reports", 10, T0 + 5).expired == ["digest 1900000000005 manual"]
     assert any_repeat.get("reports", "digest").next_run_ms == T0 + 3_600_000  # type: ignore[union-attr]
     assert len(occurrence_id) == 36
     with pytest.raises(KeyError):

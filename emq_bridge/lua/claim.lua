@@ -15,6 +15,21 @@
 -- claim the same occurrence; its score moves to the next run in the same step.
 -- Returns {{claimed candidate index (1-based), ...}, {re-leased member, ...},
 --          earliest registry score or '', earliest lease deadline or ''} after the writes.
+-- Add `by` to a counter. A counter edited by hand into a non-integer restarts at `by`
+-- instead of failing the script halfway (a script error keeps the writes made before it).
+local function count(record, field, by)
+  local result = redis.pcall('HINCRBY', record, field, by)
+  if type(result) == 'table' and result.err then redis.call('HSET', record, field, by) end
+end
+
+-- The integer ms that scan reported for a score (registry.py `_due_ms`): a score edited by
+-- hand to a fraction is floored and -inf is 0, so that member is claimed, not stuck due.
+local function due_ms(score)
+  local value = tonumber(score)
+  if value == -math.huge then return 0 end
+  return math.floor(value)
+end
+
 local now = ARGV[1]
 local deadline = ARGV[2]
 local n = tonumber(ARGV[3])
@@ -24,14 +39,14 @@ for i = 1, n do
   local name, expected, next_score, missed, mode =
     ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   local score = redis.call('ZSCORE', KEYS[1], name)
-  if score and tonumber(score) == tonumber(expected) then
+  if score and due_ms(score) == tonumber(expected) then
     redis.call('ZADD', KEYS[1], next_score, name)
     if mode == 'fire' then
       local record = KEYS[2 + i]
       redis.call('ZADD', KEYS[2], deadline, name .. ' ' .. expected)
       redis.call('HSET', record, 'last_due_ms', expected, 'last_fired_ms', now)
-      redis.call('HINCRBY', record, 'fired', 1)
-      if tonumber(missed) > 0 then redis.call('HINCRBY', record, 'missed', missed) end
+      count(record, 'fired', 1)
+      if tonumber(missed) > 0 then count(record, 'missed', missed) end
       claimed[#claimed + 1] = i
     end
   end
