@@ -1,0 +1,280 @@
+"""The Celery app's declared schedules: settings, `@recurring`, `beat_schedule`, boot sync.
+
+Private to `emq_bridge.celery` (which re-exports the public names); the core never imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import redis
+from celery import Celery, Task
+from celery.local import Proxy
+from celery.schedules import crontab
+from celery.signals import worker_init
+
+from ._celery_entries import CelerySchedule, convert_entry, json_options, resolve_queue, zone_name
+from .cadence import Anchor, Cadence, Misfire
+from .definition import define
+from .errors import ConfigError, EmqError
+from .keys import DEFAULT_PREFIX, validate_name
+from .registry import Repeat
+from .sync import Declaration, SyncPlan, sync
+
+__all__ = [
+    "AppSchedule",
+    "app_schedule",
+    "recurring",
+    "registry_url",
+    "repeat_for",
+    "sync_app",
+]
+
+log = logging.getLogger("emq_bridge.celery")
+
+T = TypeVar("T")
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def _setting(app: Celery, name: str, default: Any = None) -> Any:
+    value = app.conf.get(name)
+    return default if value is None else value
+
+
+def registry_url(app: Celery) -> str:
+    """Return the registry's Redis URL: `emq_bridge_redis_url`, else a Redis broker URL."""
+    url = _setting(app, "emq_bridge_redis_url")
+    if url:
+        return str(url)
+    broker = app.conf.broker_write_url or app.conf.broker_url
+    if isinstance(broker, (list, tuple)):
+        broker = broker[0] if broker else None
+    if isinstance(broker, str):
+        first = broker.split(";")[0].strip()
+        scheme, _, rest = first.partition("://")
+        if scheme.lower() in ("redis", "rediss"):
+            return first
+        if scheme.lower() in ("redis+socket", "socket"):
+            return f"unix://{rest}"
+    raise ConfigError(
+        "emq-bridge needs a Redis for its registry: set app.conf.emq_bridge_redis_url = "
+        "'redis://host:6379/0' (it defaults to the broker URL only when the broker is Redis)"
+    )
+
+
+def repeat_for(app: Celery) -> Repeat:
+    """Return a `Repeat` on the app's registry (`registry_url`, `emq_bridge_prefix`)."""
+    prefix = str(_setting(app, "emq_bridge_prefix", DEFAULT_PREFIX))
+    # Timeouts, so a Redis that hangs surfaces as RegistryUnavailable instead of a stuck beat.
+    client = redis.Redis.from_url(registry_url(app), socket_connect_timeout=10, socket_timeout=30)
+    return Repeat(client, prefix)
+
+
+def _source(app: Celery) -> str:
+    source = str(_setting(app, "emq_bridge_source", f"celery.{app.main or 'app'}"))
+    try:
+        return validate_name(source, "source")
+    except EmqError as exc:
+        raise ConfigError(f"emq_bridge_source: {exc}; set app.conf.emq_bridge_source") from exc
+
+
+# -- declarations -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Recurring:
+    task: Any
+    name: str | None
+    every: int | timedelta | str | None
+    cron: str | None
+    tz: str | None
+    anchor: Anchor
+    misfire: Misfire
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    options: Mapping[str, Any]
+
+
+_DECLARED: list[_Recurring] = []
+
+
+def recurring(
+    *,
+    cron: str | None = None,
+    tz: str | None = None,
+    every: int | timedelta | str | None = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    anchor: Anchor = "schedule",
+    misfire: Misfire = "coalesce",
+) -> Callable[[T], T]:
+    """Declare a recurring Celery task; stack it above `@app.task`.
+
+    `cron` is read in `tz`, default the app's `timezone`; `every` is ms, a `timedelta` or
+    `"15m"`. The schedule is synced when a worker or beat of the app starts; `name` defaults
+    to the task name, the queue to the task's routing.
+    """
+    template = {"args": list(args), "kwargs": dict(kwargs or {}), "options": dict(options or {})}
+    define(
+        every=every,
+        cron=cron,
+        tz=tz or ("UTC" if cron else None),
+        anchor=anchor,
+        misfire=misfire,
+        template=template,
+    )
+    if name is not None:
+        validate_name(name, "registration name")
+
+    def wrap(task: T) -> T:
+        if not isinstance(task, (Proxy, Task)):
+            raise ConfigError("@recurring goes above @app.task: it decorates a task")
+        _DECLARED.append(
+            _Recurring(
+                task,
+                name,
+                every,
+                cron,
+                tz,
+                anchor,
+                misfire,
+                tuple(args),
+                dict(kwargs or {}),
+                dict(options or {}),
+            )
+        )
+        worker_init.connect(_sync_on_worker_init, weak=False, dispatch_uid="emq_bridge.celery")
+        return task
+
+    return wrap
+
+
+def _decorated(app: Celery) -> list[Declaration]:
+    found = []
+    for item in _DECLARED:
+        task = item.task._get_current_object() if isinstance(item.task, Proxy) else item.task
+        if app.tasks.get(task.name) is not task:
+            continue  # another app's task (or a shared copy of it)
+        label = f"@recurring on {task.name}"
+        try:
+            options = json_options(item.options, label)
+            template = {
+                "task": task.name,
+                "args": list(item.args),
+                "kwargs": dict(item.kwargs),
+                "options": options,
+            }
+            tz = item.tz or (zone_name(app.timezone) if item.cron else None)
+            definition = define(
+                every=item.every,
+                cron=item.cron,
+                tz=tz,
+                anchor=item.anchor,
+                misfire=item.misfire,
+                template=template,
+            )
+            queue = resolve_queue(app, task.name, options, item.args, item.kwargs)
+            found.append(Declaration(queue, item.name or task.name, definition))
+        except EmqError as exc:
+            raise ConfigError(f"{label}: {exc}") from exc
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class AppSchedule:
+    """What an app declares: `beat_schedule` entries and `@recurring` tasks, under `source`."""
+
+    source: str
+    declarations: tuple[Declaration, ...]
+    custom: Mapping[tuple[str, str], CelerySchedule]
+    queues: tuple[str, ...]
+    extra: tuple[Any, ...] = field(default=())  # schedule files: (source, declarations)
+
+    def resolve_cadence(self, queue: str, name: str, stored: Cadence) -> Cadence:
+        """Return the live schedule object of a custom entry, else the stored cadence."""
+        return self.custom.get((queue, name), stored)
+
+
+def _beat_entries(app: Celery) -> dict[str, Any]:
+    entries = dict(app.conf.beat_schedule or {})
+    # Celery's beat installs this one too (see Scheduler.install_default_entries).
+    if app.conf.result_expires and not app.backend.supports_autoexpire:
+        entries.setdefault(
+            "celery.backend_cleanup",
+            {
+                "task": "celery.backend_cleanup",
+                "schedule": _crontab_4am(),
+                "options": {"expires": 12 * 3600},
+            },
+        )
+    return entries
+
+
+def _crontab_4am() -> Any:
+    return crontab("0", "4", "*")
+
+
+def app_schedule(app: Celery) -> AppSchedule:
+    """Validate and convert everything the app declares; raise `ConfigError`, write nothing."""
+    check = bool(_setting(app, "emq_bridge_check_tasks", True))
+    declarations: list[Declaration] = []
+    custom: dict[tuple[str, str], CelerySchedule] = {}
+    for key, raw in _beat_entries(app).items():
+        declaration, live = convert_entry(app, key, raw, check_task=check)
+        declarations.append(declaration)
+        if live is not None:
+            custom[(declaration.queue, declaration.name)] = live
+    declarations.extend(_decorated(app))
+    extra: list[Any] = []
+    path = _setting(app, "emq_bridge_schedule_file")
+    if path:
+        from .config import load_schedule_file  # lazily: only apps that name a file need it
+
+        loaded = load_schedule_file(str(path))
+        extra.append((loaded.source, tuple(loaded.declarations)))
+    queues = {d.queue for d in declarations} | {app.conf.task_default_queue}
+    queues |= {d.queue for _, decls in extra for d in decls}
+    queues |= {q.name for q in (app.conf.task_queues or ()) if hasattr(q, "name")}
+    queues |= {str(q) for q in _setting(app, "emq_bridge_queues", ())}
+    return AppSchedule(
+        _source(app), tuple(declarations), custom, tuple(sorted(queues)), tuple(extra)
+    )
+
+
+def sync_app(
+    app: Celery, repeat: Repeat | None = None, plan: AppSchedule | None = None
+) -> list[SyncPlan]:
+    """Sync the app's declared schedules (and its schedule file) into the registry.
+
+    Everything is validated before the first write. Raises `ConfigError` on bad input and
+    `RegistryError` when Redis fails midway (running it again converges).
+    """
+    plan = plan or app_schedule(app)
+    own = repeat is None
+    repeat = repeat or repeat_for(app)
+    try:
+        plans = [sync(repeat, plan.declarations, plan.source)]
+        plans += [sync(repeat, decls, source) for source, decls in plan.extra]
+    finally:
+        if own:
+            repeat.client.close()
+    return plans
+
+
+def _sync_on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Sync at worker boot; Celery swallows signal errors, so log failures loudly."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    try:
+        for plan in sync_app(app):
+            log.info("emq-bridge synced %s: %d change(s)", plan.source, plan.changes)
+    except Exception as exc:
+        log.error("emq-bridge: boot-time sync of the schedules FAILED: %s", exc, exc_info=True)
