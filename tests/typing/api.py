@@ -51,4 +51,6 @@ def use_adapters() -> None:
     def digest() -> None: ...
 
     target: PumpTarget = load_target("proj:broker")
-    print(target, CeleryDispatcher(app), DramatiqDispatcher(broker), RepeatScheduler, nominal_due_ms)
+    print(
+        target, CeleryDispatcher(app), DramatiqDispatcher(broker), RepeatScheduler, nominal_due_ms
+    )
