@@ -138,7 +138,9 @@ class Pump:
         self, queue: str, now_ms: int, due: list[tuple[str, int]], expired: list[str], tick: Tick
     ) -> tuple[int | None, int | None]:
         """Claim, dispatch and ack one batch; return the earliest score and lease after it."""
-        redeliveries = [parse_lease_member(m) for m in expired]
+        redeliveries, corrupt = self._parse_leases(queue, expired)
+        if corrupt:
+            expired = [m for m in expired if m not in corrupt]
         names = list(dict.fromkeys([n for n, _ in due] + [n for n, _, _ in redeliveries]))
         records = self.repeat.load_records(queue, names)
         definitions: dict[str, Definition] = {}
@@ -196,7 +198,7 @@ class Pump:
                 )
             )
 
-        accepted = list(drop)
+        accepted = [*corrupt, *drop]
         for occurrence in batch:
             if self._dispatch(occurrence):
                 accepted.append(occurrence.lease_member)
@@ -205,6 +207,20 @@ class Pump:
                 tick.failed.append(occurrence)
         earliest_lease = self.repeat.ack(queue, accepted)
         return claim.earliest_ms, earliest_lease
+
+    @staticmethod
+    def _parse_leases(
+        queue: str, members: list[str]
+    ) -> tuple[list[tuple[str, int, bool]], set[str]]:
+        """Parse expired lease members; a member edited into garbage is returned to drop."""
+        parsed, corrupt = [], set()
+        for member in members:
+            try:
+                parsed.append(parse_lease_member(member))
+            except ValueError:
+                log.error("%s: lease %r dropped: it is not '<name> <due_ms>'", queue, member)
+                corrupt.add(member)
+        return parsed, corrupt
 
     def _definition(self, queue: str, name: str, fields: Mapping[str, str]) -> Definition | None:
         if not fields:

@@ -55,9 +55,11 @@ _OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
 def occurrence_id(prefix: str, queue: str, name: str, due_ms: int) -> str:
     """Return the id of the occurrence of `name` due at `due_ms`: a UUIDv5, the same every time.
 
-    A re-dispatch after a crash, or a racing pump, therefore produces the same id.
+    A re-dispatch after a crash, or a racing pump, therefore produces the same id. Names may
+    hold ':', so it is escaped: queue "a:b" + name "c" and queue "a" + name "b:c" differ.
     """
-    return str(uuid.uuid5(_OCCURRENCE_NAMESPACE, f"{prefix}:{queue}:{name}:{due_ms}"))
+    parts = (p.replace("\\", "\\\\").replace(":", "\\:") for p in (prefix, queue, name))
+    return str(uuid.uuid5(_OCCURRENCE_NAMESPACE, ":".join([*parts, str(due_ms)])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,7 +585,11 @@ class Repeat:
             raw = self.client.zrange(keys.leases, 0, -1, withscores=True)
         out = []
         for member, deadline in raw:
-            name, due, _ = parse_lease_member(text(member))
+            try:
+                name, due, _ = parse_lease_member(text(member))
+            except ValueError:  # edited by hand; the next pump tick drops it
+                log.error("%s: lease %r is not '<name> <due_ms>'; skipped", queue, text(member))
+                continue
             out.append((name, due, int(deadline)))
         return out
 

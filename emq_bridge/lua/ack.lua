@@ -5,6 +5,10 @@
 --
 -- Returns {number of leases dropped, earliest remaining lease deadline or ''}.
 local dropped = 0
-if #ARGV > 0 then dropped = redis.call('ZREM', KEYS[1], unpack(ARGV)) end
+-- In chunks: Lua's unpack fails past a few thousand values (LUAI_MAXCSTACK), and a
+-- failed ack would leave a large batch to be re-dispatched every lease.
+for i = 1, #ARGV, 1000 do
+  dropped = dropped + redis.call('ZREM', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {dropped, first[2] or ''}

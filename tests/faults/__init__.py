@@ -1,0 +1,1 @@
+"""Fault-injection scenarios (`pytest -m faults`)."""
