@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import redis
 from celery import Celery, Task
 from celery.local import Proxy
 from celery.schedules import crontab
@@ -71,8 +70,7 @@ def repeat_for(app: Celery) -> Repeat:
     """Return a `Repeat` on the app's registry (`registry_url`, `emq_bridge_prefix`)."""
     prefix = str(_setting(app, "emq_bridge_prefix", DEFAULT_PREFIX))
     # Timeouts, so a Redis that hangs surfaces as RegistryUnavailable instead of a stuck beat.
-    client = redis.Redis.from_url(registry_url(app), socket_connect_timeout=10, socket_timeout=30)
-    return Repeat(client, prefix)
+    return Repeat.from_url(registry_url(app), prefix, socket_connect_timeout=10, socket_timeout=30)
 
 
 def _source(app: Celery) -> str:

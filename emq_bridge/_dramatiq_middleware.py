@@ -157,7 +157,11 @@ class RecurringMiddleware(Middleware):
         set_current_message(message)
 
     def after_process_message(
-        self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
+        self,
+        broker: dramatiq.Broker,
+        message: Any,
+        *,
+        result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
         set_current_message(None)
@@ -197,10 +201,7 @@ class RecurringMiddleware(Middleware):
                     "repeat= (a Repeat, a Redis client or a redis:// URL) or set REDIS_URL"
                 )
             if isinstance(spec, str):
-                try:
-                    self.repeat = Repeat.from_url(spec, self.prefix)
-                except ValueError as exc:
-                    raise ConfigError(f"registry URL {spec!r} is invalid: {exc}") from exc
+                self.repeat = Repeat.from_url(spec, self.prefix)  # its errors hold no password
             else:
                 self.repeat = Repeat(spec, self.prefix)
         return self.repeat
@@ -251,7 +252,8 @@ class RecurringMiddleware(Middleware):
             self.registry(broker),
             self.queues(broker, self.declarations),
             DramatiqDispatcher(broker),
-            lease_ms=self.lease_ms, max_sleep_s=self.max_sleep_s,
+            lease_ms=self.lease_ms,
+            max_sleep_s=self.max_sleep_s,
         )
         self._pump_stop = threading.Event()
         self._pump_thread = threading.Thread(

@@ -43,7 +43,7 @@ from ._celery_declare import (
     sync_app,
 )
 from .dispatch import PumpTarget
-from .errors import ConfigError, DispatchError, EmqError, RegistryUnavailable
+from .errors import ConfigError, DispatchError, EmqError
 from .pump import Pump
 from .registry import Occurrence
 
@@ -172,7 +172,6 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.pump: Pump | None = None
         self.plan: AppSchedule | None = None
-        self._failures = 0
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -205,20 +204,15 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """Send everything due now through the registry; return the seconds to sleep."""
+        """Send everything due now through the registry; return the seconds to sleep.
+
+        Outages and broken queues are handled (logged once, retried) by `Pump.step`, so
+        beat's service loop never exits on them.
+        """
         if self.pump is None:
             raise SchedulingError("emq-bridge beat has no synced registry; it refuses to run")
-        try:
-            tick = self.pump.run_once()
-        except RegistryUnavailable as exc:
-            self._failures += 1
-            if self._failures == 1:
-                log.error("emq-bridge beat: Redis is unreachable; retrying with backoff: %s", exc)
-            return float(min(self.max_interval, 0.1 * 2**self._failures))
-        if self._failures:
-            log.warning("emq-bridge beat: Redis is reachable again after %d tries", self._failures)
-        self._failures = 0
-        for occurrence in tick.dispatched:
+        tick, delay = self.pump.step()
+        for occurrence in tick.dispatched if tick is not None else ():
             log.info(
                 "Scheduler: sent %s/%s (%s) id %s",
                 occurrence.queue,
@@ -226,9 +220,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
                 occurrence.template.get("task"),
                 occurrence.id,
             )
-        if tick.next_wake_ms is None:
-            return float(self.max_interval)
-        return float(min(self.max_interval, max(0.0, (tick.next_wake_ms - tick.now_ms) / 1000)))
+        return float(min(self.max_interval, delay))
 
     def sync(self) -> None:
         """Nothing to save: every move was written to Redis when it happened."""

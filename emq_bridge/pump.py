@@ -89,6 +89,10 @@ class Pump:
         self.resolve_cadence = resolve_cadence
         self._stop = threading.Event()
         self._decoded: dict[tuple[str | None, ...], Definition] = {}
+        # What `step` remembers between ticks to log outages and broken queues once.
+        self._outage_since: float | None = None
+        self._failures = 0
+        self._broken: dict[str, str] = {}
 
     # -- one tick -------------------------------------------------------------------------
 
@@ -320,34 +324,40 @@ class Pump:
             self._stop = stop
         self.check_eviction_policy()
         subscriber: Any = None
-        outage_since: float | None = None
-        failures = 0
-        broken: dict[str, str] = {}
         while not self._stop.is_set():
-            try:
-                if subscriber is None:
-                    subscriber = self._subscribe()
-                tick, errors = self._tick(None)
-                if outage_since is not None:
-                    log.warning(
-                        "Redis is reachable again after %.1fs; pumping resumes",
-                        time.monotonic() - outage_since,
-                    )
-                    outage_since, failures = None, 0
-                broken = self._report_broken(broken, errors)
-                delay = min(self._delay(tick), BROKEN_RETRY_S) if errors else self._delay(tick)
-            except RegistryUnavailable as exc:
-                if outage_since is None:
-                    outage_since = time.monotonic()
-                    log.error(
-                        "Redis is unreachable; retrying with backoff until it is back: %s", exc
-                    )
-                failures += 1
-                delay = min(5.0, 0.05 * 2**failures)
-                _close(subscriber)
+            if subscriber is None:
+                subscriber = self._subscribe()
+            _, delay = self.step()
+            if self._outage_since is not None:
+                _close(subscriber)  # its connection is dead too; a new one comes with Redis
                 subscriber = None
             subscriber = self._wait(delay, subscriber)
         _close(subscriber)
+
+    def step(self) -> tuple[Tick | None, float]:
+        """Run one tick as `run` does, errors handled; return it and the seconds to sleep.
+
+        An outage is logged once, then its end once, and retried with backoff (the tick is
+        None). A queue whose moves fail is logged once and retried every second while the
+        other queues are served. For loops owned by someone else, such as Celery's beat.
+        """
+        try:
+            tick, errors = self._tick(None)
+        except RegistryUnavailable as exc:
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+                log.error("Redis is unreachable; retrying with backoff until it is back: %s", exc)
+            self._failures += 1
+            return None, min(5.0, 0.05 * 2**self._failures)
+        if self._outage_since is not None:
+            log.warning(
+                "Redis is reachable again after %.1fs; pumping resumes",
+                time.monotonic() - self._outage_since,
+            )
+            self._outage_since, self._failures = None, 0
+        self._broken = self._report_broken(self._broken, errors)
+        delay = self._delay(tick)
+        return tick, min(delay, BROKEN_RETRY_S) if errors else delay
 
     def _report_broken(
         self, broken: dict[str, str], errors: Mapping[str, RegistryError]

@@ -158,6 +158,23 @@ def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
     return int(raw) if raw not in (None, "") else None
 
 
+def client_from_url(url: str, **options: Any) -> redis.Redis:
+    """Return `redis.Redis.from_url(url, **options)`; a malformed URL raises `ConfigError`.
+
+    The error never holds the URL: redis-py's own message quotes URL parts, which may be a
+    password with an unescaped '/', '#' or '@' in it.
+    """
+    try:
+        return redis.Redis.from_url(url, **options)
+    except ValueError:
+        # Not chained, for the same reason: the cause would carry the password.
+        raise ConfigError(
+            "invalid Redis URL: use redis://, rediss:// or unix://, e.g. "
+            "redis://user:password@host:6379/0, with special characters of the password "
+            "escaped as %XX"
+        ) from None
+
+
 @contextmanager
 def redis_errors(action: str) -> Iterator[None]:
     """Map redis-py's exceptions to ours at this one boundary."""
@@ -192,17 +209,7 @@ class Repeat:
 
         A malformed URL raises `ConfigError`; its message never holds the password.
         """
-        try:
-            client = redis.Redis.from_url(url, **options)
-        except ValueError:
-            # Not chained: redis-py's message quotes URL parts, which may be a password with
-            # an unescaped '/', '#' or '@' in it.
-            raise ConfigError(
-                "invalid Redis URL: use redis://, rediss:// or unix://, e.g. "
-                "redis://user:password@host:6379/0, with special characters of the password "
-                "escaped as %XX"
-            ) from None
-        return cls(client, prefix)
+        return cls(client_from_url(url, **options), prefix)
 
     def keys(self, queue: str) -> QueueKeys:
         return QueueKeys(self.prefix, validate_name(queue, "queue"))

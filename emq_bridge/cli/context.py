@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import click
 import redis
 
-from ..errors import EmqError, RegistryError, RegistryUnavailable
-from ..registry import Repeat
+from ..errors import ConfigError, EmqError, RegistryError, RegistryUnavailable
+from ..registry import Repeat, client_from_url
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -86,13 +86,12 @@ class Settings:
         """Return the Redis client, creating it on first use (closed when the command ends)."""
         if self._client is None:
             try:
-                self._client = redis.Redis.from_url(
+                self._client = client_from_url(
                     self.redis_url,
                     socket_connect_timeout=CONNECT_TIMEOUT_S,
                     socket_timeout=SOCKET_TIMEOUT_S,
                 )
-            except ValueError as exc:
-                # The message of redis-py's URL errors never holds the URL; ours must not either.
+            except ConfigError as exc:  # its message never holds the URL
                 raise click.BadParameter(str(exc), param_hint="'--redis-url' / REDIS_URL") from exc
             click.get_current_context().call_on_close(self.close)
         return self._client

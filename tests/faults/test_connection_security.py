@@ -271,11 +271,6 @@ def test_the_cli_never_prints_the_password(tls_server: TlsServer, what: str) -> 
     assert_cli_keeps_the_password(what, cli_urls(tls_server)[what])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="emq_bridge/cli/context.py Settings.client() puts redis-py's URL error in its "
-    "message, which quotes the part of a password after an unescaped '/'",
-)
 def test_the_cli_never_prints_a_password_that_breaks_the_url(tls_server: TlsServer) -> None:
     what = "password with an unescaped slash"
     assert_cli_keeps_the_password(what, cli_urls(tls_server)[what])
@@ -400,11 +395,6 @@ def test_the_dramatiq_middleware_never_shows_the_password(
         assert secret not in caplog.text + rendered(caught.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="emq_bridge/_celery_declare.py repeat_for calls redis.Redis.from_url, whose "
-    "ValueError quotes the part of a password after an unescaped '/'; celery.py logs it",
-)
 def test_celery_beat_never_shows_a_password_that_breaks_the_url(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -418,11 +408,6 @@ def test_celery_beat_never_shows_a_password_that_breaks_the_url(
         assert secret not in caplog.text + rendered(caught.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="emq_bridge/_dramatiq_middleware.py registry() puts the whole registry URL, "
-    "password included, in its ConfigError ('registry URL ... is invalid'), logged at boot",
-)
 def test_the_dramatiq_middleware_never_shows_a_password_that_breaks_the_url(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture
 ) -> None:

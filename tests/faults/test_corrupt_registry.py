@@ -182,12 +182,6 @@ def celery_beat_noop() -> None:
     """The task the beat sends (never run here)."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="emq_bridge/celery.py RepeatScheduler.tick catches only RegistryUnavailable: the "
-    "RegistryError that Pump.run_once raises for a broken queue (after serving the others) "
-    "escapes tick, and celery beat's service loop exits on it",
-)
 def test_celery_beat_keeps_sending_when_a_neighbour_queue_is_broken(
     own_server: EmbeddedServer, own_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
