@@ -55,7 +55,7 @@ MISFIRES: tuple[Misfire, ...] = ("coalesce", "catchup")
 
 # Counting missed cron slots after a very long outage is capped; past the cap the
 # count is a lower bound and the cadence jumps straight to the next future slot.
-MAX_COUNTED_MISSES = 100_000
+MAX_COUNTED_MISSES = 10_000
 
 CRON_ALIASES = {
     "@yearly": "0 0 1 1 *",

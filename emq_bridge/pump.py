@@ -6,6 +6,7 @@ when something is (scan, read the records, claim, ack), whatever the batch size.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -172,15 +173,17 @@ class Pump:
         for index in claim.claimed:
             name, score, _, missed, _ = candidates[index]
             batch.append(
-                self._occurrence(queue, name, score, definitions[name], now_ms, missed=missed)
+                self._occurrence(
+                    queue, name, score, records[name]["template"], now_ms, missed=missed
+                )
             )
         drop: list[str] = []
         for member in claim.released:
             name, due_ms, triggered = parse_lease_member(member)
-            definition = definitions.get(name) or self._definition(
-                queue, name, records.get(name, {})
-            )
-            if definition is None:
+            if (
+                name not in definitions
+                and self._definition(queue, name, records.get(name, {})) is None
+            ):
                 log.error(
                     "%s/%s: lease %s dropped: the registration is gone or corrupt",
                     queue,
@@ -195,7 +198,7 @@ class Pump:
                     queue,
                     name,
                     due_ms,
-                    definition,
+                    records[name]["template"],
                     now_ms,
                     redelivered=not triggered,
                     triggered=triggered,
@@ -267,7 +270,7 @@ class Pump:
         queue: str,
         name: str,
         due_ms: int,
-        definition: Definition,
+        template_json: str,
         now_ms: int,
         *,
         redelivered: bool = False,
@@ -278,8 +281,10 @@ class Pump:
             queue=queue,
             name=name,
             due_ms=due_ms,
-            id=occurrence_id(self.repeat.prefix, queue, name, due_ms),
-            template=definition.template,
+            id=occurrence_id(self.repeat.prefix, queue, name, due_ms, triggered=triggered),
+            # Each occurrence gets its own copy: a dispatcher that edits it cannot reach the
+            # cached definition (decoding JSON is cheap; validating the cadence is not).
+            template=json.loads(template_json),
             released_ms=now_ms,
             redelivered=redelivered,
             missed=missed,

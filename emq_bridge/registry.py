@@ -52,14 +52,18 @@ _UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "update
 _OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
 
 
-def occurrence_id(prefix: str, queue: str, name: str, due_ms: int) -> str:
+def occurrence_id(
+    prefix: str, queue: str, name: str, due_ms: int, *, triggered: bool = False
+) -> str:
     """Return the id of the occurrence of `name` due at `due_ms`: a UUIDv5, the same every time.
 
     A re-dispatch after a crash, or a racing pump, therefore produces the same id. Names may
     hold ':', so it is escaped: queue "a:b" + name "c" and queue "a" + name "b:c" differ.
+    A manual trigger is its own occurrence, even in the millisecond of a scheduled slot.
     """
     parts = (p.replace("\\", "\\\\").replace(":", "\\:") for p in (prefix, queue, name))
-    return str(uuid.uuid5(_OCCURRENCE_NAMESPACE, ":".join([*parts, str(due_ms)])))
+    seed = ":".join([*parts, str(due_ms)])
+    return str(uuid.uuid5(_OCCURRENCE_NAMESPACE, f"{seed}:manual" if triggered else seed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,7 +459,7 @@ class Repeat:
             )
         if not done:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
-        return occurrence_id(self.prefix, queue, name, now)
+        return occurrence_id(self.prefix, queue, name, now, triggered=True)
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -245,3 +245,39 @@ def test_embedded_server_dies_with_a_killed_parent() -> None:
                 return
         time.sleep(0.05)
     pytest.fail(f"embedded server {pid} outlived its killed parent")
+
+
+def test_a_trigger_in_the_millisecond_of_a_slot_is_a_distinct_occurrence(
+    any_repeat: Repeat,
+) -> None:
+    any_repeat.register("reports", "digest", every="1h", template=TEMPLATE, now_ms=T0)
+    triggered = any_repeat.trigger("reports", "digest", now_ms=T0 + HOUR)
+    recorder = RecordingDispatcher()
+    Pump(any_repeat, ["reports"], recorder).run_once(now_ms=T0 + HOUR)
+    ids = sorted(o.id for o in recorder.occurrences)
+    assert ids == sorted(
+        [triggered, occurrence_id(any_repeat.prefix, "reports", "digest", T0 + HOUR)]
+    )
+    assert len(set(ids)) == 2
+
+
+def test_a_dispatcher_that_edits_a_template_cannot_change_later_occurrences(
+    any_repeat: Repeat,
+) -> None:
+    any_repeat.register(
+        "reports", "digest", every="1s", template={"task": "t", "kwargs": {"n": 1}}, now_ms=T0
+    )
+
+    class Meddler:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def dispatch(self, occurrence: Occurrence) -> None:
+            self.seen.append(occurrence.template["kwargs"]["n"])
+            occurrence.template["kwargs"]["n"] = 99  # type: ignore[index]
+
+    meddler = Meddler()
+    pump = Pump(any_repeat, ["reports"], meddler)
+    for step in range(1, 4):
+        pump.run_once(now_ms=T0 + step * 1000)
+    assert meddler.seen == [1, 1, 1]
