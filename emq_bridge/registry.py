@@ -377,8 +377,7 @@ class Repeat:
         self, definition: Definition, now_ms: int, source: str | None
     ) -> dict[str, str]:
         fields = definition.to_fields()
-        # The owner is part of the digest, so a change of owner is an update.
-        fields["digest"] = definition.digest if source is None else _hash(definition.digest, source)
+        fields["digest"] = record_digest(definition, source)
         fields["cadence_digest"] = definition.cadence_digest
         fields["created_ms"] = str(now_ms)
         fields["updated_ms"] = str(now_ms)
@@ -481,6 +480,27 @@ class Repeat:
         keys = self.keys(queue)
         with redis_errors(f"list {queue}"):
             return [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
+
+    def digests(self, queue: str) -> dict[str, tuple[str | None, str | None]]:
+        """Return `{name: (stored digest, owner)}` for every registration of `queue`.
+
+        Two round trips, and no decoding: what a sync needs to tell unchanged from changed.
+        """
+        names = self.names(queue)
+        keys = self.keys(queue)
+        with redis_errors(f"read {queue}"):
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.hmget(keys.record(name), "digest", "source")
+            replies = pipe.execute(raise_on_error=False)
+        found: dict[str, tuple[str | None, str | None]] = {}
+        for name, reply in zip(names, replies, strict=True):
+            digest, source = reply if isinstance(reply, list) else (None, None)
+            found[name] = (
+                None if digest is None else text(digest),
+                None if source is None else text(source),
+            )
+        return found
 
     def queues(self) -> builtins.list[str]:
         """Return the queues that have a registry under this prefix (SCAN; an admin read)."""
@@ -608,6 +628,14 @@ class Repeat:
 def _glob_escape(value: str) -> str:
     """Escape the glob characters of `value` for a SCAN MATCH pattern."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def record_digest(definition: Definition, source: str | None) -> str:
+    """Return the digest stored in a record: the definition's, and its owner's when it has one.
+
+    The owner is part of it, so a change of owner is an update.
+    """
+    return definition.digest if source is None else _hash(definition.digest, source)
 
 
 def _hash(*parts: str) -> str:

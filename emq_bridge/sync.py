@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .definition import Definition
 from .errors import ConfigError
 from .keys import validate_name
-from .registry import Repeat, Upserted
+from .registry import Repeat, Upserted, record_digest
 
 __all__ = ["Declaration", "SyncPlan", "plan_sync", "sync"]
 
@@ -78,24 +78,23 @@ def plan_sync(
     queues = {d.queue for d in wanted}
     if prune:
         queues.update(repeat.queues())
-    current = {(r.queue, r.name): r for q in sorted(queues) for r in repeat.list(q)}
+    # The stored digest covers the definition and its owner: comparing it is enough, and
+    # nothing needs decoding (a boot sync of an unchanged registry stays cheap).
+    current = {
+        (q, name): stored for q in sorted(queues) for name, stored in repeat.digests(q).items()
+    }
     for declaration in wanted:
-        existing = current.get((declaration.queue, declaration.name))
-        if existing is None:
+        stored = current.get((declaration.queue, declaration.name))
+        if stored is None:
             plan.create.append(declaration)
-        elif (
-            existing.definition.digest == declaration.definition.digest
-            and existing.source == source
-        ):
+        elif stored[0] == record_digest(declaration.definition, source):
             plan.unchanged.append(declaration)
         else:
             plan.update.append(declaration)
     if prune:
         declared = {(d.queue, d.name) for d in wanted}
         plan.remove = sorted(
-            key
-            for key, registration in current.items()
-            if registration.source == source and key not in declared
+            key for key, (_, owner) in current.items() if owner == source and key not in declared
         )
     return plan
 
@@ -108,7 +107,7 @@ def sync(
     prune: bool = True,
     dry_run: bool = False,
 ) -> SyncPlan:
-    """Plan, then (unless `dry_run`) apply: upsert every declaration, cancel the pruned ones.
+    """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
     The plan returned reflects what the registry answered when applied, so under concurrent
     syncs an item planned as `create` may come back as `unchanged`.
@@ -122,9 +121,10 @@ def sync(
         "updated": applied.update,
         "unchanged": applied.unchanged,
     }
-    # Unchanged items are upserted too: it writes nothing, and it repairs a record deleted
-    # since the plan was read.
-    todo = [*plan.create, *plan.update, *plan.unchanged]
+    applied.unchanged.extend(plan.unchanged)  # nothing to send: an upsert would write nothing
+    # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
+    # planned as `create` may come back `unchanged` when another sync got there first.
+    todo = [*plan.create, *plan.update]
     results = repeat.upsert_many([(d.queue, d.name, d.definition) for d in todo], source=source)
     for declaration, result in zip(todo, results, strict=True):
         buckets[result].append(declaration)

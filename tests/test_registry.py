@@ -274,3 +274,18 @@ def test_an_unreachable_server_is_a_registry_unavailable_error() -> None:
     repeat = Repeat(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2))
     with pytest.raises(RegistryUnavailable):
         repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0)
+
+
+def test_an_unchanged_sync_reads_digests_and_sends_no_script(repeat: Repeat) -> None:
+    from emq_bridge import Declaration, define, sync
+
+    declarations = [
+        Declaration("reports", f"job-{i}", define(every=f"{i + 1}m", template=TEMPLATE))
+        for i in range(50)
+    ]
+    assert len(sync(repeat, declarations, "app").create) == 50
+    scripts_before = command_calls(repeat.client, "evalsha", "eval")
+    again = sync(repeat, declarations, "app")
+    assert (len(again.unchanged), again.changes) == (50, 0)
+    assert command_calls(repeat.client, "evalsha", "eval") == scripts_before
+    assert repeat.digests("reports")["job-0"][1] == "app"
