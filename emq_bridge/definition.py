@@ -84,20 +84,26 @@ def _finite(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Definition:
-    """What a registration does and when: a cadence, a JSON template, a misfire policy."""
+    """What a registration does and when: a cadence, a JSON template, a misfire policy.
+
+    The template is validated and encoded once, at construction, with the digests: a sync of
+    many definitions computes each once.
+    """
 
     cadence: Cadence
     template: Mapping[str, Any] = field(default_factory=dict)
     misfire: Misfire = "coalesce"
+    template_json: str = field(init=False, repr=False, compare=False)
+    digest: str = field(init=False, repr=False, compare=False)
+    cadence_digest: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.misfire not in MISFIRES:
             raise ScheduleError(f"misfire must be one of {MISFIRES}, got {self.misfire!r}")
-        encode_template(self.template)
-
-    @property
-    def template_json(self) -> str:
-        return encode_template(self.template)
+        # A frozen dataclass sets its derived fields through object.__setattr__.
+        object.__setattr__(self, "template_json", encode_template(self.template))
+        object.__setattr__(self, "digest", _digest(self.to_fields()))
+        object.__setattr__(self, "cadence_digest", _digest(self.cadence.to_fields()))
 
     def to_fields(self) -> dict[str, str]:
         """Return the record fields of this definition (EchoMQ's `every_ms` and `template`)."""
@@ -105,14 +111,6 @@ class Definition:
         fields["template"] = self.template_json
         fields["misfire"] = self.misfire
         return fields
-
-    @property
-    def cadence_digest(self) -> str:
-        return _digest(self.cadence.to_fields())
-
-    @property
-    def digest(self) -> str:
-        return _digest(self.to_fields())
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Definition:

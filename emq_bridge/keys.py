@@ -9,6 +9,7 @@ registration records.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from .errors import InvalidName
 __all__ = ["DEFAULT_PREFIX", "MAX_NAME_BYTES", "QueueKeys", "validate_name"]
 
 DEFAULT_PREFIX = "emq"
+# Printable ASCII without space and braces: a name made of these alone is valid.
+_ASCII_NAME = re.compile(r"[!-z|~]+")
 MAX_NAME_BYTES = 200
 
 
@@ -36,6 +39,8 @@ def validate_name(value: object, what: str = "name") -> str:
         raise InvalidName(f"{what} {value!r} is not valid UTF-8") from exc
     if size > MAX_NAME_BYTES:
         raise InvalidName(f"{what} is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}")
+    if value.isascii() and _ASCII_NAME.fullmatch(value):
+        return value  # the common case, without a per-character lookup
     for char in value:
         if char in "{}":
             raise InvalidName(f"{what} {value!r} must not contain '{{' or '}}'")

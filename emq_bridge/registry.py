@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
 import logging
 import math
 import time
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 
 Registered = Literal["registered", "exists"]
 Upserted = Literal["created", "unchanged", "updated"]
+# Items per upsert script call: large enough to amortise the round trip, small enough that
+# one call holds the server for a few milliseconds at most.
+UPSERT_CHUNK = 500
 _UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated"}
 _OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
 
@@ -315,63 +319,50 @@ class Repeat:
         source: str | None = None,
         now_ms: int | None = None,
     ) -> list[Upserted]:
-        """Upsert `(queue, name, definition)` items, pipelined in chunks; one result per item.
+        """Upsert `(queue, name, definition)` items; return one result per item, in order.
 
-        Each item is its own atomic script: a failure midway leaves earlier items applied,
-        and running the same call again converges.
+        Items are sent per queue in chunks of `UPSERT_CHUNK`, each chunk one atomic script.
+        A failure midway leaves earlier chunks applied; running the same call again converges.
         """
         if source is not None:
             validate_name(source, "source")
-        prepared = []
-        for queue, name, definition in items:
-            prepared.append(
-                (self.keys(queue), validate_name(name, "registration name"), definition)
-            )
+        by_queue: dict[str, list[int]] = {}
+        for index, (queue, name, _) in enumerate(items):
+            validate_name(name, "registration name")
+            by_queue.setdefault(queue, []).append(index)
         now = self._now(now_ms)
-        results: list[Upserted] = []
-        if self.cluster:  # redis-py refuses scripts in a cluster pipeline: one call each
-            with redis_errors("upsert"):
-                for keys, name, definition in prepared:
-                    reply = self._upsert_call(self.client, keys, name, definition, source, now)
-                    results.append(_UPSERT_RESULTS[int(reply)])
-            return results
-        for start in range(0, len(prepared), 1000):
-            with redis_errors("upsert"):
-                pipe = self.client.pipeline(transaction=False)
-                for keys, name, definition in prepared[start : start + 1000]:
-                    self._upsert_call(pipe, keys, name, definition, source, now)
-                results.extend(_UPSERT_RESULTS[int(r)] for r in pipe.execute())
-        return results
+        results: list[Upserted | None] = [None] * len(items)
+        for queue, indexes in by_queue.items():
+            keys = self.keys(queue)
+            for start in range(0, len(indexes), UPSERT_CHUNK):
+                chunk = indexes[start : start + UPSERT_CHUNK]
+                payload = [self._upsert_item(items[i][1], items[i][2], source, now) for i in chunk]
+                with redis_errors(f"upsert {queue}"):
+                    replies = self.scripts.upsert(
+                        keys=[keys.registry, *(keys.record(items[i][1]) for i in chunk)],
+                        args=[keys.wake_channel, now, json.dumps(payload, ensure_ascii=False)],
+                    )
+                for i, reply in zip(chunk, replies, strict=True):
+                    results[i] = _UPSERT_RESULTS[int(reply)]
+        return [r for r in results if r is not None]
 
-    def _upsert_call(
-        self,
-        client: Any,
-        keys: QueueKeys,
-        name: str,
-        definition: Definition,
-        source: str | None,
-        now: int,
-    ) -> Any:
+    def _upsert_item(
+        self, name: str, definition: Definition, source: str | None, now: int
+    ) -> list[Any]:
+        """Return one item of `upsert.lua`'s ARGV[3]."""
         fields = self._record_fields(definition, now, source)
         del fields["created_ms"]  # upsert.lua sets it on create only
         stale = [f for f in DEFINITION_FIELDS if f not in fields]
         if source is None:
             stale.append("source")
-        return self.scripts.upsert(
-            keys=[keys.registry, keys.record(name)],
-            args=[
-                name,
-                fields["digest"],
-                definition.cadence_digest,
-                definition.cadence.first_run(now),
-                keys.wake_channel,
-                now,
-                len(fields),
-                *_flatten(fields),
-                *stale,
-            ],
-            client=client,
-        )
+        return [
+            name,
+            fields["digest"],
+            definition.cadence_digest,
+            str(definition.cadence.first_run(now)),
+            _flatten(fields),
+            stale,
+        ]
 
     def _record_fields(
         self, definition: Definition, now_ms: int, source: str | None

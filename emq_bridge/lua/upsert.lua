@@ -1,51 +1,52 @@
--- upsert: register, or rewrite the record when the definition digest differs.
+-- upsert: register each item, or rewrite its record when its definition digest differs.
 --
--- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run (epoch ms)
--- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
--- ARGV[1]  name
--- ARGV[2]  definition digest
--- ARGV[3]  cadence digest
--- ARGV[4]  first run under this cadence, epoch ms
--- ARGV[5]  wake channel
--- ARGV[6]  now, epoch ms (created_ms of a new record)
--- ARGV[7]  n: number of field, value pairs that follow
--- ARGV[8 .. 7+2n]   record field, value pairs (definition, digests, source, updated_ms)
--- ARGV[8+2n ..]     definition fields the new definition leaves out (deleted)
+-- KEYS[1]      <prefix>:{q}:repeat          sorted set: name -> next run (epoch ms)
+-- KEYS[1 + i]  <prefix>:{q}:repeat:<name>   hash: the record of item i
+-- ARGV[1]  wake channel (published to once if anything was written)
+-- ARGV[2]  now, epoch ms (created_ms of a new record)
+-- ARGV[3]  JSON array of items, one per record key, each
+--          [name, digest (covers the owner too), cadence digest, first run ms (a string),
+--           [record field, value, ...], [definition fields to delete, ...]]
 --
--- Returns 0 unchanged (nothing written), 1 created, 2 updated.
+-- The items travel as one JSON argument: a boot sync of many schedules would otherwise
+-- spend most of its client time encoding arguments.
+-- Returns one result per item: 0 unchanged (nothing written), 1 created, 2 updated.
 -- An update keeps the score unless the cadence changed; a paused record stays paused
 -- (score +inf). A record whose registry member went missing gets it back (repair).
-local n = tonumber(ARGV[7])
-local pairs_end = 7 + 2 * n
-local exists = redis.call('EXISTS', KEYS[2]) == 1
-if exists then
-  local cur = redis.call('HMGET', KEYS[2], 'digest', 'cadence_digest', 'paused')
+local registry = KEYS[1]
+
+local function upsert(record, item)
+  local name, digest, cadence_digest, first_run, fields, stale =
+    item[1], item[2], item[3], item[4], item[5], item[6]
+  if redis.call('EXISTS', record) == 0 then
+    redis.call('HSET', record, 'created_ms', ARGV[2], unpack(fields))
+    redis.call('ZADD', registry, first_run, name)
+    return 1
+  end
+  local cur = redis.call('HMGET', record, 'digest', 'cadence_digest', 'paused')
   local paused = cur[3] == '1'
-  if cur[1] == ARGV[2] then
+  local parked = paused and '+inf' or first_run
+  if cur[1] == digest then
     -- Unchanged. Only repair a record whose registry member went missing.
-    if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-    if paused then
-      redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
-    else
-      redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
-    end
-    redis.call('PUBLISH', ARGV[5], ARGV[1])
+    if redis.call('ZSCORE', registry, name) then return 0 end
+    redis.call('ZADD', registry, parked, name)
     return 2
   end
-  if #ARGV > pairs_end then
-    redis.call('HDEL', KEYS[2], unpack(ARGV, pairs_end + 1))
+  if #stale > 0 then redis.call('HDEL', record, unpack(stale)) end
+  redis.call('HSET', record, unpack(fields))
+  if cur[2] ~= cadence_digest then
+    if paused then redis.call('HSET', record, 'paused_next_ms', first_run) end
+    redis.call('ZADD', registry, parked, name)
+  elseif not redis.call('ZSCORE', registry, name) then
+    redis.call('ZADD', registry, parked, name)
   end
-  redis.call('HSET', KEYS[2], unpack(ARGV, 8, pairs_end))
-  if paused then
-    if cur[2] ~= ARGV[3] then redis.call('HSET', KEYS[2], 'paused_next_ms', ARGV[4]) end
-    redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
-  elseif cur[2] ~= ARGV[3] or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-    redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
-  end
-  redis.call('PUBLISH', ARGV[5], ARGV[1])
   return 2
 end
-redis.call('HSET', KEYS[2], 'created_ms', ARGV[6], unpack(ARGV, 8, pairs_end))
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
-redis.call('PUBLISH', ARGV[5], ARGV[1])
-return 1
+
+local results, written = {}, false
+for i, item in ipairs(cjson.decode(ARGV[3])) do
+  results[i] = upsert(KEYS[1 + i], item)
+  written = written or results[i] ~= 0
+end
+if written then redis.call('PUBLISH', ARGV[1], 'upsert') end
+return results
