@@ -116,15 +116,28 @@ class Definition:
     def from_fields(cls, fields: Mapping[str, str]) -> Definition:
         """Rebuild a definition from a record; raise `ScheduleError` on a corrupt record."""
         cadence = cadence_from_fields(dict(fields))
-        raw = fields.get("template")
-        if raw is None:
-            raise ScheduleError("record has no template")
-        try:
-            template = json.loads(raw, parse_constant=_finite)
-        except (ValueError, RecursionError) as exc:
-            raise ScheduleError(f"record template is not JSON: {exc}") from exc
-        misfire = fields.get("misfire") or "coalesce"
-        return cls(cadence, template, misfire)  # type: ignore[arg-type]
+        return cls(cadence, decode_template(fields.get("template")), misfire_from_fields(fields))
+
+
+def decode_template(raw: str | None) -> dict[str, Any]:
+    """Decode a record's template: a JSON object; raise `ScheduleError` on anything else."""
+    if raw is None:
+        raise ScheduleError("record has no template")
+    try:
+        template = json.loads(raw, parse_constant=_finite)
+    except (ValueError, RecursionError) as exc:
+        raise ScheduleError(f"record template is not JSON: {exc}") from exc
+    if not isinstance(template, dict):
+        raise ScheduleError(f"record template is a JSON {type(template).__name__}, not an object")
+    return template
+
+
+def misfire_from_fields(fields: Mapping[str, str]) -> Misfire:
+    """Return a record's misfire policy (default `coalesce`); raise `ScheduleError` if unknown."""
+    misfire = fields.get("misfire") or "coalesce"
+    if misfire not in MISFIRES:
+        raise ScheduleError(f"misfire must be one of {MISFIRES}, got {misfire!r}")
+    return misfire
 
 
 def _digest(fields: Mapping[str, str]) -> str:

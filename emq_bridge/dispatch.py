@@ -7,7 +7,7 @@ them. `ListPushDispatcher` is the adapter-free one: it pushes JSON onto a Redis 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -16,7 +16,13 @@ from .errors import DispatchError
 from .registry import Occurrence, redis_errors
 from .sync import Declaration
 
-__all__ = ["Dispatcher", "ListPushDispatcher", "PumpTarget", "occurrence_message"]
+__all__ = [
+    "BatchDispatcher",
+    "Dispatcher",
+    "ListPushDispatcher",
+    "PumpTarget",
+    "occurrence_message",
+]
 
 
 @runtime_checkable
@@ -47,6 +53,23 @@ class PumpTarget:
     declarations: tuple[Declaration, ...]
     source: str
     resolve_cadence: Callable[[str, str, Cadence], Cadence] | None = None
+
+
+@runtime_checkable
+class BatchDispatcher(Protocol):
+    """A dispatcher that can also send a whole claimed batch at once (an optional fast path).
+
+    The pump prefers `dispatch_batch` when a dispatcher has it.
+    """
+
+    def dispatch(self, occurrence: Occurrence) -> None: ...
+
+    def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> Sequence[BaseException | None]:
+        """Send `occurrences`; return, for each, None once the broker accepted it, or its error.
+
+        Raising means none was accepted.
+        """
+        ...
 
 
 def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:

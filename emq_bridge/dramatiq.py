@@ -31,7 +31,7 @@ from typing import Any
 import dramatiq
 from dramatiq import broker as dramatiq_broker
 
-from ._dramatiq_dispatch import DramatiqDispatcher, build_message
+from ._dramatiq_dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher, build_message
 from ._dramatiq_middleware import (
     DEFAULT_SOURCE,
     BootError,
@@ -67,6 +67,7 @@ __all__ = [
     "BootError",
     "DramatiqDispatcher",
     "OccurrenceInfo",
+    "PipelinedDramatiqDispatcher",
     "RecurringMiddleware",
     "RecurringOptionError",
     "Schedule",
@@ -171,8 +172,15 @@ def register(
             raise ConfigError(f"actor {actor!r} is not declared on the broker")
         actor = known
     schedule = Schedule(
-        every=every, cron=cron, tz=tz, args=args, kwargs=kwargs, options=options, name=name,
-        anchor=anchor, misfire=misfire,
+        every=every,
+        cron=cron,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        name=name,
+        anchor=anchor,
+        misfire=misfire,
     )
     declaration = schedule.bind(actor.actor_name, actor.queue_name)
     check_actors(actor.broker, [declaration], "register")

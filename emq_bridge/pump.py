@@ -6,17 +6,16 @@ when something is (scan, read the records, claim, ack), whatever the batch size.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cadence import Cadence, advance
-from .definition import DEFINITION_FIELDS, Definition
-from .dispatch import Dispatcher
+from .cadence import Cadence, Misfire, advance, cadence_from_fields
+from .definition import decode_template, misfire_from_fields
+from .dispatch import BatchDispatcher, Dispatcher
 from .errors import RegistryError, RegistryUnavailable, ScheduleError
 from .keys import parse_lease_member, validate_name
 from .registry import Occurrence, Repeat, occurrence_id, redis_errors
@@ -35,7 +34,8 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
-# Decoded definitions kept between ticks, keyed by their raw record fields.
+# Decoded cadences kept between ticks, keyed by their raw record fields.
+CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "misfire")
 DECODED_CACHE_SIZE = 10_000
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
@@ -54,6 +54,15 @@ class Tick:
     def wake_at(self, at_ms: int | None) -> None:
         if at_ms is not None and (self.next_wake_ms is None or at_ms < self.next_wake_ms):
             self.next_wake_ms = at_ms
+
+
+@dataclass(frozen=True, slots=True)
+class _Firing:
+    """What firing one registration needs: its cadence, misfire policy and own template."""
+
+    cadence: Cadence
+    misfire: Misfire
+    template: dict[str, Any]
 
 
 class Pump:
@@ -89,7 +98,7 @@ class Pump:
         self.max_sleep_s = max_sleep_s
         self.resolve_cadence = resolve_cadence
         self._stop = threading.Event()
-        self._decoded: dict[tuple[str | None, ...], Definition] = {}
+        self._cadences: dict[tuple[str | None, ...], tuple[Cadence, Misfire]] = {}
         # What `step` remembers between ticks to log outages and broken queues once.
         self._outage_since: float | None = None
         self._failures = 0
@@ -148,16 +157,16 @@ class Pump:
             expired = [m for m in expired if m not in corrupt]
         names = list(dict.fromkeys([n for n, _ in due] + [n for n, _, _ in redeliveries]))
         records = self.repeat.load_records(queue, names)
-        definitions: dict[str, Definition] = {}
+        firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
         for name, score in due:
-            definition = self._definition(queue, name, records.get(name, {}))
-            if definition is None:
+            firing = self._decode(queue, name, records.get(name, {}))
+            if firing is None:
                 candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer"))
                 tick.parked.append(name)
                 continue
-            definitions[name] = definition
-            next_ms, missed = advance(definition.cadence, score, now_ms, definition.misfire)
+            firings[name] = firing
+            next_ms, missed = advance(firing.cadence, score, now_ms, firing.misfire)
             if missed:
                 log.warning(
                     "%s/%s: %d slot(s) missed while no pump ran; coalesced into the one due at %d",
@@ -172,18 +181,14 @@ class Pump:
         batch: list[Occurrence] = []
         for index in claim.claimed:
             name, score, _, missed, _ = candidates[index]
-            batch.append(
-                self._occurrence(
-                    queue, name, score, records[name]["template"], now_ms, missed=missed
-                )
-            )
+            template = firings[name].template
+            batch.append(self._occurrence(queue, name, score, template, now_ms, missed=missed))
         drop: list[str] = []
         for member in claim.released:
             name, due_ms, triggered = parse_lease_member(member)
-            if (
-                name not in definitions
-                and self._definition(queue, name, records.get(name, {})) is None
-            ):
+            # Decoded afresh, so no two occurrences share a template object.
+            firing = self._decode(queue, name, records.get(name, {}))
+            if firing is None:
                 log.error(
                     "%s/%s: lease %s dropped: the registration is gone or corrupt",
                     queue,
@@ -198,7 +203,7 @@ class Pump:
                     queue,
                     name,
                     due_ms,
-                    records[name]["template"],
+                    firing.template,
                     now_ms,
                     redelivered=not triggered,
                     triggered=triggered,
@@ -206,11 +211,21 @@ class Pump:
             )
 
         accepted = [*corrupt, *drop]
-        for occurrence in batch:
-            if self._dispatch(occurrence):
+        for occurrence, error in zip(batch, self._dispatch_all(batch), strict=True):
+            if error is None:
                 accepted.append(occurrence.lease_member)
                 tick.dispatched.append(occurrence)
             else:
+                # The lease stays; when it expires a pump re-dispatches with the same id.
+                log.error(
+                    "%s/%s: dispatch of occurrence %s failed; it is retried after the lease "
+                    "(%d ms)",
+                    occurrence.queue,
+                    occurrence.name,
+                    occurrence.id,
+                    self.lease_ms,
+                    exc_info=error,
+                )
                 tick.failed.append(occurrence)
         earliest_lease = self.repeat.ack(queue, accepted)
         return claim.earliest_ms, earliest_lease
@@ -229,7 +244,8 @@ class Pump:
                 corrupt.add(member)
         return parsed, corrupt
 
-    def _definition(self, queue: str, name: str, fields: Mapping[str, str]) -> Definition | None:
+    def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
+        """Return what firing `name` needs, or None (logged) when its record is corrupt."""
         if not fields:
             log.error(
                 "%s/%s: registry member has no record (or one that is not a hash); parked for %ds",
@@ -238,12 +254,18 @@ class Pump:
                 CORRUPT_PARK_MS // 1000,
             )
             return None
-        # Decoding validates the cadence and the template; a tick of many registrations
-        # that share a definition decodes it once. The key is the raw fields themselves.
-        cache_key = tuple(fields.get(f) for f in DEFINITION_FIELDS)
-        cached = self._decoded.get(cache_key)
+        # Validating a cadence costs more than the rest of a firing; registrations that share
+        # one decode it once. The key is the raw fields themselves, never a stored digest.
+        key = tuple(fields.get(f) for f in CADENCE_FIELDS)
         try:
-            definition = cached or Definition.from_fields(fields)
+            cached = self._cadences.get(key)
+            if cached is None:
+                cached = (cadence_from_fields(dict(fields)), misfire_from_fields(fields))
+                if len(self._cadences) >= DECODED_CACHE_SIZE:
+                    self._cadences.clear()
+                self._cadences[key] = cached
+            # Parsed per occurrence: a dispatcher that edits it reaches nothing else.
+            template = decode_template(fields.get("template"))
         except (ScheduleError, ValueError, TypeError) as exc:
             log.error(
                 "%s/%s: corrupt record parked for %ds: %s",
@@ -253,24 +275,17 @@ class Pump:
                 exc,
             )
             return None
-        if cached is None:
-            if len(self._decoded) >= DECODED_CACHE_SIZE:
-                self._decoded.clear()
-            self._decoded[cache_key] = definition
+        cadence, misfire = cached
         if self.resolve_cadence is not None:
-            definition = Definition(
-                self.resolve_cadence(queue, name, definition.cadence),
-                definition.template,
-                definition.misfire,
-            )
-        return definition
+            cadence = self.resolve_cadence(queue, name, cadence)
+        return _Firing(cadence, misfire, template)
 
     def _occurrence(
         self,
         queue: str,
         name: str,
         due_ms: int,
-        template_json: str,
+        template: dict[str, Any],
         now_ms: int,
         *,
         redelivered: bool = False,
@@ -282,36 +297,31 @@ class Pump:
             name=name,
             due_ms=due_ms,
             id=occurrence_id(self.repeat.prefix, queue, name, due_ms, triggered=triggered),
-            # Each occurrence gets its own copy: a dispatcher that edits it cannot reach the
-            # cached definition (decoding JSON is cheap; validating the cadence is not).
-            template=json.loads(template_json),
+            template=template,
             released_ms=now_ms,
             redelivered=redelivered,
             missed=missed,
             triggered=triggered,
         )
 
-    def _dispatch(self, occurrence: Occurrence) -> bool:
-        try:
-            self.dispatcher.dispatch(occurrence)
-        except Exception:
-            # The lease stays; when it expires a pump re-dispatches with the same id.
-            log.exception(
-                "%s/%s: dispatch of occurrence %s failed; it is retried after the lease (%d ms)",
-                occurrence.queue,
-                occurrence.name,
-                occurrence.id,
-                self.lease_ms,
-            )
-            return False
-        log.debug(
-            "%s/%s: dispatched occurrence %s due %d",
-            occurrence.queue,
-            occurrence.name,
-            occurrence.id,
-            occurrence.due_ms,
-        )
-        return True
+    def _dispatch_all(self, batch: list[Occurrence]) -> Sequence[BaseException | None]:
+        """Send `batch`; return per occurrence None (accepted) or the error it failed with."""
+        if not batch:
+            return []
+        if isinstance(self.dispatcher, BatchDispatcher):
+            try:
+                return self.dispatcher.dispatch_batch(batch)
+            except Exception as exc:  # the adapter failed as a whole: none was accepted
+                return [exc] * len(batch)
+        errors: list[BaseException | None] = []
+        for occurrence in batch:
+            try:
+                self.dispatcher.dispatch(occurrence)
+            except Exception as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
 
     # -- the loop -------------------------------------------------------------------------
 

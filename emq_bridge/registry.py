@@ -545,19 +545,26 @@ class Repeat:
             int(text(now)), pairs, [text(m) for m in expired], _score(first), _score(first_lease)
         )
 
-    def load_records(self, queue: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
-        """Return the raw record fields of `names` in one round trip.
+    def load_records(
+        self, queue: str, names: Sequence[str], fields: Sequence[str] = DEFINITION_FIELDS
+    ) -> dict[str, dict[str, str]]:
+        """Return the record `fields` of `names` (the definition by default) in one round trip.
 
-        A missing record, or a record key that is not a hash, comes back empty.
+        A field the record lacks is left out; a missing record, or a record key that is not a
+        hash, comes back empty.
         """
         keys = self.keys(queue)
         with redis_errors(f"load {queue}"):
             pipe = self.client.pipeline(transaction=False)
             for name in names:
-                pipe.hgetall(keys.record(name))
+                pipe.hmget(keys.record(name), fields)
             replies = pipe.execute(raise_on_error=False)
         return {
-            name: {text(k): text(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+            name: (
+                {f: text(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+                if isinstance(raw, list)
+                else {}
+            )
             for name, raw in zip(names, replies, strict=True)
         }
 
