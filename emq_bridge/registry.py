@@ -415,9 +415,7 @@ class Repeat:
             return False
         now = self._now(now_ms)
         keys = self.keys(queue)
-        with redis_errors(f"resume {queue}/{name}"):
-            raw = self.client.hget(keys.record(name), "paused_next_ms")
-        parked = _score(raw) if raw is not None else None
+        parked = registration.next_run_ms  # a paused registration's parked next run
         cadence = registration.definition.cadence
         if parked is None:
             next_ms = cadence.first_run(now)
@@ -646,7 +644,7 @@ def _flatten(fields: Mapping[str, str]) -> list[str]:
 
 def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
     paused = fields.get("paused") == "1"
-    next_run = _optional_int(fields, "paused_next_ms") if paused else _score(score)
+    next_run = _score(fields.get("paused_next_ms")) if paused else _score(score)
     return Registration(
         queue=queue,
         name=name,
