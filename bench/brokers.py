@@ -113,14 +113,20 @@ def adapters_available() -> dict[str, bool]:
 def emq_dispatcher(path: str, url: str) -> tuple[Any, str]:
     """Return `(dispatcher, description)` for a path of emq-bridge.
 
-    `celery`: `CeleryDispatcher(app)`; `dramatiq`: `DramatiqDispatcher(broker)` (every message
-    through `broker.enqueue`); `dramatiq-pipelined`: the opt-in
-    `PipelinedDramatiqDispatcher(broker)` (a claimed batch in one round trip).
+    `celery`: `CeleryDispatcher(app)` (every message through `apply_async`);
+    `celery-pipelined`: the opt-in `PipelinedCeleryDispatcher(app)`; `dramatiq`:
+    `DramatiqDispatcher(broker)` (every message through `broker.enqueue`);
+    `dramatiq-pipelined`: the opt-in `PipelinedDramatiqDispatcher(broker)` (a claimed batch
+    in one round trip).
     """
     if path == "celery":
         from emq_bridge.celery import CeleryDispatcher
 
         return CeleryDispatcher(celery_app(url)), "CeleryDispatcher(app)"
+    if path == "celery-pipelined":
+        from emq_bridge.celery import PipelinedCeleryDispatcher
+
+        return PipelinedCeleryDispatcher(celery_app(url)), "PipelinedCeleryDispatcher(app)"
     from emq_bridge.dramatiq import DramatiqDispatcher, PipelinedDramatiqDispatcher
 
     broker = dramatiq_broker(url)

@@ -74,7 +74,7 @@ class ChildSpec:
 
     system: str  # emq | redbeat | persistent
     url: str
-    path: str = "celery"  # emq only: celery | dramatiq | dramatiq-pipelined
+    path: str = "celery"  # emq only: celery | celery-pipelined | dramatiq | dramatiq-pipelined
     mode: str = "run"  # run (until killed) | lag (for `seconds`, then report)
     seconds: float = 0.0
     batch_size: int = 500

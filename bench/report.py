@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 EMQ_CELERY = "emq-bridge→celery"
+EMQ_CELERY_PIPELINED = "emq-bridge→celery-pipelined"
 EMQ_DRAMATIQ = "emq-bridge→dramatiq"
 EMQ_PIPELINED = "emq-bridge→dramatiq-pipelined"
+# The path columns of the main table, in order.
+EMQ_PATHS = (EMQ_CELERY, EMQ_CELERY_PIPELINED, EMQ_DRAMATIQ, EMQ_PIPELINED)
 EMQ = "emq-bridge"
 REDBEAT = "celery-redbeat"
 PERSISTENT = "PersistentScheduler"
@@ -132,29 +135,33 @@ def sizes(medians: dict[str, Any], scenario: str) -> list[str]:
 
 def main_table(medians: dict[str, Any]) -> list[str]:
     lines = [
-        f"| figure | N | {EMQ_CELERY} | {EMQ_DRAMATIQ} | {EMQ_PIPELINED} | {REDBEAT} "
-        f"| {PERSISTENT} | emq→celery / redbeat | emq→celery / PersistentScheduler |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        f"| figure | N | {' | '.join(EMQ_PATHS)} | {REDBEAT} | {PERSISTENT} "
+        "| emq→celery / redbeat | emq→celery-pipelined / redbeat "
+        "| emq→celery / PersistentScheduler |",
+        "|---|--:|" + "--:|" * (len(EMQ_PATHS) + 5),
     ]
     for scenario, metric, label, lower, path_specific in ROWS:
         arrow = "↓" if lower else "↑"
         for n in sizes(medians, scenario):
             if path_specific:
-                ours, ours_text = cell(medians, scenario, EMQ_CELERY, n, metric)
-                _, dram_text = cell(medians, scenario, EMQ_DRAMATIQ, n, metric)
-                _, piped_text = cell(medians, scenario, EMQ_PIPELINED, n, metric)
+                cells = [cell(medians, scenario, path, n, metric) for path in EMQ_PATHS]
             else:
-                ours, ours_text = cell(medians, scenario, EMQ, n, metric)
-                dram_text = piped_text = "(same)" if ours_text != "—" else "—"
+                shared = cell(medians, scenario, EMQ, n, metric)
+                same = (shared[0], "(same)" if shared[1] != "—" else "—")
+                cells = [shared] + [same] * (len(EMQ_PATHS) - 1)
+            (ours, _), (piped, _) = cells[0], cells[1]
+            texts = [text for _, text in cells]
             rb, rb_text = cell(medians, scenario, REDBEAT, n, metric)
             ps, ps_text = cell(medians, scenario, PERSISTENT, n, metric)
-            if ours_text == rb_text == ps_text == "—":
+            if all(t == "—" for t in (*texts, rb_text, ps_text)):
                 continue
-            rb_ratio = ratio(ours, rb) + (" †" if rb_text.endswith("†") else "")
+            capped = " †" if rb_text.endswith("†") else ""
+            rb_ratio = ratio(ours, rb) + capped
+            rb_piped = ratio(piped, rb) + capped
             ps_ratio = ratio(ours, ps) + (" †" if ps_text.endswith("†") else "")
             lines.append(
-                f"| {label} {arrow} | {int(n):,} | {ours_text} | {dram_text} | {piped_text} "
-                f"| {rb_text} | {ps_text} | {rb_ratio} | {ps_ratio} |"
+                f"| {label} {arrow} | {int(n):,} | {' | '.join(texts)} "
+                f"| {rb_text} | {ps_text} | {rb_ratio} | {rb_piped} | {ps_ratio} |"
             )
     return lines
 
@@ -202,6 +209,7 @@ def baseline_table(medians: dict[str, Any]) -> list[str]:
     lines.append("|---|--:|--:|--:|--:|")
     for system, loop in (
         (EMQ_CELERY, "send_task loop"),
+        (EMQ_CELERY_PIPELINED, "send_task loop"),
         (EMQ_DRAMATIQ, "enqueue loop"),
         (EMQ_PIPELINED, "enqueue loop"),
     ):

@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--paths",
-        default="celery,dramatiq,dramatiq-pipelined",
+        default="celery,celery-pipelined,dramatiq,dramatiq-pipelined",
         help="emq-bridge paths to measure",
     )
     parser.add_argument(

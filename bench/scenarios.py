@@ -46,7 +46,7 @@ class BrokerView:
 
 
 def broker_view(url: str, path: str) -> BrokerView:
-    if path == "celery":
+    if path.startswith("celery"):
         client = redis.Redis.from_url(db_url(url, DB_CELERY))
         return BrokerView(
             lambda: celery_queue_length(client),

@@ -40,7 +40,9 @@ def _template_part(occurrence: Occurrence, key: str, kind: type, default: Any) -
     return value
 
 
-def build_message(broker: dramatiq.Broker, occurrence: Occurrence) -> dramatiq.Message[Any]:
+def build_message(
+    broker: dramatiq.Broker, occurrence: Occurrence, **extra_options: Any
+) -> dramatiq.Message[Any]:
     """Return the message of `occurrence` for `broker`; raise `DispatchError` if it cannot be built.
 
     The actor named by the template's `task` must be declared on `broker`: its queue is
@@ -67,6 +69,7 @@ def build_message(broker: dramatiq.Broker, occurrence: Occurrence) -> dramatiq.M
             OPTION_QUEUE: occurrence.queue,
             OPTION_REDELIVERED: occurrence.redelivered,
             OPTION_TRIGGERED: occurrence.triggered,
+            **extra_options,
         }
     )
     return dramatiq.Message(
@@ -136,9 +139,7 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
         prepared: list[tuple[int, dramatiq.Message[Any]]] = []
         for index, occurrence in enumerate(occurrences):
             try:
-                message = build_message(broker, occurrence).copy(
-                    options={"redis_message_id": str(uuid4())}
-                )
+                message = build_message(broker, occurrence, redis_message_id=str(uuid4()))
                 broker.emit_before("enqueue", message, None)
             except Exception as exc:  # a MiddlewareError refuses this message only
                 errors[index] = exc

@@ -19,7 +19,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, MiddlewareError
 
-from ._dramatiq_dispatch import DramatiqDispatcher
+from ._dramatiq_dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
 from ._dramatiq_schedule import (
     RECURRING_OPTION,
     actor_declarations,
@@ -101,7 +101,8 @@ class RecurringMiddleware(Middleware):
     declared before and no longer declares, and never touches others; two apps sharing a
     registry need distinct sources. `schedule_file` adds a config file's schedules (synced
     under the file's own source). With `run_pump`, each worker process runs one pump thread
-    on `pump_queues` (default: every queue the broker declares).
+    on `pump_queues` (default: every queue the broker declares); `pipelined=True` makes it
+    send through `PipelinedDramatiqDispatcher` (a `RedisBroker` only).
 
     A boot that cannot reach Redis, or finds an invalid schedule or an unknown actor,
     raises `BootError` and the worker does not start.
@@ -120,6 +121,7 @@ class RecurringMiddleware(Middleware):
         pump_queues: Iterable[str] | None = None,
         lease_ms: int = 60_000,
         max_sleep_s: float = 5.0,
+        pipelined: bool = False,
     ) -> None:
         self.prefix = validate_prefix(prefix)
         self.source = validate_name(source, "source")
@@ -128,6 +130,7 @@ class RecurringMiddleware(Middleware):
         self.sync_at_boot = sync_at_boot
         self.prune = prune
         self.pump_queues = tuple(validate_name(q, "queue") for q in pump_queues or ())
+        self.pipelined = pipelined
         self.lease_ms = lease_ms
         self.max_sleep_s = max_sleep_s
         self._registry_spec = repeat
@@ -251,7 +254,7 @@ class RecurringMiddleware(Middleware):
         pump = Pump(
             self.registry(broker),
             self.queues(broker, self.declarations),
-            DramatiqDispatcher(broker),
+            PipelinedDramatiqDispatcher(broker) if self.pipelined else DramatiqDispatcher(broker),
             lease_ms=self.lease_ms,
             max_sleep_s=self.max_sleep_s,
         )

@@ -18,6 +18,8 @@ Settings (all optional, in `app.conf`):
 * `emq_bridge_queues`: extra queues to pump (registrations added at runtime elsewhere).
 * `emq_bridge_schedule_file`: a TOML schedule file (`emq_bridge.config`) synced at boot.
 * `emq_bridge_check_tasks`: refuse unknown task names at boot, default True.
+* `emq_bridge_pipelined`: send through `PipelinedCeleryDispatcher` (the opt-in fast path
+  on a Redis broker), default False.
 
 Each occurrence is sent as a real task: `task_id` is the occurrence id, the headers carry
 `celery_beat_task` (as Celery's beat sets), `emq_due_ms` (the nominal time, read it with
@@ -50,6 +52,7 @@ from .registry import Occurrence
 __all__ = [
     "AppSchedule",
     "CeleryDispatcher",
+    "PipelinedCeleryDispatcher",
     "RepeatScheduler",
     "app_schedule",
     "load_target",
@@ -84,6 +87,15 @@ class CeleryDispatcher:
         self.app = app
 
     def dispatch(self, occurrence: Occurrence) -> None:
+        self.send(occurrence, occurrence.id, occurrence.due_ms)
+
+    def send(
+        self, occurrence: Occurrence, task_id: str, due: int | str, producer: Any = None
+    ) -> None:
+        """Send `occurrence` as task `task_id` with nominal time `due` through `apply_async`.
+
+        `PipelinedCeleryDispatcher` calls it with marker values and a capturing producer.
+        """
         template = occurrence.template
         name = template.get("task")
         if not isinstance(name, str) or not name:
@@ -93,22 +105,22 @@ class CeleryDispatcher:
         headers.update(
             {
                 BEAT_HEADER: True,
-                DUE_HEADER: occurrence.due_ms,
+                DUE_HEADER: due,
                 SCHEDULE_HEADER: f"{occurrence.queue}/{occurrence.name}",
             }
         )
         if not {"queue", "exchange", "routing_key"} & options.keys():
             options["queue"] = occurrence.queue
+        if producer is not None:
+            options["producer"] = producer
         args = list(template.get("args") or ())
         kwargs = dict(template.get("kwargs") or {})
         task = self.app.tasks.get(name)
         try:
             if task is not None:
-                task.apply_async(args, kwargs, task_id=occurrence.id, headers=headers, **options)
+                task.apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
             else:
-                self.app.send_task(
-                    name, args, kwargs, task_id=occurrence.id, headers=headers, **options
-                )
+                self.app.send_task(name, args, kwargs, task_id=task_id, headers=headers, **options)
         except Exception as exc:
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
@@ -133,8 +145,10 @@ def nominal_time(request: Any) -> datetime | None:
     return None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc)
 
 
-def load_target(spec: str) -> PumpTarget:
+def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     """Return the pump target of the Celery app `spec` ("proj" or "proj.celery:app").
+
+    `pipelined=True` sends through `PipelinedCeleryDispatcher` (a Redis broker only).
 
     The app is found the way `celery -A` finds it, and its task modules are imported.
     Schedule-file entries are not included (they have their own source).
@@ -150,9 +164,8 @@ def load_target(spec: str) -> PumpTarget:
     app.loader.import_default_modules()
     app.finalize(auto=True)
     plan = app_schedule(app)
-    return PumpTarget(
-        CeleryDispatcher(app), plan.queues, plan.declarations, plan.source, plan.resolve_cadence
-    )
+    dispatcher = PipelinedCeleryDispatcher(app) if pipelined else CeleryDispatcher(app)
+    return PumpTarget(dispatcher, plan.queues, plan.declarations, plan.source, plan.resolve_cadence)
 
 
 # -- the beat scheduler -----------------------------------------------------------------
@@ -189,10 +202,11 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
                 raise
             raise ConfigError(f"emq-bridge beat could not sync its schedules: {exc}") from exc
         self.plan = plan
+        pipelined = bool(self.app.conf.get("emq_bridge_pipelined", False))
         self.pump = Pump(
             repeat,
             plan.queues,
-            CeleryDispatcher(self.app),
+            PipelinedCeleryDispatcher(self.app) if pipelined else CeleryDispatcher(self.app),
             resolve_cadence=plan.resolve_cadence,
             max_sleep_s=float(self.max_interval),
         )
@@ -229,6 +243,8 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         """Release the broker connection (Celery's part) and the registry's connection."""
         super().close()
         if self.pump is not None:
+            if isinstance(self.pump.dispatcher, PipelinedCeleryDispatcher):
+                self.pump.dispatcher.close()
             self.pump.repeat.client.close()
 
     @property
@@ -239,3 +255,6 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         except EmqError as exc:  # the banner must not fail; setup_schedule reports it
             where = f"not configured ({exc})"
         return f"    . registry -> {where} (emq-bridge)"
+
+
+from ._celery_pipelined import PipelinedCeleryDispatcher  # noqa: E402  (it builds on CeleryDispatcher)

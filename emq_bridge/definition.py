@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from .cadence import (
     MISFIRES,
@@ -117,6 +117,55 @@ class Definition:
         """Rebuild a definition from a record; raise `ScheduleError` on a corrupt record."""
         cadence = cadence_from_fields(dict(fields))
         return cls(cadence, decode_template(fields.get("template")), misfire_from_fields(fields))
+
+
+class FrozenDict(dict[str, Any]):
+    """A template object that refuses changes: the pump shares one between occurrences.
+
+    It is a `dict` for everything that reads (`json.dumps`, `isinstance`, `dict(t)`);
+    `dict(t)`, `t.copy()` and `copy.deepcopy(t)` give plain, changeable copies.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(READ_ONLY)
+
+    __setitem__ = __delitem__ = _refuse
+    clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
+
+
+class FrozenList(list[Any]):
+    """A template array that refuses changes; see `FrozenDict`."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(READ_ONLY)
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+
+READ_ONLY = (
+    "an occurrence's template is shared by the occurrences of its registration and is "
+    "read-only; change a copy (dict(template), copy.deepcopy(template))"
+)
+
+
+def freeze(value: Any) -> Any:
+    """Return JSON data with every object and array made read-only (`FrozenDict`/`FrozenList`)."""
+    if isinstance(value, dict):
+        return FrozenDict({key: freeze(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return FrozenList(freeze(item) for item in value)
+    return value
 
 
 def decode_template(raw: str | None) -> dict[str, Any]:

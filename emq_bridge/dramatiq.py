@@ -122,8 +122,10 @@ def _middleware(broker: dramatiq.Broker) -> RecurringMiddleware | None:
     return next((m for m in broker.middleware if isinstance(m, RecurringMiddleware)), None)
 
 
-def load_target(spec: str) -> PumpTarget:
+def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     """Import a Dramatiq app (`module:broker` or `module`) and return what a pump needs.
+
+    `pipelined=True` sends through `PipelinedDramatiqDispatcher` (a `RedisBroker` only).
 
     The module is imported so its decorators run. The declarations are the schedules on
     the broker's actors; the source and queues follow the broker's `RecurringMiddleware`
@@ -141,7 +143,8 @@ def load_target(spec: str) -> PumpTarget:
         source = DEFAULT_SOURCE
     if not queues:
         raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
-    return PumpTarget(DramatiqDispatcher(broker), queues, declarations, source)
+    dispatcher = PipelinedDramatiqDispatcher(broker) if pipelined else DramatiqDispatcher(broker)
+    return PumpTarget(dispatcher, queues, declarations, source)
 
 
 def register(

@@ -1,7 +1,8 @@
 """The pump: scan -> claim -> dispatch -> ack, in batches, on any number of processes.
 
 A tick costs one round trip per queue when nothing is due (`scan.lua`), and four per batch
-when something is (scan, read the records, claim, ack), whatever the batch size.
+when something is (scan, read the records, claim, ack), whatever the batch size. A drain's
+batches start small (`FIRST_BATCH`) and grow to `batch_size`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cadence import Cadence, Misfire, advance, cadence_from_fields
-from .definition import decode_template, misfire_from_fields
+from .definition import DEFINITION_FIELDS, decode_template, freeze, misfire_from_fields
 from .dispatch import BatchDispatcher, Dispatcher
 from .errors import RegistryError, RegistryUnavailable, ScheduleError
 from .keys import parse_lease_member, validate_name
@@ -34,8 +35,9 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
-# Decoded cadences kept between ticks, keyed by their raw record fields.
-CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "misfire")
+# The first batch of a drain, before batches grow to `batch_size`.
+FIRST_BATCH = 32
+# Decoded definitions kept between ticks, keyed by their raw record fields.
 DECODED_CACHE_SIZE = 10_000
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
@@ -98,7 +100,7 @@ class Pump:
         self.max_sleep_s = max_sleep_s
         self.resolve_cadence = resolve_cadence
         self._stop = threading.Event()
-        self._cadences: dict[tuple[str | None, ...], tuple[Cadence, Misfire]] = {}
+        self._decoded: dict[tuple[str | None, ...], _Firing] = {}
         # What `step` remembers between ticks to log outages and broken queues once.
         self._outage_since: float | None = None
         self._failures = 0
@@ -133,20 +135,24 @@ class Pump:
         return tick, errors
 
     def _drain(self, queue: str, now_ms: int | None, tick: Tick) -> None:
+        # Slow start: a burst's first batch is small, so its first message leaves within
+        # milliseconds; the batches then grow to `batch_size`, where the throughput is.
+        size = min(FIRST_BATCH, self.batch_size)
         while True:
-            scan = self.repeat.scan(queue, self.batch_size, now_ms)
+            scan = self.repeat.scan(queue, size, now_ms)
             tick.now_ms = scan.now_ms
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
             if scan.due or scan.expired:
                 earliest, earliest_lease = self._fire_batch(
                     queue, scan.now_ms, scan.due, scan.expired, tick
                 )
-            full = len(scan.due) >= self.batch_size or len(scan.expired) >= self.batch_size
+            full = len(scan.due) >= size or len(scan.expired) >= size
             if not full or self._stop.is_set():
                 # After a full batch, look again; otherwise the earliest score says when.
                 tick.wake_at(earliest if not full else scan.now_ms)
                 tick.wake_at(earliest_lease)
                 return
+            size = min(size * 4, self.batch_size)
 
     def _fire_batch(
         self, queue: str, now_ms: int, due: list[tuple[str, int]], expired: list[str], tick: Tick
@@ -186,7 +192,6 @@ class Pump:
         drop: list[str] = []
         for member in claim.released:
             name, due_ms, triggered = parse_lease_member(member)
-            # Decoded afresh, so no two occurrences share a template object.
             firing = self._decode(queue, name, records.get(name, {}))
             if firing is None:
                 log.error(
@@ -254,31 +259,36 @@ class Pump:
                 CORRUPT_PARK_MS // 1000,
             )
             return None
-        # Validating a cadence costs more than the rest of a firing; registrations that share
-        # one decode it once. The key is the raw fields themselves, never a stored digest.
-        key = tuple(fields.get(f) for f in CADENCE_FIELDS)
-        try:
-            cached = self._cadences.get(key)
-            if cached is None:
-                cached = (cadence_from_fields(dict(fields)), misfire_from_fields(fields))
-                if len(self._cadences) >= DECODED_CACHE_SIZE:
-                    self._cadences.clear()
-                self._cadences[key] = cached
-            # Parsed per occurrence: a dispatcher that edits it reaches nothing else.
-            template = decode_template(fields.get("template"))
-        except (ScheduleError, ValueError, TypeError) as exc:
-            log.error(
-                "%s/%s: corrupt record parked for %ds: %s",
-                queue,
-                name,
-                CORRUPT_PARK_MS // 1000,
-                exc,
-            )
-            return None
-        cadence, misfire = cached
+        # Validating a cadence and parsing a template cost more than the rest of a firing;
+        # registrations that share a definition decode it once. The key is the raw fields
+        # themselves, never a stored digest, so an edited record is decoded afresh.
+        key = tuple(map(fields.get, DEFINITION_FIELDS))
+        firing = self._decoded.get(key)
+        if firing is None:
+            try:
+                firing = _Firing(
+                    cadence_from_fields(dict(fields)),
+                    misfire_from_fields(fields),
+                    # Shared by every occurrence of these fields, so read-only.
+                    freeze(decode_template(fields.get("template"))),
+                )
+            except (ScheduleError, ValueError, TypeError) as exc:
+                log.error(
+                    "%s/%s: corrupt record parked for %ds: %s",
+                    queue,
+                    name,
+                    CORRUPT_PARK_MS // 1000,
+                    exc,
+                )
+                return None
+            if len(self._decoded) >= DECODED_CACHE_SIZE:
+                self._decoded.clear()
+            self._decoded[key] = firing
         if self.resolve_cadence is not None:
-            cadence = self.resolve_cadence(queue, name, cadence)
-        return _Firing(cadence, misfire, template)
+            cadence = self.resolve_cadence(queue, name, firing.cadence)
+            if cadence is not firing.cadence:
+                return _Firing(cadence, firing.misfire, firing.template)
+        return firing
 
     def _occurrence(
         self,

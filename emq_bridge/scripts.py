@@ -13,7 +13,18 @@ from typing import Any
 
 __all__ = ["MOVES", "Scripts", "lua_source"]
 
-MOVES = ("register", "upsert", "cancel", "scan", "claim", "ack", "pause", "resume", "trigger")
+MOVES = (
+    "register",
+    "upsert",
+    "cancel",
+    "scan",
+    "fetch",
+    "claim",
+    "ack",
+    "pause",
+    "resume",
+    "trigger",
+)
 
 
 @cache
@@ -30,6 +41,7 @@ class Scripts:
     upsert: Any
     cancel: Any
     scan: Any
+    fetch: Any
     claim: Any
     ack: Any
     pause: Any

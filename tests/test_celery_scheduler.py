@@ -27,6 +27,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate
 from emq_bridge import Repeat, occurrence_id
 from emq_bridge.celery import (
     CeleryDispatcher,
+    PipelinedCeleryDispatcher,
     RepeatScheduler,
     app_schedule,
     load_target,
@@ -97,13 +98,18 @@ def record_keys(client: redis.Redis, prefix: str) -> list[bytes]:
     return list(client.scan_iter(match=f"{prefix}:*", count=1000))
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["apply_async", "pipelined"])
 def test_each_occurrence_is_sent_as_a_real_task_whose_id_is_the_occurrence_id(
-    make_app: Any, client: redis.Redis, prefix: str
+    make_app: Any, client: redis.Redis, prefix: str, pipelined: bool
 ) -> None:
     app = make_app(
-        {"tick": {"task": "t.record", "schedule": 1.0, "args": [7], "kwargs": {"k": "v"}}}
+        {"tick": {"task": "t.record", "schedule": 1.0, "args": [7], "kwargs": {"k": "v"}}},
+        emq_bridge_pipelined=pipelined,
     )
     scheduler = RepeatScheduler(app)
+    assert scheduler.pump is not None
+    kind = PipelinedCeleryDispatcher if pipelined else CeleryDispatcher
+    assert type(scheduler.pump.dispatcher) is kind
     clock = start(scheduler)
     registration = scheduler.pump.repeat.get(f"{prefix}-q", "tick")  # type: ignore[union-attr]
     assert registration is not None and registration.source == f"celery.app-{prefix}"

@@ -416,6 +416,7 @@ def test_pump_once_syncs_a_file_and_pushes_due_occurrences_onto_a_list(
         (["reports"], "give exactly one target"),
         (["reports", "--list-key", "k", "--celery", "x"], "got --celery and --list-key"),
         (["--list-key", "k"], "no queues to pump"),
+        (["reports", "--list-key", "k", "--pipelined"], "--pipelined applies to"),
     ],
 )
 def test_pump_with_bad_usage_exits_2(run: Run, args: list[str], message: str) -> None:
@@ -560,3 +561,49 @@ def test_pump_once_with_a_dramatiq_app_enqueues_a_real_message_with_the_occurren
     assert decoded["actor_name"] == "work"
     assert decoded["args"] == [7]
     assert decoded["message_id"] == occurrence_id(prefix, queue, "job", 3_600_000)
+
+
+def test_pump_once_pipelined_with_a_celery_app_pushes_real_task_messages_in_one_batch(
+    run: Run, repeat: Repeat, tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = f"cliceleryapp_{prefix}"
+    queue = f"{prefix}-work"
+    url = repeat.client.connection_pool.connection_kwargs
+    broker = f"redis://{url['host']}:{url['port']}/{url.get('db', 0)}"
+    (tmp_path / f"{module}.py").write_text(
+        "from celery import Celery\n"
+        f"app = Celery('cliapp', broker={broker!r})\n"
+        "@app.task(name='work')\n"
+        "def work(n): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for i in range(3):
+        repeat.register(
+            queue, f"job-{i}", every="1h", template={"task": "work", "args": [i]}, now_ms=0
+        )
+    result = run("pump", queue, "--celery", f"{module}:app", "--pipelined", "--once")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("dispatched 3,")
+    messages = [json.loads(m) for m in repeat.client.lrange(queue, 0, -1)]
+    assert sorted(m["headers"]["id"] for m in messages) == sorted(
+        occurrence_id(prefix, queue, f"job-{i}", 3_600_000) for i in range(3)
+    )
+    assert {m["headers"]["task"] for m in messages} == {"work"}
+
+
+def test_pump_pipelined_with_a_broker_that_is_not_redis_exits_1_with_a_clear_error(
+    run: Run, repeat: Repeat, tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = f"clistubapp_{prefix}"
+    (tmp_path / f"{module}.py").write_text(
+        "import dramatiq\n"
+        "from dramatiq.brokers.stub import StubBroker\n"
+        "broker = StubBroker()\n"
+        f"@dramatiq.actor(broker=broker, queue_name={prefix + '-work'!r})\n"
+        "def work(n): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run("pump", "--dramatiq", f"{module}:broker", "--pipelined", "--once")
+    assert result.exit_code == 1, result.output
+    assert "needs a RedisBroker" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -26,6 +26,7 @@ from emq_bridge import ConfigError, DispatchError, Repeat, ScheduleError, occurr
 from emq_bridge.dramatiq import (
     BootError,
     DramatiqDispatcher,
+    PipelinedDramatiqDispatcher,
     RecurringMiddleware,
     RecurringOptionError,
     broker_declarations,
@@ -159,19 +160,29 @@ def assert_message_ids_are_occurrence_ids(app: App, seen: list[dict[str, Any]]) 
 # -- real workers on real brokers -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["enqueue", "pipelined"])
 def test_a_redis_worker_runs_a_one_second_schedule_once_per_second_with_its_nominal_time(
     redis_url: str,
     client: redis.Redis,
     prefix: str,
     names: tuple[str, str],
     apps: list[Any],
+    pipelined: bool,
 ) -> None:
     queue, namespace = names
     broker = RedisBroker(url=redis_url, namespace=namespace)
     app = build_app(
-        broker, client, prefix, queue, [{"every": "1s", "args": [7], "kwargs": {"k": "v"}}]
+        broker,
+        client,
+        prefix,
+        queue,
+        [{"every": "1s", "args": [7], "kwargs": {"k": "v"}}],
+        pipelined=pipelined,
     )
     start(apps, app)
+    kind = PipelinedDramatiqDispatcher if pipelined else DramatiqDispatcher
+    wait_for(lambda: app.middleware.pump is not None, 10, "the pump thread")
+    assert type(app.middleware.pump.dispatcher) is kind  # type: ignore[union-attr]
     wait_for(lambda: len(app.seen()) >= 4, 30, "four executions")
     seen = app.seen()
     assert {s["name"] for s in seen} == {"tick"}

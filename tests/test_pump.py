@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy as copy_module
+import json
 import logging
 import os
 import subprocess
@@ -9,11 +11,12 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 import redis
 
-from emq_bridge import Occurrence, Pump, Repeat, occurrence_id
+from emq_bridge import Occurrence, Pump, Repeat, define, occurrence_id
 from emq_bridge.testing import ManualClock, RecordingDispatcher
 
 T0 = 1_900_000_000_000
@@ -261,11 +264,15 @@ def test_a_trigger_in_the_millisecond_of_a_slot_is_a_distinct_occurrence(
     assert len(set(ids)) == 2
 
 
-def test_a_dispatcher_that_edits_a_template_cannot_change_later_occurrences(
+def test_a_template_is_read_only_to_dispatchers_and_copies_of_it_are_changeable(
     any_repeat: Repeat,
 ) -> None:
     any_repeat.register(
-        "reports", "digest", every="1s", template={"task": "t", "kwargs": {"n": 1}}, now_ms=T0
+        "reports",
+        "digest",
+        every="1s",
+        template={"task": "t", "args": [1], "kwargs": {"n": 1}},
+        now_ms=T0,
     )
 
     class Meddler:
@@ -274,10 +281,47 @@ def test_a_dispatcher_that_edits_a_template_cannot_change_later_occurrences(
 
         def dispatch(self, occurrence: Occurrence) -> None:
             self.seen.append(occurrence.template["kwargs"]["n"])
-            occurrence.template["kwargs"]["n"] = 99  # type: ignore[index]
+            with pytest.raises(TypeError, match="read-only"):
+                occurrence.template["kwargs"]["n"] = 99  # type: ignore[index]
+            with pytest.raises(TypeError, match="read-only"):
+                occurrence.template["args"].append(2)
+            copy = copy_module.deepcopy(occurrence.template)  # a plain, changeable copy
+            copy["kwargs"]["n"] = 99
+            copy["args"].append(2)
+            assert json.loads(json.dumps(occurrence.template)) == {
+                "task": "t",
+                "args": [1],
+                "kwargs": {"n": 1},
+            }
 
     meddler = Meddler()
     pump = Pump(any_repeat, ["reports"], meddler)
     for step in range(1, 4):
-        pump.run_once(now_ms=T0 + step * 1000)
+        tick = pump.run_once(now_ms=T0 + step * 1000)
+        assert len(tick.dispatched) == 1
     assert meddler.seen == [1, 1, 1]
+
+
+def test_a_burst_starts_with_a_small_batch_so_its_first_message_leaves_early(
+    repeat: Repeat,
+) -> None:
+    from emq_bridge.pump import FIRST_BATCH
+
+    sizes: list[int] = []
+
+    class Batches:
+        def dispatch(self, occurrence: Occurrence) -> None:
+            raise AssertionError("the pump prefers dispatch_batch")
+
+        def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[None]:
+            sizes.append(len(occurrences))
+            return [None] * len(occurrences)
+
+    repeat.upsert_many(
+        [("burst", f"job-{i}", define(every="1h", template={"task": "t"})) for i in range(1000)],
+        now_ms=T0,
+    )
+    tick = Pump(repeat, ["burst"], Batches(), batch_size=500).run_once(now_ms=T0 + HOUR)
+    assert len({o.name for o in tick.dispatched}) == 1000
+    assert FIRST_BATCH == 32
+    assert sizes == [32, 128, 500, 1000 - 32 - 128 - 500]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from typing import Any
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from emq_bridge import InvalidName, Repeat, ScheduleError
+from emq_bridge import InvalidName, Repeat, ScheduleError, occurrence_id
 from emq_bridge.keys import MAX_NAME_BYTES
 
 T0 = 1_900_000_000_000
@@ -289,3 +292,24 @@ def test_an_unchanged_sync_reads_digests_and_sends_no_script(repeat: Repeat) -> 
     assert (len(again.unchanged), again.changes) == (50, 0)
     assert command_calls(repeat.client, "evalsha", "eval") == scripts_before
     assert repeat.digests("reports")["job-0"][1] == "app"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.text(min_size=1, max_size=12), min_size=3, max_size=3),
+    due_ms=st.integers(min_value=0, max_value=2**53),
+    triggered=st.booleans(),
+)
+def test_an_occurrence_id_is_the_uuid5_of_its_escaped_identity(
+    parts: list[str], due_ms: int, triggered: bool
+) -> None:
+    # The contract's definition, spelled out with the standard library; the pump computes
+    # it a faster way, which must give the same text.
+    from emq_bridge.registry import _OCCURRENCE_NAMESPACE
+
+    escaped = [p.replace("\\", "\\\\").replace(":", "\\:") for p in parts]
+    seed = ":".join([*escaped, str(due_ms)]) + (":manual" if triggered else "")
+    expected = str(uuid.uuid5(_OCCURRENCE_NAMESPACE, seed))
+    assert occurrence_id(*parts, due_ms, triggered=triggered) == expected
+    other = [parts[0], parts[1] + ":" + parts[2][:1], parts[2][1:] or "x"]
+    assert occurrence_id(*other, due_ms, triggered=triggered) != expected

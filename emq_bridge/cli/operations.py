@@ -130,7 +130,7 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
 # -- pump -------------------------------------------------------------------------------------
 
 
-def _load_target(adapter: str, spec: str) -> PumpTarget:
+def _load_target(adapter: str, spec: str, pipelined: bool) -> PumpTarget:
     """Import `emq_bridge.<adapter>` only now, and let it load the application at `spec`."""
     try:
         module = importlib.import_module(f"emq_bridge.{adapter}")
@@ -138,9 +138,9 @@ def _load_target(adapter: str, spec: str) -> PumpTarget:
         raise click.ClickException(
             f"the {adapter} adapter is unavailable ({exc}); pip install 'emq-bridge[{adapter}]'"
         ) from exc
-    load_target = cast(Callable[[str], PumpTarget], module.load_target)
+    load_target = cast(Callable[..., PumpTarget], module.load_target)
     try:
-        return load_target(spec)
+        return load_target(spec, pipelined=pipelined)
     except ImportError as exc:
         raise click.ClickException(f"cannot load {spec!r} for {adapter}: {exc}") from exc
 
@@ -227,6 +227,12 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
     show_default=True,
     help="Longest sleep between ticks, in seconds.",
 )
+@click.option(
+    "--pipelined",
+    is_flag=True,
+    help="With --dramatiq or --celery on a Redis broker: send each claimed batch in one "
+    "pipeline (the adapter's opt-in fast path; see the README for what it skips).",
+)
 @click.option("--once", is_flag=True, help="Fire what is due now, then exit.")
 @pass_settings
 def pump_command(
@@ -242,6 +248,7 @@ def pump_command(
     batch_size: int,
     lease_ms: int,
     max_sleep: float,
+    pipelined: bool,
     once: bool,
 ) -> None:
     """Pump due occurrences into Dramatiq, Celery or a Redis list.
@@ -254,6 +261,7 @@ def pump_command(
     Examples:
       emq-bridge pump --dramatiq app.tasks
       emq-bridge pump --celery proj.celery:app -f schedules.toml
+      emq-bridge pump --celery proj.celery:app --pipelined
       emq-bridge pump reports emails --list-key jobs:incoming
       emq-bridge pump reports --list-key jobs:incoming --once
     """
@@ -271,13 +279,15 @@ def pump_command(
             "give exactly one target: --dramatiq SPEC, --celery SPEC or --list-key KEY"
             + (f" (got {' and '.join(chosen)})" if chosen else "")
         )
+    if pipelined and list_key:
+        raise click.UsageError("--pipelined applies to --dramatiq and --celery only")
     if settings.verbosity == 0:  # a long-running pump logs its syncs and outages by default
         logging.getLogger("emq_bridge").setLevel(logging.INFO)
     schedule_files = [load_schedule_file(f) for f in files]  # validate every file before writing
     repeat = settings.repeat()
     # Fail fast (exit 3) on a wrong URL or password; outages after this are retried.
     repeat.server_time_ms()
-    target = _target(dramatiq_spec, celery_spec)
+    target = _target(dramatiq_spec, celery_spec, pipelined)
     all_queues = _unique(
         [
             *queues,
@@ -321,11 +331,13 @@ def pump_command(
     click.echo("pump stopped", err=True)
 
 
-def _target(dramatiq_spec: str | None, celery_spec: str | None) -> PumpTarget | None:
+def _target(
+    dramatiq_spec: str | None, celery_spec: str | None, pipelined: bool
+) -> PumpTarget | None:
     if dramatiq_spec:
-        return _load_target("dramatiq", dramatiq_spec)
+        return _load_target("dramatiq", dramatiq_spec, pipelined)
     if celery_spec:
-        return _load_target("celery", celery_spec)
+        return _load_target("celery", celery_spec, pipelined)
     return None
 
 

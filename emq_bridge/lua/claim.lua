@@ -5,11 +5,12 @@
 -- KEYS[3 .. 2+n]  <prefix>:{q}:repeat:<name> records, one per candidate
 -- ARGV[1]  now, epoch ms
 -- ARGV[2]  lease deadline, epoch ms
--- ARGV[3]  n: number of candidates
--- ARGV[4 .. 3+5n]  per candidate: name, score read by scan, next score, missed, mode
---                  mode 'fire': move the score, lease the occurrence, count it
---                  mode 'defer': only move the score (a corrupt record is parked)
--- ARGV[4+5n ..]    expired lease members to re-lease
+-- ARGV[3]  JSON array of the n candidates, each [name, score read by scan, next score,
+--          missed, mode], numbers as decimal strings
+--          mode 'fire': move the score, lease the occurrence, count it
+--          mode 'defer': only move the score (a corrupt record is parked)
+-- ARGV[4]  JSON array of expired lease members to re-lease
+-- (Two JSON arguments rather than thousands of plain ones: the client packs them cheaply.)
 --
 -- A candidate is claimed only if its score is still the one scan read, so two pumps never
 -- claim the same occurrence; its score moves to the next run in the same step.
@@ -30,20 +31,32 @@ local function due_ms(score)
   return math.floor(value)
 end
 
+-- ZADD many score/member pairs at once, in chunks (Lua's unpack has a stack limit): one
+-- call per chunk instead of one per member is most of what a claim costs the server.
+local function zadd_all(key, pairs)
+  for i = 1, #pairs, 1000 do
+    redis.call('ZADD', key, unpack(pairs, i, math.min(i + 999, #pairs)))
+  end
+end
+
 local now = ARGV[1]
 local deadline = ARGV[2]
-local n = tonumber(ARGV[3])
+local candidates = cjson.decode(ARGV[3])
+local expired = cjson.decode(ARGV[4])
 local claimed = {}
-for i = 1, n do
-  local base = 4 + (i - 1) * 5
-  local name, expected, next_score, missed, mode =
-    ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
+local moves, leases, moved = {}, {}, {}
+for i, candidate in ipairs(candidates) do
+  local name, expected, next_score, missed, mode = unpack(candidate)
   local score = redis.call('ZSCORE', KEYS[1], name)
-  if score and due_ms(score) == tonumber(expected) then
-    redis.call('ZADD', KEYS[1], next_score, name)
+  -- `moved`: the score moves only at the end, so a name given twice is claimed once.
+  if score and due_ms(score) == tonumber(expected) and not moved[name] then
+    moved[name] = true
+    moves[#moves + 1] = next_score
+    moves[#moves + 1] = name
     if mode == 'fire' then
       local record = KEYS[2 + i]
-      redis.call('ZADD', KEYS[2], deadline, name .. ' ' .. expected)
+      leases[#leases + 1] = deadline
+      leases[#leases + 1] = name .. ' ' .. expected
       redis.call('HSET', record, 'last_due_ms', expected, 'last_fired_ms', now)
       count(record, 'fired', 1)
       if tonumber(missed) > 0 then count(record, 'missed', missed) end
@@ -52,14 +65,16 @@ for i = 1, n do
   end
 end
 local released = {}
-for j = 4 + n * 5, #ARGV do
-  local member = ARGV[j]
+for _, member in ipairs(expired) do
   local lease = redis.call('ZSCORE', KEYS[2], member)
   if lease and tonumber(lease) <= tonumber(now) then
-    redis.call('ZADD', KEYS[2], deadline, member)
+    leases[#leases + 1] = deadline
+    leases[#leases + 1] = member
     released[#released + 1] = member
   end
 end
+zadd_all(KEYS[1], moves)
+zadd_all(KEYS[2], leases)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 return {claimed, released, first[2] or '', first_lease[2] or ''}

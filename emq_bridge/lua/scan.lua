@@ -5,8 +5,9 @@
 -- ARGV[1]  now, epoch ms; empty to use the server clock (TIME)
 -- ARGV[2]  batch size
 --
--- Returns {now_ms, {name, score, ...} due, {member, ...} expired leases,
---          earliest registry score or '', earliest lease deadline or ''}.
+-- Returns {now_ms, due, expired, earliest registry score or '', earliest lease deadline or ''}
+-- where due is the JSON text of [name, score, ...] and expired that of [member, ...]: one
+-- value each, which a client parses in one call instead of one per element.
 local now = ARGV[1]
 if now == '' then
   local t = redis.call('TIME')
@@ -17,4 +18,8 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIM
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {now, due, expired, first[2] or '', first_lease[2] or ''}
+local function json(list)
+  if #list == 0 then return '[]' end  -- cjson would write an empty table as {}
+  return cjson.encode(list)
+end
+return {now, json(due), json(expired), first[2] or '', first_lease[2] or ''}
