@@ -33,6 +33,7 @@ from .keys import (
     validate_name,
     validate_prefix,
 )
+from .overlap import overlapped_calls
 from .scripts import Scripts
 
 __all__ = [
@@ -52,6 +53,9 @@ Upserted = Literal["created", "unchanged", "updated"]
 # Items per upsert script call: large enough to amortise the round trip, small enough that
 # one call holds the server for a few milliseconds at most.
 UPSERT_CHUNK = 500
+# Records read per `fetch` call by a whole-registry read: one call holds the server for a
+# few milliseconds at most.
+FETCH_CHUNK = 2000
 _UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated"}
 _OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
 _NAMESPACE_BYTES = _OCCURRENCE_NAMESPACE.bytes
@@ -352,18 +356,27 @@ class Repeat:
             by_queue.setdefault(queue, []).append(index)
         now = self._now(now_ms)
         results: list[Upserted | None] = [None] * len(items)
-        for queue, indexes in by_queue.items():
-            keys = self.keys(queue)
-            for start in range(0, len(indexes), UPSERT_CHUNK):
-                chunk = indexes[start : start + UPSERT_CHUNK]
+        chunks = [
+            (queue, indexes[start : start + UPSERT_CHUNK])
+            for queue, indexes in by_queue.items()
+            for start in range(0, len(indexes), UPSERT_CHUNK)
+        ]
+
+        def calls() -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
+            for queue, chunk in chunks:
+                keys = self.keys(queue)
                 payload = [self._upsert_item(items[i][1], items[i][2], source, now) for i in chunk]
-                with redis_errors(f"upsert {queue}"):
-                    replies = self.scripts.upsert(
-                        keys=[keys.registry, *(keys.record(items[i][1]) for i in chunk)],
-                        args=[keys.wake_channel, now, json.dumps(payload, ensure_ascii=False)],
-                    )
-                for i, reply in zip(chunk, replies, strict=True):
-                    results[i] = _UPSERT_RESULTS[int(reply)]
+                yield (
+                    [keys.registry, *(keys.record(items[i][1]) for i in chunk)],
+                    [keys.wake_channel, now, json.dumps(payload, ensure_ascii=False)],
+                )
+
+        # Chunk k+1 is encoded while the server applies chunk k (see `overlap`).
+        with redis_errors(f"upsert {', '.join(by_queue)}"):
+            replies = overlapped_calls(self.client, self.scripts.upsert, calls())
+            for (_, chunk), reply in zip(chunks, replies, strict=True):
+                for i, digit in zip(chunk, text(reply), strict=True):
+                    results[i] = _UPSERT_RESULTS[int(digit)]
         return [r for r in results if r is not None]
 
     def _upsert_item(
@@ -493,22 +506,15 @@ class Repeat:
     def digests(self, queue: str) -> dict[str, tuple[str | None, str | None]]:
         """Return `{name: (stored digest, owner)}` for every registration of `queue`.
 
-        Two round trips, and no decoding: what a sync needs to tell unchanged from changed.
+        One round trip for the names, then one per `FETCH_CHUNK` records, and no decoding:
+        what a sync needs to tell unchanged from changed.
         """
         names = self.names(queue)
-        keys = self.keys(queue)
-        with redis_errors(f"read {queue}"):
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.hmget(keys.record(name), "digest", "source")
-            replies = pipe.execute(raise_on_error=False)
         found: dict[str, tuple[str | None, str | None]] = {}
-        for name, reply in zip(names, replies, strict=True):
-            digest, source = reply if isinstance(reply, list) else (None, None)
-            found[name] = (
-                None if digest is None else text(digest),
-                None if source is None else text(source),
-            )
+        for start in range(0, len(names), FETCH_CHUNK):
+            chunk = names[start : start + FETCH_CHUNK]
+            for name, fields in self.load_records(queue, chunk, ("digest", "source")).items():
+                found[name] = (fields.get("digest"), fields.get("source"))
         return found
 
     def queues(self) -> builtins.list[str]:

@@ -279,7 +279,7 @@ def test_an_unreachable_server_is_a_registry_unavailable_error() -> None:
         repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0)
 
 
-def test_an_unchanged_sync_reads_digests_and_sends_no_script(repeat: Repeat) -> None:
+def test_an_unchanged_sync_reads_digests_and_writes_nothing(repeat: Repeat) -> None:
     from emq_bridge import Declaration, define, sync
 
     declarations = [
@@ -287,10 +287,18 @@ def test_an_unchanged_sync_reads_digests_and_sends_no_script(repeat: Repeat) -> 
         for i in range(50)
     ]
     assert len(sync(repeat, declarations, "app").create) == 50
+
+    def writes() -> int:
+        return int(repeat.client.info("persistence")["rdb_changes_since_last_save"])
+
+    repeat.digests("reports")  # the server has seen the `fetch` script (no NOSCRIPT below)
+    writes_before = writes()
     scripts_before = command_calls(repeat.client, "evalsha", "eval")
     again = sync(repeat, declarations, "app")
     assert (len(again.unchanged), again.changes) == (50, 0)
-    assert command_calls(repeat.client, "evalsha", "eval") == scripts_before
+    assert writes() == writes_before
+    # The digests are read in one `fetch` call (read-only); no upsert is sent.
+    assert command_calls(repeat.client, "evalsha", "eval") == scripts_before + 1
     assert repeat.digests("reports")["job-0"][1] == "app"
 
 
@@ -313,3 +321,19 @@ def test_an_occurrence_id_is_the_uuid5_of_its_escaped_identity(
     assert occurrence_id(*parts, due_ms, triggered=triggered) == expected
     other = [parts[0], parts[1] + ":" + parts[2][:1], parts[2][1:] or "x"]
     assert occurrence_id(*other, due_ms, triggered=triggered) != expected
+
+
+def test_a_failing_chunk_of_a_large_upsert_raises_and_leaves_the_client_usable(
+    repeat: Repeat,
+) -> None:
+    from emq_bridge import Definition, RegistryError, define
+
+    definition: Definition = define(every="1h", template=TEMPLATE)
+    repeat.client.set(repeat.keys("broken").registry, "not a sorted set")
+    items = [("broken", f"job-{i}", definition) for i in range(1200)]  # three chunks
+    with pytest.raises(RegistryError):
+        repeat.upsert_many(items, now_ms=T0)
+    # The connection that saw the error was dropped, not returned with a reply in flight.
+    ok = repeat.upsert_many([("fine", f"job-{i}", definition) for i in range(1200)], now_ms=T0)
+    assert ok == ["created"] * 1200
+    assert len(repeat.names("fine")) == 1200
