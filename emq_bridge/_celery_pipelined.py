@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,27 +84,42 @@ class PipelinedCeleryDispatcher:
     """
 
     def __init__(self, app: Celery) -> None:
-        from kombu.transport.redis import Channel as RedisChannel
+        from kombu.transport.redis import Transport as RedisTransport
 
         from .celery import CeleryDispatcher
 
         self.app = app
         self.fallback = CeleryDispatcher(app)
+        # Not connected yet (that happens at the first batch, so a broker that is down at
+        # start is retried like any send); the transport class is known already.
         self._connection = app.connection_for_write()
-        channel: Any = self._connection.default_channel
-        if not isinstance(channel, RedisChannel):
+        if not isinstance(self._connection.transport, RedisTransport):
+            transport = self._connection.transport_cls
             self._connection.release()
             raise ConfigError(
                 "PipelinedCeleryDispatcher needs a Redis broker (redis://, rediss://), got "
-                f"{self._connection.transport_cls!r}; use CeleryDispatcher"
+                f"{transport!r}; use CeleryDispatcher"
             )
-        # Only this private channel captures; the app's own producers are untouched.
-        self._channel: Any = cast(Any, channel)  # kombu internals, replaced below
-        self._capture = _Capture(channel)
-        self._channel._put = self._capture.put
-        self._channel._put_fanout = self._capture.put_fanout
-        self._producer = app.amqp.Producer(channel)
+        self._channel: Any = None
+        self._capture: _Capture | None = None
+        self._producer: Any = None
         self._plans: dict[tuple[str, int], _Plan | None] = {}
+        self._lock = threading.Lock()  # one plan is built at a time (the capture is shared)
+
+    def _connect(self) -> _Capture:
+        """Open the private channel whose final push is captured; return its capture."""
+        if self._capture is None:
+            # One attempt: a broker that is down fails this batch now, and its leases bring
+            # it back later, rather than the pump waiting out kombu's connection retries.
+            self._connection.ensure_connection(max_retries=1, interval_start=0)
+            channel = cast(Any, self._connection.default_channel)  # kombu internals
+            capture = _Capture(channel)
+            # Only this private channel captures; the app's own producers are untouched.
+            channel._put = capture.put
+            channel._put_fanout = capture.put_fanout
+            self._channel, self._producer = channel, self.app.amqp.Producer(channel)
+            self._capture = capture
+        return self._capture
 
     def dispatch(self, occurrence: Occurrence) -> None:
         """Send one occurrence (the whole path, one round trip)."""
@@ -123,8 +139,8 @@ class PipelinedCeleryDispatcher:
         for index, occurrence in enumerate(occurrences):
             try:
                 plan = self._plan(occurrence)
-            except DispatchError as exc:
-                errors[index] = exc
+            except Exception as exc:  # this occurrence cannot be built; the rest go on
+                errors[index] = _dispatch_error(occurrence, exc)
                 continue
             if plan is None:
                 errors[index] = self._send_alone(occurrence)
@@ -158,10 +174,11 @@ class PipelinedCeleryDispatcher:
             cached = self._plans[key]
             if cached is None or cached.template is occurrence.template:
                 return cached
-        plan = self._build(occurrence)
-        if len(self._plans) >= PLAN_CACHE_SIZE:
-            self._plans.clear()
-        self._plans[key] = plan
+        with self._lock:
+            plan = self._build(occurrence)
+            if len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.clear()
+            self._plans[key] = plan
         return plan
 
     def _build(self, occurrence: Occurrence) -> _Plan | None:
@@ -170,7 +187,7 @@ class PipelinedCeleryDispatcher:
             value: f"emq-marker-{value}-{uuid.uuid4().hex}"
             for value in ("id", "tag", "due", "name")
         }
-        capture = self._capture
+        capture = self._connect()
         capture.puts, capture.refused = [], None
         # The normal path, through the capturing producer: routing, reprs, envelope.
         marked = dataclasses.replace(occurrence, name=markers["name"])
@@ -201,8 +218,8 @@ class PipelinedCeleryDispatcher:
             # The nominal time is an integer header: its marker is a string until spliced.
             text = text.replace(f'"{markers["due"]}"', markers["due"])
             pieces, names = _split(text, markers)
-            if names.count("tag") != 1:
-                return None
+            if names.count("tag") != 1 or "id" not in names or "due" not in names:
+                return None  # not the envelope expected: let apply_async send it
             pushes.append((key, pieces, names))
         return _Plan(occurrence.template, tuple(pushes))
 
@@ -244,6 +261,17 @@ class PipelinedCeleryDispatcher:
     def close(self) -> None:
         """Release the broker connection this dispatcher holds."""
         self._connection.release()
+
+
+def _dispatch_error(occurrence: Occurrence, exc: Exception) -> DispatchError:
+    if isinstance(exc, DispatchError):
+        return exc
+    error = DispatchError(
+        f"{occurrence.queue}/{occurrence.name}: cannot build the message: "
+        f"{type(exc).__name__}: {exc}"
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _split(text: str, markers: dict[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -44,6 +44,7 @@ from ._celery_declare import (
     repeat_for,
     sync_app,
 )
+from ._celery_pipelined import PipelinedCeleryDispatcher
 from .dispatch import PumpTarget
 from .errors import ConfigError, DispatchError, EmqError
 from .pump import Pump
@@ -256,5 +257,3 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             where = f"not configured ({exc})"
         return f"    . registry -> {where} (emq-bridge)"
 
-
-from ._celery_pipelined import PipelinedCeleryDispatcher  # noqa: E402  (it builds on CeleryDispatcher)

@@ -8,6 +8,7 @@ order: no GIL hand-offs, and the server still sees one script after another.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -20,12 +21,18 @@ def overlapped_calls(
     """Yield the reply of each `(keys, args)` call of the redis-py `Script` `script`, in order.
 
     `calls` may be a generator: its next item is computed while the server runs the previous
-    call. A Redis Cluster client (whose connections are per node) calls one at a time. On an
-    error, the call sent after the failing one may have run too; the connection is dropped.
+    call. A single call, or a Redis Cluster client (whose connections are per node), is run
+    as a plain `script(...)`. On an error, the call sent after the failing one may have run
+    too; the connection is dropped.
     """
+    pending = iter(calls)
+    first = next(pending, None)
+    if first is None:
+        return
+    second = next(pending, None)
     pool = getattr(client, "connection_pool", None)
-    if pool is None:  # RedisCluster
-        for keys, args in calls:
+    if second is None or pool is None:  # one call, or a RedisCluster: one at a time
+        for keys, args in itertools.chain([first], [second] if second else [], pending):
             yield script(keys=keys, args=args)
         return
     script.sha = client.script_load(script.script)  # so that EVALSHA cannot meet NOSCRIPT
@@ -35,13 +42,12 @@ def overlapped_calls(
         connection = pool.get_connection("EVALSHA")
     try:
         waiting = False
-        for keys, args in calls:
+        for keys, args in itertools.chain([first, second], pending):
             connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
             if waiting:
                 yield connection.read_response()
             waiting = True
-        if waiting:
-            yield connection.read_response()
+        yield connection.read_response()
     except BaseException:
         connection.disconnect()  # a reply may still be in flight; never reuse it
         raise

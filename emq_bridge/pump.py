@@ -37,8 +37,10 @@ CORRUPT_PARK_MS = 60_000
 BROKEN_RETRY_S = 1.0
 # The first batch of a drain, before batches grow to `batch_size`.
 FIRST_BATCH = 32
-# Decoded definitions kept between ticks, keyed by their raw record fields.
+# Decoded definitions kept between ticks, keyed by their raw record fields; the cache is
+# emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
+DECODED_CACHE_BYTES = 32 * 1024 * 1024
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
@@ -101,6 +103,7 @@ class Pump:
         self.resolve_cadence = resolve_cadence
         self._stop = threading.Event()
         self._decoded: dict[tuple[str | None, ...], _Firing] = {}
+        self._decoded_bytes = 0
         # What `step` remembers between ticks to log outages and broken queues once.
         self._outage_since: float | None = None
         self._failures = 0
@@ -281,9 +284,15 @@ class Pump:
                     exc,
                 )
                 return None
-            if len(self._decoded) >= DECODED_CACHE_SIZE:
+            size = len(fields.get("template") or "")
+            if (
+                len(self._decoded) >= DECODED_CACHE_SIZE
+                or self._decoded_bytes + size > DECODED_CACHE_BYTES
+            ):
                 self._decoded.clear()
+                self._decoded_bytes = 0
             self._decoded[key] = firing
+            self._decoded_bytes += size
         if self.resolve_cadence is not None:
             cadence = self.resolve_cadence(queue, name, firing.cadence)
             if cadence is not firing.cadence:

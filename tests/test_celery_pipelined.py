@@ -176,6 +176,20 @@ def test_a_bad_template_fails_alone_and_the_rest_of_the_batch_is_sent(
     assert [json.loads(p)["headers"]["id"] for _, p in pushed(client, before)] == [good.id]
 
 
+def test_a_broker_that_is_down_fails_the_batch_quickly_and_nothing_is_cached() -> None:
+    app = Celery("emqp-down", broker="redis://127.0.0.1:1/0")
+    fast = PipelinedCeleryDispatcher(app)  # does not connect yet
+    try:
+        occ = occurrence("q", "n", {"task": "emqp.record"})
+        started = time.monotonic()
+        errors = fast.dispatch_batch([occ, occ])
+        assert time.monotonic() - started < 5
+        assert all("connecting" in str(e) or "Connection" in str(e) for e in errors)
+        assert fast._plans == {}  # a later batch builds the plan afresh
+    finally:
+        fast.close()
+
+
 def test_the_fast_path_refuses_a_broker_that_is_not_redis() -> None:
     app = Celery("emqp-memory", broker="memory://")
     with pytest.raises(ConfigError, match="needs a Redis broker"):
