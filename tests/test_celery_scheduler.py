@@ -78,6 +78,15 @@ def make_app(redis_url: str, prefix: str) -> Iterator[Any]:
         app.close()
 
 
+def command_count(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def reads(client: redis.Redis) -> int:
+    """The server's socket reads: a pipeline arrives in one or a few, a command in one."""
+    return int(client.info("stats")["total_reads_processed"])
+
+
 def broker_messages(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
     """Every task message waiting in a Redis-broker queue (all priority lists), oldest first."""
     found = []
@@ -363,6 +372,74 @@ def test_the_dispatcher_sends_unknown_task_names_by_name(
     [message] = broker_messages(client, f"{prefix}-q")
     assert message["headers"]["task"] == "remote.task"
     assert message["headers"]["id"] == occurrence.id
+
+
+def test_a_batch_on_the_default_path_runs_every_signal_and_reaches_redis_in_one_pipeline(
+    make_app: Any, client: redis.Redis, prefix: str
+) -> None:
+    from celery.signals import after_task_publish, before_task_publish
+
+    queue = f"{prefix}-q"
+    batch = [
+        Occurrence(queue, f"n{i}", 1_900_000_000_000, str(uuid.uuid4()), {"task": "t.record"}, 0)
+        for i in range(50)
+    ]
+    before: list[str] = []
+    after: list[str] = []
+
+    def on_before(headers: dict[str, Any], **_: Any) -> None:
+        before.append(headers["id"])
+
+    def on_after(headers: dict[str, Any], **_: Any) -> None:
+        after.append(headers["id"])
+
+    dispatcher = CeleryDispatcher(make_app())
+    warm = Occurrence(f"{prefix}-warm", "w", 0, str(uuid.uuid4()), {"task": "t.record"}, 0)
+    assert dispatcher.dispatch_batch([warm]) == [None]  # connections and declarations made
+    before_task_publish.connect(on_before)
+    after_task_publish.connect(on_after)
+    try:
+        pushes = command_count(client, "lpush")
+        before_reads = reads(client)
+        assert dispatcher.dispatch_batch(batch) == [None] * 50
+        during = reads(client) - before_reads  # this INFO call is one of them
+    finally:
+        before_task_publish.disconnect(on_before)
+        after_task_publish.disconnect(on_after)
+    ids = [o.id for o in batch]
+    assert before == after == ids
+    assert [m["headers"]["id"] for m in broker_messages(client, queue)] == ids
+    assert command_count(client, "lpush") - pushes == 50
+    # kombu's publish batch: a few reads (the queue's declaration, the pipeline, which may
+    # arrive in more than one, this INFO), not one or more per message.
+    assert during < 15
+
+
+def test_a_failed_batch_pipeline_reports_every_message_of_it_failed(
+    make_app: Any, client: redis.Redis, prefix: str
+) -> None:
+    from celery.signals import before_task_publish
+
+    queue = f"{prefix}-q"
+    batch = [
+        Occurrence(queue, f"n{i}", 1_900_000_000_000, str(uuid.uuid4()), {"task": "t.record"}, 0)
+        for i in range(2)
+    ]
+
+    def break_the_queue(headers: dict[str, Any], **_: Any) -> None:
+        # After the first message is buffered, its list becomes a string: the batch's
+        # pipeline fails when it is flushed, so neither message is known to be in.
+        if headers["id"] == batch[1].id:
+            client.delete(queue)
+            client.set(queue, "not a list")
+
+    before_task_publish.connect(break_the_queue)
+    try:
+        errors = CeleryDispatcher(make_app()).dispatch_batch(batch)
+    finally:
+        before_task_publish.disconnect(break_the_queue)
+    assert all(isinstance(e, DispatchError) for e in errors), errors
+    assert all("did not take the batch" in str(e) for e in errors)
 
 
 def test_a_task_reads_its_nominal_time_from_the_request() -> None:
