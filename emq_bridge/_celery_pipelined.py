@@ -33,6 +33,7 @@ from typing import Any, cast
 from celery import Celery, signals
 from kombu.utils import json as kombu_json
 
+from .dispatch import batch_failure
 from .errors import ConfigError, DispatchError
 from .registry import Occurrence
 
@@ -247,8 +248,7 @@ class PipelinedCeleryDispatcher:
                     pipe.lpush(key, *payloads)
                 replies = pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection failed: none of the batch is known to be in
-            failure = DispatchError(f"the broker did not take the batch: {type(exc).__name__}")
-            failure.__cause__ = exc
+            failure = batch_failure(exc)
             for indexes in members.values():
                 for index in indexes:
                     errors[index] = failure

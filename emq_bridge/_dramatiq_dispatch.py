@@ -22,6 +22,7 @@ from ._dramatiq_schedule import (
     OPTION_REDELIVERED,
     OPTION_TRIGGERED,
 )
+from .dispatch import batch_failure
 from .errors import ConfigError, DispatchError
 from .registry import Occurrence
 
@@ -169,8 +170,7 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
         try:
             replies = pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection failed: none of the batch is known to be in
-            failure = DispatchError(f"the broker did not take the batch: {type(exc).__name__}")
-            failure.__cause__ = exc
+            failure = batch_failure(exc)
             for index, _ in prepared:
                 errors[index] = failure
             return errors

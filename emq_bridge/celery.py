@@ -46,7 +46,7 @@ from ._celery_declare import (
     sync_app,
 )
 from ._celery_pipelined import PipelinedCeleryDispatcher
-from .dispatch import PumpTarget
+from .dispatch import PumpTarget, batch_failure
 from .errors import ConfigError, DispatchError, EmqError
 from .pump import Pump
 from .registry import Occurrence
@@ -111,8 +111,7 @@ class CeleryDispatcher:
                 with producer.batch(max_size=16 * len(occurrences) + 16):
                     self._send_each(occurrences, errors, producer)
         except Exception as exc:  # no producer, or the pipeline failed: nothing is known in
-            failure = DispatchError(f"the broker did not take the batch: {exc}")
-            failure.__cause__ = exc
+            failure = batch_failure(exc)
             return [error or failure for error in errors]
         return errors
 

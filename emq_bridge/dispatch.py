@@ -21,6 +21,7 @@ __all__ = [
     "Dispatcher",
     "ListPushDispatcher",
     "PumpTarget",
+    "batch_failure",
     "occurrence_message",
 ]
 
@@ -70,6 +71,17 @@ class BatchDispatcher(Protocol):
         Raising means none was accepted.
         """
         ...
+
+
+def batch_failure(exc: BaseException) -> DispatchError:
+    """The error of each occurrence of a batch whose publish failed as a whole.
+
+    Its delivery is uncertain (some messages may be in), so each is reported failed and
+    re-sent with its own id when its lease expires.
+    """
+    failure = DispatchError(f"the broker did not take the batch: {type(exc).__name__}: {exc}")
+    failure.__cause__ = exc
+    return failure
 
 
 def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
