@@ -214,9 +214,12 @@ class Server:
         value = self.admin.memory_usage(key, samples=0)
         return int(value) if value is not None else None
 
-    def version(self) -> str:
+    def name_and_version(self) -> str:
+        """`valkey 9.1.2`, or `redis 7.2.4` for a Redis server (which has no valkey_version)."""
         info = self.admin.info("server")
-        return str(info.get("valkey_version") or info.get("redis_version"))
+        if info.get("valkey_version"):
+            return f"valkey {info['valkey_version']}"
+        return f"redis {info.get('redis_version')}"
 
 
 @contextlib.contextmanager

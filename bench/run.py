@@ -1,10 +1,12 @@
 """Run every scenario for emq-bridge and its peers on one embedded server; print one table.
 
-    python -m bench            # the full run (about 12 minutes on 2 cores)
-    python -m bench --quick    # a smoke run (about 1 minute)
+    python -m bench            # the full run (about 15 minutes on 2 cores)
+    python -m bench --quick    # a smoke run (about 2 minutes)
 
-Writes the medians, every run, and the ratios to `bench/results.json` (`--json`) and the
-table to `bench/results.md` (`--table`).
+Each run writes the plan, the machine, every run of every figure and the medians to
+`bench/results/<UTC time>[-quick][-million].json`, and the table it prints to the `.md`
+beside it. That folder is git-ignored; `--out PATH` writes `PATH.json` and `PATH.md` instead,
+e.g. `--out bench/runs/2026-11-30-final` for a run to commit.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from emq_bridge.embedded import EmbeddedServer
 from . import baselines, scenarios
 from .brokers import adapters_available, emq_dispatcher
 from .common import Server, count_client_traffic, median
+from .output import describe_server, output_paths, portable_command
 from .report import render
 from .systems import Emq, Persistent, RedBeat, System
 
-HERE = Path(__file__).resolve().parent
 EMQ = "emq-bridge"
 
 
@@ -363,10 +365,17 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="a smoke run: N=1,000 only, one repetition"
     )
     parser.add_argument(
-        "--json", type=Path, default=HERE / "results.json", help="where to write the figures"
+        "--out",
+        type=Path,
+        metavar="PATH",
+        help="write PATH.json and PATH.md (PATH may end in .json or .md) instead of a new pair in "
+        "bench/results/",
     )
     parser.add_argument(
-        "--table", type=Path, default=HERE / "results.md", help="where to write the table"
+        "--json", type=Path, metavar="PATH", help="write the figures here (overrides --out)"
+    )
+    parser.add_argument(
+        "--table", type=Path, metavar="PATH", help="write the table here (overrides --out)"
     )
     parser.add_argument(
         "--paths",
@@ -383,29 +392,33 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_for(args.quick)
     plan.million = plan.million or args.million
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    count_client_traffic()
     started = time.time()
+    figures_path, table_path = output_paths(
+        args.out, args.json, args.table, started, args.quick, plan.million
+    )
+    count_client_traffic()
     with EmbeddedServer() as embedded:
         server = Server(embedded.url)
         server.calibrate()
         dispatchers = {path: emq_dispatcher(path, embedded.url)[1] for path in paths}
         meta = {
-            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+            # Committed runs are read on other machines: no absolute paths in what is recorded.
+            "command": portable_command(argv if argv is not None else sys.argv[1:]),
             "quick": args.quick,
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-            "server": f"valkey {server.version()} ({embedded.binary})",
+            "server": describe_server(embedded.binary, server.name_and_version()),
             "machine": machine(),
             "adapters": adapters_available(),
             "dispatchers": dispatchers,
             "plan": {k: v for k, v in vars(plan).items()},
         }
-        results = Results(args.json, meta)
+        results = Results(figures_path, meta)
         log(f"server {meta['server']} at {embedded.url}; dispatchers {dispatchers}")
         run(plan, results, server, paths)
         results.meta["seconds"] = round(time.time() - started, 1)
         results.save()
     table = render(results.meta, results.medians())
-    args.table.write_text(table)
+    table_path.write_text(table)
     print(table)
-    log(f"done in {time.time() - started:.0f}s; figures in {args.json}, table in {args.table}")
+    log(f"done in {time.time() - started:.0f}s; figures in {figures_path}, table in {table_path}")
     return 0

@@ -5,7 +5,7 @@ its next run in epoch ms, and one hash per registration holding `every_ms` and `
 """
 
 from .cadence import Cadence, Cron, Every, advance, next_runs, parse_every_ms
-from .definition import MAX_TEMPLATE_BYTES, Definition, define
+from .definition import Declaration, Definition, Schedule, define
 from .dispatch import Dispatcher, ListPushDispatcher
 from .errors import (
     ConfigError,
@@ -17,14 +17,18 @@ from .errors import (
     RegistryUnavailable,
     ScheduleError,
 )
+from .events import PumpEvents, Tick
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_name
-from .pump import Pump, Tick
-from .registry import Occurrence, Registered, Registration, Repeat, Upserted, occurrence_id
-from .sync import Declaration, SyncPlan, plan_sync, sync
+from .occurrence import Occurrence, occurrence_id
+from .pump import Pump
+from .registry import Registered, Registration, Repeat, Upserted
+from .sync import SyncPlan, plan_sync, sync
+from .template import MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH, TaskTemplate
 
 __all__ = [
     "DEFAULT_PREFIX",
     "MAX_TEMPLATE_BYTES",
+    "MAX_TEMPLATE_DEPTH",
     "Cadence",
     "ConfigError",
     "CorruptRecord",
@@ -39,14 +43,17 @@ __all__ = [
     "ListPushDispatcher",
     "Occurrence",
     "Pump",
+    "PumpEvents",
     "QueueKeys",
     "Registered",
     "Registration",
     "RegistryError",
     "RegistryUnavailable",
     "Repeat",
+    "Schedule",
     "ScheduleError",
     "SyncPlan",
+    "TaskTemplate",
     "Tick",
     "Upserted",
     "advance",

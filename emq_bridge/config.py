@@ -31,11 +31,12 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .cadence import ANCHORS, MISFIRES, Cadence, Cron, Every, parse_every_ms
-from .definition import Definition
+from .definition import Declaration, Definition
 from .errors import ConfigError, ScheduleError
 from .keys import validate_name
 from .registry import Repeat
-from .sync import Declaration, SyncPlan, sync
+from .sync import SyncPlan, sync
+from .template import TaskTemplate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -254,14 +255,14 @@ def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration
     misfire = entry.get("misfire", "coalesce")
     if misfire not in MISFIRES:
         raise _FieldError("misfire", f"must be one of {', '.join(MISFIRES)}, got {misfire!r}")
-    template = {
-        "task": task,
-        "args": _json(entry, "args", list, []),
-        "kwargs": _json(entry, "kwargs", dict, {}),
-        "options": _json(entry, "options", dict, {}),
-    }
+    template = TaskTemplate(
+        task,
+        _json(entry, "args", list, []),
+        _json(entry, "kwargs", dict, {}),
+        _json(entry, "options", dict, {}),
+    )
     try:
-        definition = Definition(cadence, template, misfire)
+        definition = Definition(cadence, template.to_dict(), misfire)
     except ScheduleError as exc:
         raise _FieldError("args/kwargs/options", str(exc)) from exc
     return Declaration(queue, name, definition)

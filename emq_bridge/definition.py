@@ -1,16 +1,20 @@
-"""A registration's definition: cadence, template and misfire policy, as an inert value.
+"""What a registration is: its definition, and the declared forms that produce one.
 
-The digest of a definition is what `upsert` compares: an unchanged digest means no write.
+* `Definition`: cadence, template and misfire policy, as an inert value. Its digest is what
+  `upsert` compares: an unchanged digest means no write.
+* `Declaration`: a definition some source wants at (queue, name); what a sync applies.
+* `Schedule`: a recurring schedule declared on a task (a decorator, an actor option) before
+  it is bound to the task's name and queue; both adapters bind it the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 from .cadence import (
     MISFIRES,
@@ -23,63 +27,28 @@ from .cadence import (
     parse_every_ms,
 )
 from .errors import ScheduleError
+from .keys import validate_name
+from .template import (
+    MAX_TEMPLATE_BYTES,
+    TaskTemplate,
+    check_structure,
+    decode_template,
+    encode_template,
+    freeze,
+)
 
-__all__ = ["MAX_TEMPLATE_BYTES", "Definition", "define", "encode_template"]
-
-# Templates are JSON objects of at most 64 KiB: a recurring task's arguments are small, and
-# the registry is loaded by every pump tick that claims the registration.
-MAX_TEMPLATE_BYTES = 64 * 1024
+__all__ = [
+    "DEFINITION_FIELDS",
+    "MAX_TEMPLATE_BYTES",
+    "Declaration",
+    "Definition",
+    "Schedule",
+    "define",
+    "misfire_from_fields",
+]
 
 # Record fields a definition owns. upsert deletes the ones a new definition leaves out.
 DEFINITION_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "misfire", "template")
-
-
-def encode_template(template: object) -> str:
-    """Return `template` as compact canonical JSON; raise `ScheduleError` if it is not JSON."""
-    if not isinstance(template, Mapping):
-        raise ScheduleError(
-            f"template must be a JSON object (a dict), got {type(template).__name__}"
-        )
-    try:
-        text = json.dumps(
-            template, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
-        )
-    except (TypeError, ValueError) as exc:
-        raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
-    except RecursionError as exc:
-        raise ScheduleError("template is nested too deeply to serialise") from exc
-    _check_keys(template)  # after dumps, which refuses cycles
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_TEMPLATE_BYTES:
-        raise ScheduleError(f"template is {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ScheduleError("template holds a string that is not valid UTF-8") from exc
-    return text
-
-
-def _check_keys(template: Mapping[Any, Any]) -> None:
-    """Raise `ScheduleError` if a mapping in `template` has a key that is not a string.
-
-    `json.dumps` would turn `{1: ...}` into `{"1": ...}`: the task would get other kwargs
-    than the ones registered.
-    """
-    stack: list[Any] = [template]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, Mapping):
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise ScheduleError(f"template keys must be strings, got {key!r}")
-                stack.append(item)
-        elif isinstance(value, list | tuple):
-            stack.extend(value)
-
-
-def _finite(value: Any) -> Any:
-    # json.loads calls this with the name of the constant: "NaN", "Infinity", "-Infinity".
-    raise ValueError(f"{value} is not JSON")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,71 +83,27 @@ class Definition:
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Definition:
-        """Rebuild a definition from a record; raise `ScheduleError` on a corrupt record."""
+        """Rebuild a definition from a record; raise `ScheduleError` on a corrupt record.
+
+        The one decoder of records (the pump's, the reads'). The template comes back
+        read-only (`FrozenDict`), since decoded definitions are shared, and is not encoded
+        again: the stored text is its JSON. A record edited by hand into a template nested
+        deeper than the rules allow is corrupt.
+        """
         cadence = cadence_from_fields(dict(fields))
-        return cls(cadence, decode_template(fields.get("template")), misfire_from_fields(fields))
-
-
-class FrozenDict(dict[str, Any]):
-    """A template object that refuses changes: the pump shares one between occurrences.
-
-    It is a `dict` for everything that reads (`json.dumps`, `isinstance`, `dict(t)`);
-    `dict(t)`, `t.copy()` and `copy.deepcopy(t)` give plain, changeable copies.
-    """
-
-    __slots__ = ()
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError(READ_ONLY)
-
-    __setitem__ = __delitem__ = _refuse
-    clear = pop = popitem = setdefault = update = __ior__ = _refuse
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (dict, (dict(self),))
-
-
-class FrozenList(list[Any]):
-    """A template array that refuses changes; see `FrozenDict`."""
-
-    __slots__ = ()
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError(READ_ONLY)
-
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
-    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (list, (list(self),))
-
-
-READ_ONLY = (
-    "an occurrence's template is shared by the occurrences of its registration and is "
-    "read-only; change a copy (dict(template), copy.deepcopy(template))"
-)
-
-
-def freeze(value: Any) -> Any:
-    """Return JSON data with every object and array made read-only (`FrozenDict`/`FrozenList`)."""
-    if isinstance(value, dict):
-        return FrozenDict({key: freeze(item) for key, item in value.items()})
-    if isinstance(value, list):
-        return FrozenList(freeze(item) for item in value)
-    return value
-
-
-def decode_template(raw: str | None) -> dict[str, Any]:
-    """Decode a record's template: a JSON object; raise `ScheduleError` on anything else."""
-    if raw is None:
-        raise ScheduleError("record has no template")
-    try:
-        template = json.loads(raw, parse_constant=_finite)
-    except (ValueError, RecursionError) as exc:
-        raise ScheduleError(f"record template is not JSON: {exc}") from exc
-    if not isinstance(template, dict):
-        raise ScheduleError(f"record template is a JSON {type(template).__name__}, not an object")
-    return template
+        misfire = misfire_from_fields(fields)
+        raw = fields.get("template")
+        template = decode_template(raw)
+        check_structure(template)
+        definition = object.__new__(cls)
+        # A frozen dataclass sets its fields through object.__setattr__.
+        object.__setattr__(definition, "cadence", cadence)
+        object.__setattr__(definition, "template", freeze(template))
+        object.__setattr__(definition, "misfire", misfire)
+        object.__setattr__(definition, "template_json", raw)
+        object.__setattr__(definition, "digest", _digest(definition.to_fields()))
+        object.__setattr__(definition, "cadence_digest", _digest(cadence.to_fields()))
+        return definition
 
 
 def misfire_from_fields(fields: Mapping[str, str]) -> Misfire:
@@ -224,3 +149,62 @@ def define(
         assert raw is not None
         cadence = Every(parse_every_ms(raw), anchor)
     return Definition(cadence, template if template is not None else {}, misfire)
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """A schedule some source wants in the registry: a definition at (queue, name)."""
+
+    queue: str
+    name: str
+    definition: Definition
+
+    def __post_init__(self) -> None:
+        validate_name(self.queue, "queue")
+        validate_name(self.name, "registration name")
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A recurring schedule declared on a task, before it is bound to the task.
+
+    Exactly one of `every` (ms, a `timedelta` or a string like `"15m"`) or `cron` (5 fields,
+    evaluated in `tz`, default UTC or the adapter's default zone). `args`/`kwargs` are
+    passed to the task, `options` are the framework's sending options. `name` defaults to
+    the task name; a task with several schedules needs a distinct `name` for each. The
+    cadence, the arguments (JSON) and the name are checked at construction.
+    """
+
+    every: int | timedelta | str | None = None
+    cron: str | None = None
+    tz: str | None = None
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] | None = None
+    options: Mapping[str, Any] | None = None
+    name: str | None = None
+    anchor: Anchor = "schedule"
+    misfire: Misfire = "coalesce"
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            validate_name(self.name, "schedule name")
+        self.bind("task", "queue")  # checks the cadence and that the arguments are JSON
+
+    def template(self, task: str) -> TaskTemplate:
+        """Return the task template this schedule sends to `task`."""
+        return TaskTemplate(task, self.args, self.kwargs or {}, self.options or {})
+
+    def bind(self, task: str, queue: str, *, default_tz: str | None = None) -> Declaration:
+        """Return this schedule as a declaration of `task` on `queue`.
+
+        `default_tz` is the zone of a cron without `tz` (Celery's app time zone), else UTC.
+        """
+        definition = define(
+            every=self.every,
+            cron=self.cron,
+            tz=self.tz or (default_tz if self.cron is not None else None),
+            anchor=self.anchor,
+            misfire=self.misfire,
+            template=self.template(task).to_dict(),
+        )
+        return Declaration(queue, self.name or task, definition)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .cadence import Cadence
+from .definition import Declaration
 from .errors import DispatchError
-from .registry import Occurrence, redis_errors
-from .sync import Declaration
+from .occurrence import Occurrence
+from .registry import redis_errors
 
 __all__ = [
     "BatchDispatcher",

@@ -11,17 +11,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .cadence import Cadence, Misfire, advance, cadence_from_fields
-from .definition import DEFINITION_FIELDS, decode_template, freeze, misfire_from_fields
+from .cadence import Cadence, Misfire, advance
+from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import BatchDispatcher, Dispatcher
-from .errors import RegistryError, RegistryUnavailable, ScheduleError
+from .errors import RegistryError, RegistryUnavailable
+from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .keys import parse_lease_member, validate_name
-from .registry import Occurrence, Repeat, occurrence_id, redis_errors
+from .occurrence import Occurrence, occurrence_id
+from .registry import Repeat, WakeSubscription
 
-__all__ = ["Clock", "Pump", "Tick"]
+__all__ = ["Clock", "Pump", "Tick"]  # Tick lives in events; re-exported for its old path
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +43,6 @@ FIRST_BATCH = 32
 # emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
 DECODED_CACHE_BYTES = 32 * 1024 * 1024
-# Policies that may evict keys without a TTL, i.e. the registry.
-EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
-
-
-@dataclass(slots=True)
-class Tick:
-    """What one `run_once` did."""
-
-    now_ms: int = 0
-    dispatched: list[Occurrence] = field(default_factory=list)
-    failed: list[Occurrence] = field(default_factory=list)
-    parked: list[str] = field(default_factory=list)
-    next_wake_ms: int | None = None
-
-    def wake_at(self, at_ms: int | None) -> None:
-        if at_ms is not None and (self.next_wake_ms is None or at_ms < self.next_wake_ms):
-            self.next_wake_ms = at_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +51,7 @@ class _Firing:
 
     cadence: Cadence
     misfire: Misfire
-    template: dict[str, Any]
+    template: Mapping[str, Any]
 
 
 class Pump:
@@ -75,6 +60,8 @@ class Pump:
     Any number of pumps may run on the same queues: a claim is a compare-and-set, so each
     occurrence is dispatched by one pump. If a pump dies between claim and ack, the lease
     expires after `lease_ms` and any pump re-dispatches the occurrence with the same id.
+    What it does is told to `listeners` (`emq_bridge.events.PumpEvents`); its log lines
+    are one such listener, always installed.
     """
 
     def __init__(
@@ -88,6 +75,7 @@ class Pump:
         clock: Clock | None = None,
         max_sleep_s: float = 5.0,
         resolve_cadence: CadenceResolver | None = None,
+        listeners: Iterable[PumpEvents] = (),
     ) -> None:
         self.repeat = repeat
         self.queues = tuple(validate_name(q, "queue") for q in queues)
@@ -101,22 +89,29 @@ class Pump:
         self.clock = clock
         self.max_sleep_s = max_sleep_s
         self.resolve_cadence = resolve_cadence
+        self.events = Broadcast([LoggingEvents(), *listeners])
         self._stop = threading.Event()
         self._decoded: dict[tuple[str | None, ...], _Firing] = {}
         self._decoded_bytes = 0
-        # What `step` remembers between ticks to log outages and broken queues once.
+        # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
         self._failures = 0
         self._broken: dict[str, str] = {}
+
+    def add_listener(self, listener: PumpEvents) -> None:
+        """Tell `listener` what this pump does from now on (after the listeners it has)."""
+        self.events.add(listener)
 
     # -- one tick -------------------------------------------------------------------------
 
     def run_once(self, now_ms: int | None = None) -> Tick:
         """Fire everything due now (`now_ms`, else the clock, else the server's `TIME`).
 
-        Raises `RegistryUnavailable` when Redis cannot be reached.
+        Raises `RegistryUnavailable` when Redis cannot be reached, and the first queue's
+        `RegistryError` when a queue's moves fail.
         """
         tick, errors = self._tick(now_ms)
+        self.events.on_tick(tick)
         if errors:
             raise next(iter(errors.values()))
         return tick
@@ -169,21 +164,12 @@ class Pump:
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
         for name, score in due:
-            firing = self._decode(queue, name, records.get(name, {}))
-            if firing is None:
+            candidate = self._candidate(queue, name, score, records.get(name, {}), now_ms)
+            if candidate is None:
                 candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer"))
                 tick.parked.append(name)
                 continue
-            firings[name] = firing
-            next_ms, missed = advance(firing.cadence, score, now_ms, firing.misfire)
-            if missed:
-                log.warning(
-                    "%s/%s: %d slot(s) missed while no pump ran; coalesced into the one due at %d",
-                    queue,
-                    name,
-                    missed,
-                    score,
-                )
+            firings[name], next_ms, missed = candidate
             candidates.append((name, score, next_ms, missed, "fire"))
         claim = self.repeat.claim(queue, now_ms, self.lease_ms, candidates, expired)
 
@@ -197,50 +183,40 @@ class Pump:
             name, due_ms, triggered = parse_lease_member(member)
             firing = self._decode(queue, name, records.get(name, {}))
             if firing is None:
-                log.error(
-                    "%s/%s: lease %s dropped: the registration is gone or corrupt",
-                    queue,
-                    name,
-                    member,
-                )
+                self.events.on_lease_dropped(queue, member, "the registration is gone or corrupt")
                 drop.append(member)
                 continue
             # An expired lease is a re-dispatch, unless a trigger wrote it to fire once now.
-            batch.append(
-                self._occurrence(
-                    queue,
-                    name,
-                    due_ms,
-                    firing.template,
-                    now_ms,
-                    redelivered=not triggered,
-                    triggered=triggered,
-                )
+            occurrence = self._occurrence(
+                queue,
+                name,
+                due_ms,
+                firing.template,
+                now_ms,
+                redelivered=not triggered,
+                triggered=triggered,
             )
+            if occurrence.redelivered:
+                self.events.on_redispatch(occurrence)
+            batch.append(occurrence)
+        if batch:
+            self.events.on_claim(queue, batch)
 
         accepted = [*corrupt, *drop]
         for occurrence, error in zip(batch, self._dispatch_all(batch), strict=True):
             if error is None:
                 accepted.append(occurrence.lease_member)
                 tick.dispatched.append(occurrence)
+                self.events.on_dispatch(occurrence)
             else:
                 # The lease stays; when it expires a pump re-dispatches with the same id.
-                log.error(
-                    "%s/%s: dispatch of occurrence %s failed; it is retried after the lease "
-                    "(%d ms)",
-                    occurrence.queue,
-                    occurrence.name,
-                    occurrence.id,
-                    self.lease_ms,
-                    exc_info=error,
-                )
                 tick.failed.append(occurrence)
+                self.events.on_dispatch_failure(occurrence, error)
         earliest_lease = self.repeat.ack(queue, accepted)
         return claim.earliest_ms, earliest_lease
 
-    @staticmethod
     def _parse_leases(
-        queue: str, members: list[str]
+        self, queue: str, members: list[str]
     ) -> tuple[list[tuple[str, int, bool]], set[str]]:
         """Parse expired lease members; a member edited into garbage is returned to drop."""
         parsed, corrupt = [], set()
@@ -248,63 +224,78 @@ class Pump:
             try:
                 parsed.append(parse_lease_member(member))
             except ValueError:
-                log.error("%s: lease %r dropped: it is not '<name> <due_ms>'", queue, member)
+                self.events.on_lease_dropped(queue, member, "it is not '<name> <due_ms>'")
                 corrupt.add(member)
         return parsed, corrupt
 
-    def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
-        """Return what firing `name` needs, or None (logged) when its record is corrupt."""
-        if not fields:
-            log.error(
-                "%s/%s: registry member has no record (or one that is not a hash); parked for %ds",
-                queue,
-                name,
-                CORRUPT_PARK_MS // 1000,
+    def _candidate(
+        self, queue: str, name: str, score: int, fields: Mapping[str, str], now_ms: int
+    ) -> tuple[_Firing, int, int] | None:
+        """Return the firing of a due `name`, its next run and its missed slots, or None.
+
+        None (reported) parks the record: whatever one record does wrong, even in a
+        custom schedule's own code, harms that record only.
+        """
+        firing = self._decode(queue, name, fields)
+        if firing is None:
+            return None
+        try:
+            next_ms, missed = advance(firing.cadence, score, now_ms, firing.misfire)
+        except Exception as exc:
+            self.events.on_park(
+                queue, name, f"its next run cannot be computed: {exc!r}", CORRUPT_PARK_MS
             )
             return None
-        # Validating a cadence and parsing a template cost more than the rest of a firing;
-        # registrations that share a definition decode it once. The key is the raw fields
-        # themselves, never a stored digest, so an edited record is decoded afresh.
+        if missed:
+            self.events.on_missed(queue, name, missed, score)
+        return firing, next_ms, missed
+
+    def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
+        """Return what firing `name` needs, or None (reported) when its record is unusable."""
+        if not fields:
+            self.events.on_park(
+                queue,
+                name,
+                "registry member has no record (or one that is not a hash)",
+                CORRUPT_PARK_MS,
+            )
+            return None
+        # Decoding a definition costs more than the rest of a firing; registrations that
+        # share one decode it once. The key is the raw fields themselves, never a stored
+        # digest, so an edited record is decoded afresh.
         key = tuple(map(fields.get, DEFINITION_FIELDS))
         firing = self._decoded.get(key)
-        if firing is None:
-            try:
-                firing = _Firing(
-                    cadence_from_fields(dict(fields)),
-                    misfire_from_fields(fields),
-                    # Shared by every occurrence of these fields, so read-only.
-                    freeze(decode_template(fields.get("template"))),
-                )
-            except (ScheduleError, ValueError, TypeError) as exc:
-                log.error(
-                    "%s/%s: corrupt record parked for %ds: %s",
-                    queue,
-                    name,
-                    CORRUPT_PARK_MS // 1000,
-                    exc,
-                )
-                return None
-            size = len(fields.get("template") or "")
-            if (
-                len(self._decoded) >= DECODED_CACHE_SIZE
-                or self._decoded_bytes + size > DECODED_CACHE_BYTES
-            ):
-                self._decoded.clear()
-                self._decoded_bytes = 0
-            self._decoded[key] = firing
-            self._decoded_bytes += size
-        if self.resolve_cadence is not None:
-            cadence = self.resolve_cadence(queue, name, firing.cadence)
-            if cadence is not firing.cadence:
-                return _Firing(cadence, firing.misfire, firing.template)
+        try:
+            if firing is None:
+                definition = Definition.from_fields(fields)
+                firing = _Firing(definition.cadence, definition.misfire, definition.template)
+                self._remember(key, firing, len(fields.get("template") or ""))
+            if self.resolve_cadence is not None:
+                cadence = self.resolve_cadence(queue, name, firing.cadence)
+                if cadence is not firing.cadence:
+                    return _Firing(cadence, firing.misfire, firing.template)
+        # Any exception: a record must never stop the pump (a poison pill for its queue).
+        except Exception as exc:
+            self.events.on_park(queue, name, f"corrupt record: {exc}", CORRUPT_PARK_MS)
+            return None
         return firing
+
+    def _remember(self, key: tuple[str | None, ...], firing: _Firing, size: int) -> None:
+        """Cache a decoded firing, emptying the cache when it holds too many or too much."""
+        if len(self._decoded) >= DECODED_CACHE_SIZE or self._decoded_bytes + size > (
+            DECODED_CACHE_BYTES
+        ):
+            self._decoded.clear()
+            self._decoded_bytes = 0
+        self._decoded[key] = firing
+        self._decoded_bytes += size
 
     def _occurrence(
         self,
         queue: str,
         name: str,
         due_ms: int,
-        template: dict[str, Any],
+        template: Mapping[str, Any],
         now_ms: int,
         *,
         redelivered: bool = False,
@@ -352,63 +343,56 @@ class Pump:
         """Pump until `stop` (or `self.stop()`) is set.
 
         Sleeps until the earliest next run, or until a registry change is published, at most
-        `max_sleep_s`. Redis outages are logged once and retried with backoff.
+        `max_sleep_s`. Redis outages are reported once and retried with backoff.
         """
         if stop is not None:
             self._stop = stop
-        self.check_eviction_policy()
-        subscriber: Any = None
+        self.repeat.check_eviction_policy()
+        wakeups: WakeSubscription | None = None
         while not self._stop.is_set():
-            if subscriber is None:
-                subscriber = self._subscribe()
+            if wakeups is None:
+                wakeups = self._subscribe()
             _, delay = self.step()
-            if self._outage_since is not None:
-                _close(subscriber)  # its connection is dead too; a new one comes with Redis
-                subscriber = None
-            subscriber = self._wait(delay, subscriber)
-        _close(subscriber)
+            if self._outage_since is not None and wakeups is not None:
+                wakeups.close()  # its connection is dead too; a new one comes with Redis
+                wakeups = None
+            wakeups = self._wait(delay, wakeups)
+        if wakeups is not None:
+            wakeups.close()
 
     def step(self) -> tuple[Tick | None, float]:
         """Run one tick as `run` does, errors handled; return it and the seconds to sleep.
 
-        An outage is logged once, then its end once, and retried with backoff (the tick is
-        None). A queue whose moves fail is logged once and retried every second while the
-        other queues are served. For loops owned by someone else, such as Celery's beat.
+        An outage is reported once, then its end once, and retried with backoff (the tick
+        is None). A queue whose moves fail is reported once and retried every second while
+        the other queues are served. For loops owned by someone else, such as Celery's beat.
         """
         try:
             tick, errors = self._tick(None)
         except RegistryUnavailable as exc:
             if self._outage_since is None:
                 self._outage_since = time.monotonic()
-                log.error("Redis is unreachable; retrying with backoff until it is back: %s", exc)
+                self.events.on_outage_begin(exc)
             self._failures += 1
             return None, min(5.0, 0.05 * 2**self._failures)
         if self._outage_since is not None:
-            log.warning(
-                "Redis is reachable again after %.1fs; pumping resumes",
-                time.monotonic() - self._outage_since,
-            )
+            self.events.on_outage_end(time.monotonic() - self._outage_since)
             self._outage_since, self._failures = None, 0
         self._broken = self._report_broken(self._broken, errors)
+        self.events.on_tick(tick)
         delay = self._delay(tick)
         return tick, min(delay, BROKEN_RETRY_S) if errors else delay
 
     def _report_broken(
         self, broken: dict[str, str], errors: Mapping[str, RegistryError]
     ) -> dict[str, str]:
-        """Log a failing queue once (again only if its error changes) and its recovery."""
+        """Report a failing queue once (again only if its error changes) and its recovery."""
         now_broken = {queue: str(exc) for queue, exc in errors.items()}
         for queue, message in now_broken.items():
             if broken.get(queue) != message:
-                log.error(
-                    "%s: a registry move failed; the other queues are served, this one is "
-                    "retried every %.0fs: %s",
-                    queue,
-                    BROKEN_RETRY_S,
-                    message,
-                )
+                self.events.on_queue_error(queue, errors[queue])
         for queue in broken.keys() - now_broken.keys():
-            log.warning("%s: registry moves succeed again; pumping resumes", queue)
+            self.events.on_queue_recover(queue)
         return now_broken
 
     def _delay(self, tick: Tick) -> float:
@@ -416,60 +400,30 @@ class Pump:
             return self.max_sleep_s
         return min(self.max_sleep_s, max(0.0, (tick.next_wake_ms - tick.now_ms) / 1000))
 
-    def _subscribe(self) -> Any:
+    def _subscribe(self) -> WakeSubscription | None:
         try:
-            subscriber = self.repeat.client.pubsub(ignore_subscribe_messages=True)
-            subscriber.subscribe(*(self.repeat.keys(q).wake_channel for q in self.queues))
-        except Exception as exc:
+            return self.repeat.subscribe(self.queues)
+        except RegistryError as exc:
             log.debug("no wake-up subscription, polling every %.1fs: %s", self.max_sleep_s, exc)
             return None
-        return subscriber
 
-    def _wait(self, delay: float, subscriber: Any) -> Any:
+    def _wait(self, delay: float, wakeups: WakeSubscription | None) -> WakeSubscription | None:
         deadline = time.monotonic() + delay
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return subscriber
-            if subscriber is None:
+                return wakeups
+            if wakeups is None:
                 self._stop.wait(min(remaining, 0.2))
                 continue
             try:
-                if subscriber.get_message(timeout=min(remaining, 0.2)) is not None:
-                    return subscriber  # a registry change: tick now
-            except Exception:
-                _close(subscriber)  # the connection broke; a new one is made next tick
+                if wakeups.wait(min(remaining, 0.2)):
+                    return wakeups  # a registry change: tick now
+            except Exception:  # the connection broke: a new one is made next tick
+                wakeups.close()
                 return None
-        return subscriber
+        return wakeups
 
     def check_eviction_policy(self) -> str | None:
-        """Warn loudly if Redis may evict registry keys; return the policy if it could be read."""
-        try:
-            with redis_errors("CONFIG GET maxmemory-policy"):
-                if self.repeat.cluster:  # every primary holds registries: ask each one
-                    client = self.repeat.client
-                    reply = client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
-                else:
-                    reply = self.repeat.client.config_get("maxmemory-policy")
-        except Exception as exc:  # CONFIG may be disabled by ACL or a managed service
-            log.info("could not read maxmemory-policy (%s); make sure it is noeviction", exc)
-            return None
-        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
-        nodes = reply.values() if per_node else [reply]
-        policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
-        policy = next((p for p in policies if p in EVICTING_POLICIES), policies[0])
-        if policy in EVICTING_POLICIES:
-            log.warning(
-                "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
-                "set it to noeviction (or a volatile-* policy)",
-                policy,
-            )
-        return policy
-
-
-def _close(subscriber: Any) -> None:
-    if subscriber is not None:
-        try:
-            subscriber.close()
-        except Exception:  # closing a broken connection may itself fail; nothing to save
-            log.debug("closing the wake-up subscription failed", exc_info=True)
+        """Warn loudly if Redis may evict registry keys (see `Repeat.check_eviction_policy`)."""
+        return self.repeat.check_eviction_policy()

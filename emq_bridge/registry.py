@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,21 +27,23 @@ from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleErr
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
-    lease_member,
     parse_lease_member,
     validate_name,
     validate_prefix,
 )
+from .occurrence import Occurrence, occurrence_id
 from .overlap import overlapped_calls
 from .scripts import Scripts
 
 __all__ = [
-    "Occurrence",
+    "EVICTING_POLICIES",
+    "Occurrence",  # re-exported from `occurrence`, where it lives
     "Registered",
     "Registration",
     "Repeat",
     "Scan",
     "Upserted",
+    "WakeSubscription",
     "occurrence_id",
 ]
 
@@ -57,62 +58,8 @@ UPSERT_CHUNK = 500
 # few milliseconds at most.
 FETCH_CHUNK = 2000
 _UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated"}
-_OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
-_NAMESPACE_BYTES = _OCCURRENCE_NAMESPACE.bytes
-
-
-def occurrence_id(
-    prefix: str, queue: str, name: str, due_ms: int, *, triggered: bool = False
-) -> str:
-    """Return the id of the occurrence of `name` due at `due_ms`: a UUIDv5, the same every time.
-
-    A re-dispatch after a crash, or a racing pump, therefore produces the same id. Names may
-    hold ':', so it is escaped: queue "a:b" + name "c" and queue "a" + name "b:c" differ.
-    A manual trigger is its own occurrence, even in the millisecond of a scheduled slot.
-    """
-    seed = f"{_escape(prefix)}:{_escape(queue)}:{_escape(name)}:{due_ms}"
-    return _uuid5(f"{seed}:manual" if triggered else seed)
-
-
-def _escape(part: str) -> str:
-    if ":" not in part and "\\" not in part:  # the common case, without two str.replace
-        return part
-    return part.replace("\\", "\\\\").replace(":", "\\:")
-
-
-def _uuid5(seed: str) -> str:
-    """`str(uuid.uuid5(_OCCURRENCE_NAMESPACE, seed))`, without building a `UUID` object.
-
-    The pump computes one per occurrence; this is several times cheaper and equal (tested).
-    """
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + seed.encode("utf-8")).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-@dataclass(frozen=True, slots=True)
-class Occurrence:
-    """One firing of a registration at its nominal instant `due_ms` (epoch ms, UTC).
-
-    `template` is shared by the occurrences of a registration, so it is read-only (a
-    `FrozenDict`; changing it raises `TypeError`): change a copy, `dict(template)`.
-    """
-
-    queue: str
-    name: str
-    due_ms: int
-    id: str
-    template: Mapping[str, Any]
-    released_ms: int
-    redelivered: bool = False
-    missed: int = 0
-    triggered: bool = False
-
-    @property
-    def lease_member(self) -> str:
-        return lease_member(self.name, self.due_ms, self.triggered)
+# Policies that may evict keys without a TTL, i.e. the registry.
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +168,28 @@ def redis_errors(action: str) -> Iterator[None]:
         raise RegistryError(f"{action}: {exc}") from exc
 
 
+class WakeSubscription:
+    """Wake-ups from registry changes: `Repeat.subscribe` makes one, `wait` listens."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a change; True if one was published.
+
+        Raises `RegistryUnavailable` when the connection broke (subscribe again later).
+        """
+        with redis_errors("wait for wake-ups"):
+            return self._pubsub.get_message(timeout=timeout_s) is not None
+
+    def close(self) -> None:
+        """Unsubscribe and close the connection; never raises (it may already be dead)."""
+        try:
+            self._pubsub.close()
+        except Exception:  # closing a broken connection may itself fail; nothing to save
+            log.debug("closing the wake-up subscription failed", exc_info=True)
+
+
 class Repeat:
     """The Repeat registry on one Redis (or Redis Cluster) client.
 
@@ -244,6 +213,60 @@ class Repeat:
 
     def keys(self, queue: str) -> QueueKeys:
         return QueueKeys(self.prefix, validate_name(queue, "queue"))
+
+    # -- the connection -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the client's connections; a later move opens new ones."""
+        self.client.close()
+
+    def __enter__(self) -> Repeat:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def subscribe(self, queues: Sequence[str]) -> WakeSubscription:
+        """Subscribe to the registry changes of `queues` (each move publishes on its queue).
+
+        Raises `RegistryUnavailable`/`RegistryError` when the subscription cannot be made.
+        """
+        channels = [self.keys(q).wake_channel for q in queues]
+        with redis_errors("SUBSCRIBE"):
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(*channels)
+            except BaseException:
+                pubsub.close()
+                raise
+        return WakeSubscription(pubsub)
+
+    def check_eviction_policy(self) -> str | None:
+        """Warn loudly if Redis may evict registry keys; return the policy if it could be read.
+
+        On a cluster every primary holds registries, so each is asked.
+        """
+        try:
+            with redis_errors("CONFIG GET maxmemory-policy"):
+                if self.cluster:
+                    client = self.client
+                    reply = client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
+                else:
+                    reply = self.client.config_get("maxmemory-policy")
+        except RegistryError as exc:  # CONFIG may be disabled by ACL or a managed service
+            log.info("could not read maxmemory-policy (%s); make sure it is noeviction", exc)
+            return None
+        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
+        nodes = reply.values() if per_node else [reply]
+        policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
+        policy = next((p for p in policies if p in EVICTING_POLICIES), policies[0])
+        if policy in EVICTING_POLICIES:
+            log.warning(
+                "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
+                "set it to noeviction (or a volatile-* policy)",
+                policy,
+            )
+        return policy
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in epoch ms (the one clock pumps agree on)."""

@@ -12,27 +12,14 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .definition import Definition
+from .definition import Declaration
 from .errors import ConfigError
 from .keys import validate_name
 from .registry import Repeat, Upserted, record_digest
 
-__all__ = ["Declaration", "SyncPlan", "plan_sync", "sync"]
+__all__ = ["Declaration", "SyncPlan", "plan_sync", "sync"]  # Declaration lives in definition
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Declaration:
-    """A schedule some source wants in the registry."""
-
-    queue: str
-    name: str
-    definition: Definition
-
-    def __post_init__(self) -> None:
-        validate_name(self.queue, "queue")
-        validate_name(self.name, "registration name")
 
 
 @dataclass(slots=True)

@@ -14,8 +14,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .dispatch import Dispatcher
+from .occurrence import Occurrence
 from .pump import Pump
-from .registry import Occurrence, Repeat
+from .registry import Repeat
 
 __all__ = ["ManualClock", "RecordingDispatcher", "fake_repeat", "manual_pump"]
 

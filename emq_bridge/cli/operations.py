@@ -9,15 +9,17 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import click
 
+from .. import targets
 from ..config import ScheduleFile, load_schedule_file
+from ..definition import Declaration
 from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
 from ..pump import Pump
 from ..registry import Registration, Repeat
-from ..sync import Declaration, SyncPlan, plan_sync, sync
+from ..sync import SyncPlan, plan_sync, sync
 from .context import Settings, pass_settings
 from .render import to_json
 
@@ -130,19 +132,29 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
 # -- pump -------------------------------------------------------------------------------------
 
 
-def _load_target(adapter: str, spec: str, pipelined: bool) -> PumpTarget:
-    """Import `emq_bridge.<adapter>` only now, and let it load the application at `spec`."""
+def _load_target(framework: str, spec: str, pipelined: bool) -> PumpTarget:
+    """Load the application at `spec` through the adapter registered as `framework`."""
     try:
-        module = importlib.import_module(f"emq_bridge.{adapter}")
+        return targets.load_target(framework, spec, pipelined=pipelined)
     except ImportError as exc:
-        raise click.ClickException(
-            f"the {adapter} adapter is unavailable ({exc}); pip install 'emq-bridge[{adapter}]'"
-        ) from exc
-    load_target = cast(Callable[..., PumpTarget], module.load_target)
-    try:
-        return load_target(spec, pipelined=pipelined)
-    except ImportError as exc:
-        raise click.ClickException(f"cannot load {spec!r} for {adapter}: {exc}") from exc
+        raise click.ClickException(f"cannot load {spec!r} for {framework}: {exc}") from exc
+
+
+def _target_param(framework: str) -> str:
+    return "target_" + framework.replace("-", "_")
+
+
+def _target_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add `--<framework> SPEC` for each framework target installed (`emq_bridge.targets`)."""
+    for framework in reversed(list(targets.frameworks())):
+        command = click.option(
+            f"--{framework}",
+            _target_param(framework),
+            metavar="SPEC",
+            help=f"Send through the {framework} adapter; SPEC names the application "
+            "(module or module:attribute).",
+        )(command)
+    return command
 
 
 @contextmanager
@@ -174,22 +186,11 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 
 @click.command("pump")
 @click.argument("queues", nargs=-1)
+@_target_options
 @click.option(
     "--list-key",
     metavar="KEY",
     help="Push each occurrence as JSON onto this Redis list (no adapter needed).",
-)
-@click.option(
-    "--dramatiq",
-    "dramatiq_spec",
-    metavar="SPEC",
-    help="Send Dramatiq messages; SPEC names the module holding the broker and actors.",
-)
-@click.option(
-    "--celery",
-    "celery_spec",
-    metavar="SPEC",
-    help="Send Celery tasks; SPEC names the Celery app, as `celery -A` does.",
 )
 @click.option(
     "-f",
@@ -241,8 +242,6 @@ def pump_command(
     *,
     queues: tuple[str, ...],
     list_key: str | None,
-    dramatiq_spec: str | None,
-    celery_spec: str | None,
     files: tuple[str, ...],
     do_sync: bool,
     batch_size: int,
@@ -250,10 +249,12 @@ def pump_command(
     max_sleep: float,
     pipelined: bool,
     once: bool,
+    **target_specs: str | None,
 ) -> None:
-    """Pump due occurrences into Dramatiq, Celery or a Redis list.
+    """Pump due occurrences into Dramatiq, Celery (any installed adapter) or a Redis list.
 
-    Give exactly one target: --dramatiq, --celery, or --list-key. The queues are the ones
+    Give exactly one target: --dramatiq, --celery (or another installed adapter's option),
+    or --list-key. The queues are the ones
     named, plus those of the target and of each --file. Runs until SIGTERM or Ctrl-C, which
     finish the batch in hand; any number of pumps may run on the same queues.
 
@@ -265,18 +266,13 @@ def pump_command(
       emq-bridge pump reports emails --list-key jobs:incoming
       emq-bridge pump reports --list-key jobs:incoming --once
     """
-    chosen = [
-        o
-        for o, v in (
-            ("--dramatiq", dramatiq_spec),
-            ("--celery", celery_spec),
-            ("--list-key", list_key),
-        )
-        if v
-    ]
+    frameworks = {_target_param(name): name for name in targets.frameworks()}
+    given = [(frameworks[param], spec) for param, spec in target_specs.items() if spec]
+    chosen = [f"--{name}" for name, _ in given] + (["--list-key"] if list_key else [])
     if len(chosen) != 1:
+        options = " SPEC, ".join(f"--{name}" for name in frameworks.values())
         raise click.UsageError(
-            "give exactly one target: --dramatiq SPEC, --celery SPEC or --list-key KEY"
+            f"give exactly one target: {options} SPEC or --list-key KEY"
             + (f" (got {' and '.join(chosen)})" if chosen else "")
         )
     if pipelined and list_key:
@@ -287,7 +283,7 @@ def pump_command(
     repeat = settings.repeat()
     # Fail fast (exit 3) on a wrong URL or password; outages after this are retried.
     repeat.server_time_ms()
-    target = _target(dramatiq_spec, celery_spec, pipelined)
+    target = _load_target(*given[0], pipelined) if given else None
     all_queues = _unique(
         [
             *queues,
@@ -329,16 +325,6 @@ def pump_command(
     with _stop_on_signals(stop):
         pump.run(stop)
     click.echo("pump stopped", err=True)
-
-
-def _target(
-    dramatiq_spec: str | None, celery_spec: str | None, pipelined: bool
-) -> PumpTarget | None:
-    if dramatiq_spec:
-        return _load_target("dramatiq", dramatiq_spec, pipelined)
-    if celery_spec:
-        return _load_target("celery", celery_spec, pipelined)
-    return None
 
 
 def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]) -> None:

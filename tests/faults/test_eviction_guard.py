@@ -22,7 +22,7 @@ def warnings_about_eviction(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "emq_bridge.pump"
+        if r.name == "emq_bridge.registry"
         and r.levelno >= logging.WARNING
         and "maxmemory-policy" in r.getMessage()
     ]

@@ -170,7 +170,7 @@ def test_a_corrupt_record_is_parked_with_an_error_while_the_others_fire(
         tick = Pump(any_repeat, ["reports"], recorder).run_once(now_ms=T0 + 60_000)
     assert recorder.names() == ["good"]
     assert sorted(tick.parked) == ["bad", "orphan"]
-    assert "reports/bad: corrupt record parked" in caplog.text
+    assert "reports/bad: parked for 60s: corrupt record" in caplog.text
     assert any_repeat.client.zscore(keys.registry, "bad") == T0 + 60_000 + 60_000  # parked a minute
 
 

@@ -1,13 +1,13 @@
 """The Celery app's declared schedules: settings, `@recurring`, `beat_schedule`, boot sync.
 
-Private to `emq_bridge.celery` (which re-exports the public names); the core never imports it.
+Part of `emq_bridge.celery`, which re-exports the public names.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -16,13 +16,13 @@ from celery.local import Proxy
 from celery.schedules import crontab
 from celery.signals import worker_init
 
-from ._celery_entries import CelerySchedule, convert_entry, json_options, resolve_queue, zone_name
-from .cadence import Anchor, Cadence, Misfire
-from .definition import define
-from .errors import ConfigError, EmqError
-from .keys import DEFAULT_PREFIX, validate_name
-from .registry import Repeat
-from .sync import Declaration, SyncPlan, sync
+from ..cadence import Anchor, Cadence, Misfire
+from ..definition import Declaration, Schedule
+from ..errors import ConfigError, EmqError
+from ..keys import DEFAULT_PREFIX, validate_name
+from ..registry import Repeat
+from ..sync import SyncPlan, sync
+from .entries import CelerySchedule, convert_entry, json_options, resolve_queue, zone_name
 
 __all__ = [
     "AppSchedule",
@@ -84,21 +84,8 @@ def _source(app: Celery) -> str:
 # -- declarations -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Recurring:
-    task: Any
-    name: str | None
-    every: int | timedelta | str | None
-    cron: str | None
-    tz: str | None
-    anchor: Anchor
-    misfire: Misfire
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-    options: Mapping[str, Any]
-
-
-_DECLARED: list[_Recurring] = []
+# What `@recurring` declared: (the task, its schedule), in decoration order.
+_DECLARED: list[tuple[Any, Schedule]] = []
 
 
 def recurring(
@@ -119,35 +106,22 @@ def recurring(
     `"15m"`. The schedule is synced when a worker or beat of the app starts; `name` defaults
     to the task name, the queue to the task's routing.
     """
-    template = {"args": list(args), "kwargs": dict(kwargs or {}), "options": dict(options or {})}
-    define(
+    schedule = Schedule(
         every=every,
         cron=cron,
-        tz=tz or ("UTC" if cron else None),
+        tz=tz,
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        options=dict(options or {}),
+        name=name,
         anchor=anchor,
         misfire=misfire,
-        template=template,
     )
-    if name is not None:
-        validate_name(name, "registration name")
 
     def wrap(task: T) -> T:
         if not isinstance(task, (Proxy, Task)):
             raise ConfigError("@recurring goes above @app.task: it decorates a task")
-        _DECLARED.append(
-            _Recurring(
-                task,
-                name,
-                every,
-                cron,
-                tz,
-                anchor,
-                misfire,
-                tuple(args),
-                dict(kwargs or {}),
-                dict(options or {}),
-            )
-        )
+        _DECLARED.append((task, schedule))
         worker_init.connect(_sync_on_worker_init, weak=False, dispatch_uid="emq_bridge.celery")
         return task
 
@@ -156,30 +130,17 @@ def recurring(
 
 def _decorated(app: Celery) -> list[Declaration]:
     found = []
-    for item in _DECLARED:
-        task = item.task._get_current_object() if isinstance(item.task, Proxy) else item.task
+    for declared, schedule in _DECLARED:
+        task = declared._get_current_object() if isinstance(declared, Proxy) else declared
         if app.tasks.get(task.name) is not task:
             continue  # another app's task (or a shared copy of it)
         label = f"@recurring on {task.name}"
         try:
-            options = json_options(item.options, label)
-            template = {
-                "task": task.name,
-                "args": list(item.args),
-                "kwargs": dict(item.kwargs),
-                "options": options,
-            }
-            tz = item.tz or (zone_name(app.timezone) if item.cron else None)
-            definition = define(
-                every=item.every,
-                cron=item.cron,
-                tz=tz,
-                anchor=item.anchor,
-                misfire=item.misfire,
-                template=template,
-            )
-            queue = resolve_queue(app, task.name, options, item.args, item.kwargs)
-            found.append(Declaration(queue, item.name or task.name, definition))
+            options = json_options(schedule.options or {}, label)
+            bound = replace(schedule, options=options)
+            queue = resolve_queue(app, task.name, options, schedule.args, schedule.kwargs)
+            zone = zone_name(app.timezone) if schedule.cron is not None else None
+            found.append(bound.bind(task.name, queue, default_tz=zone))
         except EmqError as exc:
             raise ConfigError(f"{label}: {exc}") from exc
     return found
@@ -233,7 +194,7 @@ def app_schedule(app: Celery) -> AppSchedule:
     extra: list[Any] = []
     path = _setting(app, "emq_bridge_schedule_file")
     if path:
-        from .config import load_schedule_file  # lazily: only apps that name a file need it
+        from ..config import load_schedule_file  # lazily: only apps that name a file need it
 
         loaded = load_schedule_file(str(path))
         extra.append((loaded.source, tuple(loaded.declarations)))
@@ -262,7 +223,7 @@ def sync_app(
         plans += [sync(repeat, decls, source) for source, decls in plan.extra]
     finally:
         if own:
-            repeat.client.close()
+            repeat.close()
     return plans
 
 

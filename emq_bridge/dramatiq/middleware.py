@@ -1,6 +1,6 @@
 """`RecurringMiddleware`: sync declared schedules when a Dramatiq worker boots, and pump them.
 
-Private to `emq_bridge.dramatiq`. At worker boot the middleware syncs the schedules
+Part of `emq_bridge.dramatiq`. At worker boot the middleware syncs the schedules
 declared on the broker's actors (and a schedule file, if given) into the registry, then
 starts a pump thread inside the worker, so a Dramatiq deployment needs no scheduler
 process. Many workers booting at once converge: sync is a set of idempotent upserts, and
@@ -19,26 +19,27 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, MiddlewareError
 
-from ._dramatiq_dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
-from ._dramatiq_schedule import (
+from ..config import load_schedule_file
+from ..definition import Declaration
+from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
+from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
+from ..pump import Pump
+from ..registry import Repeat
+from ..sync import SyncPlan, sync
+from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
+from .schedule import (
     RECURRING_OPTION,
     actor_declarations,
     broker_declarations,
+    check_actors,
     set_current_message,
 )
-from .config import load_schedule_file
-from .errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
-from .keys import DEFAULT_PREFIX, validate_name, validate_prefix
-from .pump import Pump
-from .registry import Repeat
-from .sync import Declaration, SyncPlan, sync
 
 __all__ = [
     "DEFAULT_SOURCE",
     "BootError",
     "RecurringMiddleware",
     "RecurringOptionError",
-    "check_actors",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,25 +60,6 @@ class BootError(EmqError, MiddlewareError):
 
 class RecurringOptionError(ScheduleError, MiddlewareError):
     """An actor's `recurring=` option is invalid; raised when the actor is declared."""
-
-
-def check_actors(broker: dramatiq.Broker, declarations: Iterable[Declaration], origin: str) -> None:
-    """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue."""
-    for declaration in declarations:
-        where = f"{origin}: schedule {declaration.queue}/{declaration.name}"
-        task = declaration.definition.template.get("task")
-        actor = broker.actors.get(task) if isinstance(task, str) else None
-        if actor is None:
-            known = ", ".join(sorted(broker.actors)) or "none"
-            raise ConfigError(
-                f"{where} names actor {task!r}, which is not declared on the broker "
-                f"(declared actors: {known})"
-            )
-        if actor.queue_name != declaration.queue:
-            raise ConfigError(
-                f"{where} is in queue {declaration.queue!r}, but actor {task!r} consumes "
-                f"queue {actor.queue_name!r}; declare it in that queue"
-            )
 
 
 def _address(client: Any) -> str:

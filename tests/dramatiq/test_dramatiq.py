@@ -38,7 +38,7 @@ from emq_bridge.dramatiq import (
     register,
 )
 from emq_bridge.errors import RegistryUnavailable
-from emq_bridge.registry import Occurrence
+from emq_bridge.occurrence import Occurrence
 from emq_bridge.testing import ManualClock, manual_pump
 
 

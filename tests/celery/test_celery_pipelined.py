@@ -172,7 +172,7 @@ def test_a_bad_template_fails_alone_and_the_rest_of_the_batch_is_sent(
     finally:
         fast.close()
     assert errors[0] is None
-    assert "template has no 'task'" in str(errors[1])
+    assert "template 'task' must be a non-empty string" in str(errors[1])
     assert [json.loads(p)["headers"]["id"] for _, p in pushed(client, before)] == [good.id]
 
 

@@ -25,7 +25,7 @@ import redis
 from emq_bridge import ConfigError, Repeat, occurrence_id
 from emq_bridge.dramatiq import DramatiqDispatcher, load_target
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 APP = """
 import json
@@ -268,7 +268,7 @@ def test_the_standalone_pump_command_syncs_the_app_and_enqueues_real_dramatiq_me
 def test_the_demo_shows_executions_as_they_happen_then_a_summary(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from emq_bridge import demo
+    from emq_bridge.dramatiq import demo
 
     demo.main(seconds=2.5)
     out = capsys.readouterr().out

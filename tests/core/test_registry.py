@@ -313,7 +313,7 @@ def test_an_occurrence_id_is_the_uuid5_of_its_escaped_identity(
 ) -> None:
     # The contract's definition, spelled out with the standard library; the pump computes
     # it a faster way, which must give the same text.
-    from emq_bridge.registry import _OCCURRENCE_NAMESPACE
+    from emq_bridge.occurrence import _OCCURRENCE_NAMESPACE
 
     escaped = [p.replace("\\", "\\\\").replace(":", "\\:") for p in parts]
     seed = ":".join([*escaped, str(due_ms)]) + (":manual" if triggered else "")

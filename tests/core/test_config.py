@@ -395,7 +395,7 @@ def test_five_concurrent_syncs_of_one_file_converge_on_one_entry_per_name(
 
 
 def test_the_shipped_example_schedule_file_is_valid() -> None:
-    example = Path(__file__).resolve().parent.parent / "examples" / "schedules.toml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "schedules.toml"
     loaded = load_schedule_file(example)
     assert loaded.source == "example-app"
     assert {(d.queue, d.name) for d in loaded.declarations} == {

@@ -19,8 +19,8 @@ from celery import Celery
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule, solar
 
 from emq_bridge import Cron, Every
-from emq_bridge._celery_entries import CelerySchedule, convert_entry, convert_schedule, crontab_expr
 from emq_bridge.cadence import Cadence
+from emq_bridge.celery.entries import CelerySchedule, convert_entry, convert_schedule, crontab_expr
 from emq_bridge.errors import ConfigError
 
 YEAR_START = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -237,6 +237,7 @@ def test_a_custom_schedule_class_drives_the_cadence_through_its_own_remaining_es
 
 def test_a_solar_schedule_follows_celerys_own_sun_computation() -> None:
     import ephem  # noqa: F401  (the test extra installs it; a missing one is a failure)
+
     sunrise = solar("sunrise", 48.85, 2.35)
     cadence = convert_schedule(sunrise, make_app(), "sunrise")
     assert isinstance(cadence, CelerySchedule)

@@ -1,6 +1,6 @@
 """Convert Celery's schedule objects and `beat_schedule` entries into registry declarations.
 
-Private to `emq_bridge.celery`; the core never imports it.
+Part of `emq_bridge.celery`.
 
 * `schedule` (numbers, `timedelta`) becomes `Every` (drift-free, anchored on the schedule);
 * `crontab` becomes `Cron` in the crontab's time zone (the app's `timezone`, honouring
@@ -28,11 +28,11 @@ from celery.beat import BeatLazyFunc, ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule
 from kombu.entity import Exchange, Queue
 
-from .cadence import Cadence, Cron, Every
-from .definition import Definition
-from .errors import ConfigError, EmqError
-from .keys import validate_name
-from .sync import Declaration
+from ..cadence import Cadence, Cron, Every
+from ..definition import Declaration, Definition
+from ..errors import ConfigError, EmqError
+from ..keys import validate_name
+from ..template import TaskTemplate
 
 __all__ = [
     "PLACEHOLDER_EVERY_MS",
@@ -279,11 +279,11 @@ def convert_entry(
     _lazy_free([*args, *kwargs.values()], label)
     options = json_options(entry.options or {}, label)
     cadence = convert_schedule(entry.schedule, app, label)
-    template = {"task": task, "args": args, "kwargs": kwargs, "options": options}
     custom = cadence if isinstance(cadence, CelerySchedule) else None
-    if custom is not None:
-        template["schedule"] = custom.label
     try:
+        template = TaskTemplate(task, args, kwargs, options).to_dict()
+        if custom is not None:  # so an edited custom schedule is a changed definition
+            template["schedule"] = custom.label
         definition = Definition(cadence, template)
         queue = resolve_queue(app, task, options, args, kwargs)
         declaration = Declaration(queue, registry_name(key), definition)

@@ -1,6 +1,6 @@
 """`DramatiqDispatcher`: each occurrence becomes a real `dramatiq.Message`.
 
-Private to `emq_bridge.dramatiq`. The message goes through `broker.enqueue`, so the
+Part of `emq_bridge.dramatiq`. The message goes through `broker.enqueue`, so the
 broker's middleware runs, and carries the occurrence id as its `message_id` and the
 registration name and nominal time in its options (see `OccurrenceInfo`).
 """
@@ -8,37 +8,28 @@ registration name and nominal time in its options (see `OccurrenceInfo`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 from uuid import uuid4
 
 import dramatiq
 from dramatiq.common import current_millis
 
-from ._dramatiq_schedule import (
+from ..dispatch import batch_failure
+from ..errors import ConfigError, DispatchError, ScheduleError
+from ..occurrence import Occurrence
+from ..template import TaskTemplate
+from .schedule import (
     OPTION_DUE_MS,
     OPTION_NAME,
     OPTION_QUEUE,
     OPTION_REDELIVERED,
     OPTION_TRIGGERED,
 )
-from .dispatch import batch_failure
-from .errors import ConfigError, DispatchError
-from .registry import Occurrence
 
 __all__ = ["DramatiqDispatcher", "PipelinedDramatiqDispatcher", "build_message"]
 
 log = logging.getLogger(__name__)
-
-
-def _template_part(occurrence: Occurrence, key: str, kind: type, default: Any) -> Any:
-    value = occurrence.template.get(key, default)
-    if not isinstance(value, kind):
-        raise DispatchError(
-            f"{occurrence.queue}/{occurrence.name}: template {key!r} must be a "
-            f"{kind.__name__}, got {type(value).__name__}"
-        )
-    return value
 
 
 def build_message(
@@ -49,20 +40,18 @@ def build_message(
     The actor named by the template's `task` must be declared on `broker`: its queue is
     the message's queue.
     """
-    task = occurrence.template.get("task")
-    if not isinstance(task, str) or not task:
-        raise DispatchError(
-            f"{occurrence.queue}/{occurrence.name}: template has no 'task' naming a Dramatiq actor"
-        )
-    actor = broker.actors.get(task)
+    where = f"{occurrence.queue}/{occurrence.name}"
+    try:
+        template = TaskTemplate.read(occurrence.template)
+    except ScheduleError as exc:
+        raise DispatchError(f"{where}: {exc}") from exc
+    actor = broker.actors.get(template.task)
     if actor is None:
         raise DispatchError(
-            f"{occurrence.queue}/{occurrence.name}: actor {task!r} is not declared on this broker; "
+            f"{where}: actor {template.task!r} is not declared on this broker; "
             "import the module that declares it (e.g. emq-bridge pump --dramatiq module:broker)"
         )
-    args = _template_part(occurrence, "args", list, [])
-    kwargs = _template_part(occurrence, "kwargs", Mapping, {})
-    options = dict(_template_part(occurrence, "options", Mapping, {}))
+    options = dict(template.options)
     options.update(
         {
             OPTION_DUE_MS: occurrence.due_ms,
@@ -76,8 +65,8 @@ def build_message(
     return dramatiq.Message(
         queue_name=actor.queue_name,
         actor_name=actor.actor_name,
-        args=tuple(args),
-        kwargs=dict(kwargs),
+        args=tuple(template.args),
+        kwargs=dict(template.kwargs),
         options=options,
         message_id=occurrence.id,
     )

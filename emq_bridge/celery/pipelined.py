@@ -1,6 +1,6 @@
 """`PipelinedCeleryDispatcher`: the opt-in fast path to Celery on a Redis broker.
 
-Private to `emq_bridge.celery`. Celery spends most of a `send_task` on work that is the
+Celery spends most of a `send_task` on work that is the
 same for every occurrence of a registration (routing, argument reprs, the kombu envelope).
 This path lets Celery itself do that work once per registration: it sends the task through
 the normal `apply_async` with a kombu channel whose final `_put` is captured instead of
@@ -33,9 +33,10 @@ from typing import Any, cast
 from celery import Celery, signals
 from kombu.utils import json as kombu_json
 
-from .dispatch import batch_failure
-from .errors import ConfigError, DispatchError
-from .registry import Occurrence
+from ..dispatch import batch_failure
+from ..errors import ConfigError, DispatchError
+from ..occurrence import Occurrence
+from .dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,6 @@ class PipelinedCeleryDispatcher:
 
     def __init__(self, app: Celery) -> None:
         from kombu.transport.redis import Transport as RedisTransport
-
-        from .celery import CeleryDispatcher
 
         self.app = app
         self.fallback = CeleryDispatcher(app)

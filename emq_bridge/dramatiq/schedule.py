@@ -1,6 +1,6 @@
 """Recurring schedules declared on Dramatiq actors, and what an actor reads of its occurrence.
 
-Private to `emq_bridge.dramatiq`, which re-exports the public names. A schedule is declared
+Part of `emq_bridge.dramatiq`, which re-exports the public names. A schedule is declared
 on an actor in one of two ways:
 
 * the `recurring(...)` decorator, stacked above `@dramatiq.actor` (several per actor);
@@ -22,11 +22,10 @@ from typing import Any, TypeVar
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
-from .cadence import Anchor, Misfire
-from .definition import define
-from .errors import ConfigError, ScheduleError
-from .keys import validate_name
-from .sync import Declaration
+from ..cadence import Anchor, Misfire
+from ..definition import Declaration, Schedule
+from ..errors import ConfigError, ScheduleError
+from ..registry import Registered, Repeat
 
 __all__ = [
     "OPTION_DUE_MS",
@@ -39,11 +38,13 @@ __all__ = [
     "Schedule",
     "actor_declarations",
     "broker_declarations",
+    "check_actors",
     "cron",
     "current_occurrence",
     "every",
     "occurrence_of",
     "recurring",
+    "register",
 ]
 
 # The actor option the middleware declares: `@dramatiq.actor(recurring=...)`.
@@ -61,51 +62,6 @@ _current: contextvars.ContextVar[Any] = contextvars.ContextVar("emq_bridge_messa
 ActorT = TypeVar("ActorT")
 
 
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """One recurring schedule of an actor, before it is bound to the actor.
-
-    Exactly one of `every` (ms, a `timedelta` or a string like `"15m"`) or `cron` (5 fields,
-    evaluated in `tz`, default UTC). `args`/`kwargs` are passed to the actor, `options` become
-    message options. `name` defaults to the actor name; an actor with several schedules needs
-    a distinct `name` for each. The cadence and name are checked at construction.
-    """
-
-    every: int | timedelta | str | None = None
-    cron: str | None = None
-    tz: str | None = None
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] | None = None
-    options: Mapping[str, Any] | None = None
-    name: str | None = None
-    anchor: Anchor = "schedule"
-    misfire: Misfire = "coalesce"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.args, (str, bytes)) or not isinstance(self.args, Sequence):
-            raise ScheduleError(f"args must be a list or tuple, got {type(self.args).__name__}")
-        for what, value in (("kwargs", self.kwargs), ("options", self.options)):
-            if value is not None and not isinstance(value, Mapping):
-                raise ScheduleError(f"{what} must be a dict, got {type(value).__name__}")
-        if self.name is not None:
-            validate_name(self.name, "schedule name")
-        self.bind("actor", "queue")  # checks the cadence and that the arguments are JSON
-
-    def bind(self, actor_name: str, queue: str) -> Declaration:
-        """Return this schedule as a declaration of the actor `actor_name` on `queue`."""
-        template = {
-            "task": actor_name,
-            "args": list(self.args),
-            "kwargs": dict(self.kwargs or {}),
-            "options": dict(self.options or {}),
-        }
-        definition = define(
-            every=self.every, cron=self.cron, tz=self.tz, anchor=self.anchor,
-            misfire=self.misfire, template=template,
-        )
-        return Declaration(queue, self.name or actor_name, definition)
-
-
 def every(
     interval: int | timedelta | str,
     *,
@@ -118,8 +74,13 @@ def every(
 ) -> Schedule:
     """Return an interval schedule, e.g. `every("15m")`, for `@dramatiq.actor(recurring=...)`."""
     return Schedule(
-        every=interval, args=args, kwargs=kwargs, options=options, name=name,
-        anchor=anchor, misfire=misfire,
+        every=interval,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        name=name,
+        anchor=anchor,
+        misfire=misfire,
     )
 
 
@@ -135,7 +96,12 @@ def cron(
 ) -> Schedule:
     """Return a cron schedule in `tz` (IANA, default UTC), e.g. `cron("0 9 * * 1-5")`."""
     return Schedule(
-        cron=expression, tz=tz, args=args, kwargs=kwargs, options=options, name=name,
+        cron=expression,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        name=name,
         misfire=misfire,
     )
 
@@ -158,15 +124,21 @@ def recurring(
     decorator placed below `@dramatiq.actor`, or a name another schedule of the actor holds.
     """
     schedule = Schedule(
-        every=every, cron=cron, tz=tz, args=args, kwargs=kwargs, options=options, name=name,
-        anchor=anchor, misfire=misfire,
+        every=every,
+        cron=cron,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        name=name,
+        anchor=anchor,
+        misfire=misfire,
     )
 
     def attach(actor: ActorT) -> ActorT:
         if not isinstance(actor, dramatiq.Actor):
             raise ScheduleError(
-                f"@recurring must be stacked above @dramatiq.actor (it got {actor!r}, "
-                "not an actor)"
+                f"@recurring must be stacked above @dramatiq.actor (it got {actor!r}, not an actor)"
             )
         declared: tuple[Schedule, ...] = getattr(actor, _DECORATED, ())
         setattr(actor, _DECORATED, (*declared, schedule))
@@ -289,3 +261,67 @@ def current_occurrence() -> OccurrenceInfo | None:
 def set_current_message(message: Any) -> None:
     """Record the message the current worker thread processes (the middleware's hook)."""
     _current.set(message)
+
+
+def check_actors(broker: dramatiq.Broker, declarations: Iterable[Declaration], origin: str) -> None:
+    """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue."""
+    for declaration in declarations:
+        where = f"{origin}: schedule {declaration.queue}/{declaration.name}"
+        task = declaration.definition.template.get("task")
+        actor = broker.actors.get(task) if isinstance(task, str) else None
+        if actor is None:
+            known = ", ".join(sorted(broker.actors)) or "none"
+            raise ConfigError(
+                f"{where} names actor {task!r}, which is not declared on the broker "
+                f"(declared actors: {known})"
+            )
+        if actor.queue_name != declaration.queue:
+            raise ConfigError(
+                f"{where} is in queue {declaration.queue!r}, but actor {task!r} consumes "
+                f"queue {actor.queue_name!r}; declare it in that queue"
+            )
+
+
+def register(
+    repeat: Repeat,
+    actor: dramatiq.Actor[Any, Any] | str,
+    *,
+    every: int | timedelta | str | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    anchor: Anchor = "schedule",
+    misfire: Misfire = "coalesce",
+    broker: dramatiq.Broker | None = None,
+    now_ms: int | None = None,
+) -> Registered:
+    """Register a schedule for `actor` at runtime: `registered`, or `exists` if the name is taken.
+
+    `actor` is an actor or its name on `broker` (default: the global broker); an unknown
+    name raises `ConfigError` here, not at fire time. The registration has no source, so
+    no boot-time sync ever removes it; `repeat.cancel` does. `now_ms` is for injected clocks.
+    """
+    if isinstance(actor, str):
+        known = (broker or dramatiq.get_broker()).actors.get(actor)
+        if known is None:
+            raise ConfigError(f"actor {actor!r} is not declared on the broker")
+        actor = known
+    schedule = Schedule(
+        every=every,
+        cron=cron,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        name=name,
+        anchor=anchor,
+        misfire=misfire,
+    )
+    declaration = schedule.bind(actor.actor_name, actor.queue_name)
+    check_actors(actor.broker, [declaration], "register")
+    return repeat.register(
+        declaration.queue, declaration.name, definition=declaration.definition, now_ms=now_ms
+    )

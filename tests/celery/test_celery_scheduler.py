@@ -38,7 +38,7 @@ from emq_bridge.celery import (
     sync_app,
 )
 from emq_bridge.errors import ConfigError, DispatchError, RegistryUnavailable
-from emq_bridge.registry import Occurrence
+from emq_bridge.occurrence import Occurrence
 from emq_bridge.testing import ManualClock
 
 DEAD_URL = "redis://127.0.0.1:1/0"
@@ -565,7 +565,7 @@ def test_load_target_finds_the_app_the_way_celery_a_does(
 def test_the_example_app_declares_its_beat_schedule_and_decorated_tasks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
     from celery_app import app
 
     app.loader.import_default_modules()

@@ -1,0 +1,55 @@
+"""Celery integration: a drop-in `celery beat` scheduler, a dispatcher, a decorator, boot sync.
+
+```python
+app.conf.beat_scheduler = "emq_bridge.celery:RepeatScheduler"   # or: celery beat -S emq
+app.conf.emq_bridge_redis_url = "redis://localhost:6379/0"       # default: the Redis broker
+
+@recurring(cron="0 9 * * *", tz="Europe/Paris")
+@app.task
+def digest() -> None: ...
+```
+
+Settings (all optional, in `app.conf`):
+
+* `emq_bridge_redis_url`: where the registry lives; default the broker URL when the broker
+  is Redis (`redis://`, `rediss://`, `redis+socket://`), else required.
+* `emq_bridge_prefix`: key prefix, default `"emq"`.
+* `emq_bridge_source`: owner tag of this app's schedules, default `"celery.<app.main>"`.
+* `emq_bridge_queues`: extra queues to pump (registrations added at runtime elsewhere).
+* `emq_bridge_schedule_file`: a TOML schedule file (`emq_bridge.config`) synced at boot.
+* `emq_bridge_check_tasks`: refuse unknown task names at boot, default True.
+* `emq_bridge_pipelined`: send through `PipelinedCeleryDispatcher` (the opt-in fast path
+  on a Redis broker), default False.
+
+Each occurrence is sent as a real task: `task_id` is the occurrence id, the headers carry
+`celery_beat_task` (as Celery's beat sets), `emq_due_ms` (the nominal time, read it with
+`nominal_time(self.request)`) and `emq_schedule` (`"<queue>/<name>"`).
+"""
+
+from __future__ import annotations
+
+try:
+    import celery as _celery  # noqa: F401  # only to say which extra is missing
+except ImportError as exc:  # pragma: no cover - exercised without celery installed
+    raise ImportError("emq_bridge.celery needs Celery: pip install 'emq-bridge[celery]'") from exc
+
+from .beat import RepeatScheduler
+from .declare import AppSchedule, app_schedule, recurring, registry_url, repeat_for, sync_app
+from .dispatch import CeleryDispatcher, nominal_due_ms, nominal_time
+from .pipelined import PipelinedCeleryDispatcher
+from .target import load_target
+
+__all__ = [
+    "AppSchedule",
+    "CeleryDispatcher",
+    "PipelinedCeleryDispatcher",
+    "RepeatScheduler",
+    "app_schedule",
+    "load_target",
+    "nominal_due_ms",
+    "nominal_time",
+    "recurring",
+    "registry_url",
+    "repeat_for",
+    "sync_app",
+]

@@ -1,0 +1,82 @@
+"""The Dramatiq target of `emq-bridge pump --dramatiq SPEC`: the broker, its queues, schedules."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import dramatiq
+from dramatiq import broker as dramatiq_broker
+
+from ..dispatch import PumpTarget
+from ..errors import ConfigError
+from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
+from .middleware import DEFAULT_SOURCE, RecurringMiddleware
+from .schedule import broker_declarations
+
+__all__ = ["import_broker", "load_target"]
+
+
+def import_broker(spec: str) -> dramatiq.Broker:
+    """Import `module` or `module:attr` the way the `dramatiq` command does; return its broker.
+
+    `attr` may be a dotted path to a `Broker`, or a callable that sets the global broker.
+    With `module` alone, the broker is the one the module set with `dramatiq.set_broker`.
+    The current directory is put on `sys.path` first, as `dramatiq` does.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise ConfigError(f"--dramatiq {spec!r}: give module or module:broker")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import Dramatiq app {module_name!r}: {exc}") from exc
+    if attr:
+        found: Any = module
+        for part in attr.split("."):
+            if not hasattr(found, part):
+                raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+            found = getattr(found, part)
+        if isinstance(found, dramatiq.Broker):
+            return found
+        if not callable(found):
+            raise ConfigError(f"{spec!r} is neither a Dramatiq broker nor a callable that sets one")
+        found()
+    if dramatiq_broker.global_broker is None:
+        raise ConfigError(
+            f"{spec!r} set no Dramatiq broker: name it (module:broker) or call dramatiq.set_broker"
+        )
+    return dramatiq.get_broker()
+
+
+def _middleware(broker: dramatiq.Broker) -> RecurringMiddleware | None:
+    return next((m for m in broker.middleware if isinstance(m, RecurringMiddleware)), None)
+
+
+def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
+    """Import a Dramatiq app (`module:broker` or `module`) and return what a pump needs.
+
+    `pipelined=True` sends through `PipelinedDramatiqDispatcher` (a `RedisBroker` only).
+
+    The module is imported so its decorators run. The declarations are the schedules on
+    the broker's actors; the source and queues follow the broker's `RecurringMiddleware`
+    when it has one (so the standalone pump and the workers agree on ownership), else the
+    source is `"dramatiq"` and the queues are every queue the broker declares.
+    """
+    broker = import_broker(spec)
+    declarations = broker_declarations(broker)
+    middleware = _middleware(broker)
+    if middleware is not None:
+        queues = middleware.queues(broker, declarations)
+        source = middleware.source
+    else:
+        queues = tuple(sorted({d.queue for d in declarations} | set(broker.get_declared_queues())))
+        source = DEFAULT_SOURCE
+    if not queues:
+        raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
+    dispatcher = PipelinedDramatiqDispatcher(broker) if pipelined else DramatiqDispatcher(broker)
+    return PumpTarget(dispatcher, queues, declarations, source)

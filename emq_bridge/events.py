@@ -1,0 +1,214 @@
+"""Pump events: the one place where a pump tells what it did.
+
+`PumpEvents` has one no-op method per event, in the spirit of Dramatiq's `Middleware`:
+subclass it, override what you need, and hand it to `Pump(listeners=[...])` (or
+`pump.add_listener`). Logging is one such listener (`LoggingEvents`, always installed);
+metrics, run history and the web view hang here too, without touching the pump.
+
+Listeners run on the pump's thread, in order, synchronously: keep them quick. An
+exception from a listener is logged (once per listener and event) and never stops the
+pump or the other listeners.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from .occurrence import Occurrence
+
+__all__ = ["Broadcast", "LoggingEvents", "PumpEvents", "Tick"]
+
+log = logging.getLogger("emq_bridge.pump")
+
+
+@dataclass(slots=True)
+class Tick:
+    """What one tick of a pump did, over all its queues."""
+
+    now_ms: int = 0
+    dispatched: list[Occurrence] = field(default_factory=list)
+    failed: list[Occurrence] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
+    next_wake_ms: int | None = None
+
+    def wake_at(self, at_ms: int | None) -> None:
+        if at_ms is not None and (self.next_wake_ms is None or at_ms < self.next_wake_ms):
+            self.next_wake_ms = at_ms
+
+
+class PumpEvents:
+    """What a pump reports. Every method is a no-op; override the ones you need."""
+
+    def on_tick(self, tick: Tick) -> None:
+        """A tick over every queue finished (also when nothing was due)."""
+
+    def on_claim(self, queue: str, occurrences: Sequence[Occurrence]) -> None:
+        """The pump claimed `occurrences` (leased, scores moved) and is about to send them."""
+
+    def on_redispatch(self, occurrence: Occurrence) -> None:
+        """`occurrence`'s lease expired unacked: it is sent again, with the same id."""
+
+    def on_dispatch(self, occurrence: Occurrence) -> None:
+        """The broker accepted `occurrence`; its lease is about to be dropped."""
+
+    def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
+        """Sending `occurrence` failed; its lease stays, and it is re-sent when it expires."""
+
+    def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
+        """`missed` slots of `name` passed while no pump ran; the policy dropped them.
+
+        `due_ms` is the nominal time of the occurrence that fires for them.
+        """
+
+    def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
+        """The record of `name` cannot be used (`reason`): it is parked for `park_ms`."""
+
+    def on_lease_dropped(self, queue: str, member: str, reason: str) -> None:
+        """An expired lease was dropped without a re-send (its registration is gone or it is
+        garbage)."""
+
+    def on_outage_begin(self, error: BaseException) -> None:
+        """Redis became unreachable; the pump retries with backoff."""
+
+    def on_outage_end(self, seconds: float) -> None:
+        """Redis is reachable again after `seconds`."""
+
+    def on_queue_error(self, queue: str, error: BaseException) -> None:
+        """A registry move of `queue` failed (not an outage); the other queues are served.
+
+        Reported once per distinct error, not on every retry.
+        """
+
+    def on_queue_recover(self, queue: str) -> None:
+        """The registry moves of `queue` succeed again."""
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+class LoggingEvents(PumpEvents):
+    """The pump's log lines, under the `emq_bridge.pump` logger."""
+
+    def on_redispatch(self, occurrence: Occurrence) -> None:
+        log.warning(
+            "%s/%s: occurrence %s (due %s) was not acked before its lease expired; "
+            "sending it again with the same id",
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
+            _when(occurrence.due_ms),
+        )
+
+    def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
+        log.error(
+            "%s/%s: dispatch of occurrence %s failed; it is retried after the lease",
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
+            exc_info=error,
+        )
+
+    def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
+        log.warning(
+            "%s/%s: %d slot(s) missed while no pump ran; coalesced into the one due at %s",
+            queue,
+            name,
+            missed,
+            _when(due_ms),
+        )
+
+    def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
+        log.error("%s/%s: parked for %ds: %s", queue, name, park_ms // 1000, reason)
+
+    def on_lease_dropped(self, queue: str, member: str, reason: str) -> None:
+        log.error("%s: lease %r dropped: %s", queue, member, reason)
+
+    def on_outage_begin(self, error: BaseException) -> None:
+        log.error("Redis is unreachable; retrying with backoff until it is back: %s", error)
+
+    def on_outage_end(self, seconds: float) -> None:
+        log.warning("Redis is reachable again after %.1fs; pumping resumes", seconds)
+
+    def on_queue_error(self, queue: str, error: BaseException) -> None:
+        log.error(
+            "%s: a registry move failed; the other queues are served, this one is retried "
+            "every second: %s",
+            queue,
+            error,
+        )
+
+    def on_queue_recover(self, queue: str) -> None:
+        log.warning("%s: registry moves succeed again; pumping resumes", queue)
+
+
+class Broadcast(PumpEvents):
+    """Calls each listener in turn; a listener that raises is logged once and skipped."""
+
+    def __init__(self, listeners: Iterable[PumpEvents] = ()) -> None:
+        self.listeners: list[PumpEvents] = list(listeners)
+        self._reported: set[tuple[int, str]] = set()
+
+    def add(self, listener: PumpEvents) -> None:
+        self.listeners.append(listener)
+
+    def _failed(self, listener: PumpEvents, event: str, exc: Exception) -> None:
+        key = (id(listener), event)
+        if key not in self._reported:  # once: a broken listener would flood the log
+            self._reported.add(key)
+            log.error(
+                "pump listener %s failed in %s (reported once; the pump goes on)",
+                type(listener).__name__,
+                event,
+                exc_info=exc,
+            )
+
+    def _each(self, event: str, call: Callable[[PumpEvents], None]) -> None:
+        for listener in self.listeners:
+            try:
+                call(listener)
+            except Exception as exc:
+                self._failed(listener, event, exc)
+
+    def on_tick(self, tick: Tick) -> None:
+        self._each("on_tick", lambda listener: listener.on_tick(tick))
+
+    def on_claim(self, queue: str, occurrences: Sequence[Occurrence]) -> None:
+        self._each("on_claim", lambda listener: listener.on_claim(queue, occurrences))
+
+    def on_redispatch(self, occurrence: Occurrence) -> None:
+        self._each("on_redispatch", lambda listener: listener.on_redispatch(occurrence))
+
+    def on_dispatch(self, occurrence: Occurrence) -> None:
+        self._each("on_dispatch", lambda listener: listener.on_dispatch(occurrence))
+
+    def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
+        self._each(
+            "on_dispatch_failure", lambda listener: listener.on_dispatch_failure(occurrence, error)
+        )
+
+    def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
+        self._each("on_missed", lambda listener: listener.on_missed(queue, name, missed, due_ms))
+
+    def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
+        self._each("on_park", lambda listener: listener.on_park(queue, name, reason, park_ms))
+
+    def on_lease_dropped(self, queue: str, member: str, reason: str) -> None:
+        self._each(
+            "on_lease_dropped", lambda listener: listener.on_lease_dropped(queue, member, reason)
+        )
+
+    def on_outage_begin(self, error: BaseException) -> None:
+        self._each("on_outage_begin", lambda listener: listener.on_outage_begin(error))
+
+    def on_outage_end(self, seconds: float) -> None:
+        self._each("on_outage_end", lambda listener: listener.on_outage_end(seconds))
+
+    def on_queue_error(self, queue: str, error: BaseException) -> None:
+        self._each("on_queue_error", lambda listener: listener.on_queue_error(queue, error))
+
+    def on_queue_recover(self, queue: str) -> None:
+        self._each("on_queue_recover", lambda listener: listener.on_queue_recover(queue))

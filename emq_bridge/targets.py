@@ -1,0 +1,79 @@
+"""Framework targets: how `emq-bridge pump --<framework> SPEC` finds an adapter.
+
+An adapter makes itself known through the `emq_bridge.targets` entry-point group: the
+entry point's name is the framework (it becomes the `--<name>` option), its value a
+`TargetLoader`, e.g. in the adapter's `pyproject.toml`::
+
+    [project.entry-points."emq_bridge.targets"]
+    rq = "emq_bridge_rq.target:load_target"
+
+emq-bridge's own Celery and Dramatiq adapters are registered the same way, so the CLI
+names no framework, and a third one (RQ, taskiq, arq) needs no change to it. Entry points
+are read from the installed package metadata; a loader's module (which imports its
+framework) is imported only when its option is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from importlib.metadata import EntryPoint, entry_points
+from typing import Protocol
+
+from .dispatch import PumpTarget
+from .errors import ConfigError
+
+__all__ = ["ENTRY_POINT_GROUP", "TargetLoader", "frameworks", "load_target"]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "emq_bridge.targets"
+# A framework name becomes a command-line option: keep it one.
+_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+class TargetLoader(Protocol):
+    """Loads the application named by `spec` and returns what a pump needs to serve it.
+
+    `pipelined=True` asks for the adapter's opt-in fast path; an adapter without one
+    raises `ConfigError`. Raises `ConfigError` (or `ImportError`) when `spec` is wrong.
+    """
+
+    def __call__(self, spec: str, *, pipelined: bool = False) -> PumpTarget: ...
+
+
+def frameworks() -> Mapping[str, EntryPoint]:
+    """Return the registered frameworks by name, sorted; an unusable name is logged, skipped."""
+    found: dict[str, EntryPoint] = {}
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        if not _NAME.match(entry_point.name):
+            log.warning(
+                "framework target %r (%s) ignored: a name must be lowercase letters, digits "
+                "and dashes",
+                entry_point.name,
+                entry_point.value,
+            )
+            continue
+        found.setdefault(entry_point.name, entry_point)
+    return dict(sorted(found.items()))
+
+
+def load_target(framework: str, spec: str, *, pipelined: bool = False) -> PumpTarget:
+    """Return the pump target of `spec` through the adapter registered as `framework`.
+
+    Raises `ConfigError` for an unknown framework or a bad `spec`, and `ImportError` when
+    the adapter's framework is not installed.
+    """
+    entry_point = frameworks().get(framework)
+    if entry_point is None:
+        known = ", ".join(frameworks()) or "none"
+        raise ConfigError(f"no framework target {framework!r} is installed (installed: {known})")
+    loader: TargetLoader = entry_point.load()
+    target = loader(spec, pipelined=pipelined)
+    if not isinstance(target, PumpTarget):
+        raise ConfigError(
+            f"the {framework} target {entry_point.value} returned {type(target).__name__}, "
+            "not a PumpTarget"
+        )
+    return target

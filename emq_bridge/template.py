@@ -1,0 +1,249 @@
+"""The task template: what an occurrence sends, as JSON, and the rules it obeys.
+
+A template is a JSON object. The adapters, the schedule file and the CLI all write it as
+`{"task": ..., "args": [...], "kwargs": {...}, "options": {...}}`: `TaskTemplate` is that
+value, with one builder (`TaskTemplate.to_dict`) and one reader (`TaskTemplate.read`).
+
+Every walk over a template here is iterative, so no nesting depth can exhaust the stack;
+the depth is bounded anyway (`MAX_TEMPLATE_DEPTH`), where a template is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from .errors import ScheduleError
+
+__all__ = [
+    "MAX_TEMPLATE_BYTES",
+    "MAX_TEMPLATE_DEPTH",
+    "FrozenDict",
+    "FrozenList",
+    "TaskTemplate",
+    "check_structure",
+    "decode_template",
+    "encode_template",
+    "freeze",
+]
+
+# Templates are JSON objects of at most 64 KiB: a recurring task's arguments are small, and
+# the registry is loaded by every pump tick that claims the registration.
+MAX_TEMPLATE_BYTES = 64 * 1024
+# Objects and arrays nested at most this deep, the template itself counting as 1: deep
+# enough for any task's arguments, far from what a JSON codec or a stack could choke on.
+MAX_TEMPLATE_DEPTH = 32
+
+
+def encode_template(template: object) -> str:
+    """Return `template` as compact canonical JSON; raise `ScheduleError` if it breaks a rule.
+
+    The rules: a JSON object with string keys, no NaN or Infinity, valid UTF-8, at most
+    `MAX_TEMPLATE_BYTES` once encoded and `MAX_TEMPLATE_DEPTH` levels deep.
+    """
+    if not isinstance(template, Mapping):
+        raise ScheduleError(
+            f"template must be a JSON object (a dict), got {type(template).__name__}"
+        )
+    try:
+        text = json.dumps(
+            template, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ScheduleError(
+            f"template is nested more than {MAX_TEMPLATE_DEPTH} levels deep"
+        ) from exc
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEMPLATE_BYTES:
+        raise ScheduleError(f"template is {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES}")
+    # After dumps (which refuses cycles) and the size check (which bounds this walk).
+    check_structure(template)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ScheduleError("template holds a string that is not valid UTF-8") from exc
+    return text
+
+
+def _walk(value: Any) -> Iterator[tuple[Any, int]]:
+    """Yield every value inside `value` with its depth (containers nested around it)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        yield item, depth
+        if isinstance(item, Mapping):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item)
+
+
+def check_structure(template: Mapping[Any, Any]) -> None:
+    """Raise `ScheduleError` for a non-string key or a container nested too deeply.
+
+    `json.dumps` would turn `{1: ...}` into `{"1": ...}`: the task would get other kwargs
+    than the ones registered.
+    """
+    for value, depth in _walk(template):
+        if isinstance(value, Mapping | list | tuple) and depth > MAX_TEMPLATE_DEPTH:
+            raise ScheduleError(f"template is nested more than {MAX_TEMPLATE_DEPTH} levels deep")
+        if isinstance(value, Mapping):
+            for key in value:
+                if not isinstance(key, str):
+                    raise ScheduleError(f"template keys must be strings, got {key!r}")
+
+
+def _finite(value: Any) -> Any:
+    # json.loads calls this with the name of the constant: "NaN", "Infinity", "-Infinity".
+    raise ValueError(f"{value} is not JSON")
+
+
+def decode_template(raw: str | None) -> dict[str, Any]:
+    """Decode a record's template: a JSON object; raise `ScheduleError` on anything else."""
+    if raw is None:
+        raise ScheduleError("record has no template")
+    try:
+        template = json.loads(raw, parse_constant=_finite)
+    except (ValueError, RecursionError) as exc:
+        raise ScheduleError(f"record template is not JSON: {exc}") from exc
+    if not isinstance(template, dict):
+        raise ScheduleError(f"record template is a JSON {type(template).__name__}, not an object")
+    return template
+
+
+class FrozenDict(dict[str, Any]):
+    """A template object that refuses changes: the pump shares one between occurrences.
+
+    It is a `dict` for everything that reads (`json.dumps`, `isinstance`, `dict(t)`);
+    `dict(t)`, `t.copy()` and `copy.deepcopy(t)` give plain, changeable copies.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(READ_ONLY)
+
+    __setitem__ = __delitem__ = _refuse
+    clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
+
+
+class FrozenList(list[Any]):
+    """A template array that refuses changes; see `FrozenDict`."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(READ_ONLY)
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+
+READ_ONLY = (
+    "an occurrence's template is shared by the occurrences of its registration and is "
+    "read-only; change a copy (dict(template), copy.deepcopy(template))"
+)
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A container being frozen: its items so far, what is left, the key awaiting a child."""
+
+    source: dict[str, Any] | list[Any]
+    items: list[Any] = field(default_factory=list)
+    rest: Iterator[Any] = field(init=False)
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        self.rest = iter(self.source.items() if isinstance(self.source, dict) else self.source)
+
+    def add(self, value: Any) -> None:
+        self.items.append((self.key, value) if isinstance(self.source, dict) else value)
+
+    def frozen(self) -> FrozenDict | FrozenList:
+        if isinstance(self.source, dict):
+            return FrozenDict(self.items)
+        return FrozenList(self.items)
+
+
+def freeze(value: Any) -> Any:
+    """Return JSON data with every object and array made read-only (`FrozenDict`/`FrozenList`).
+
+    Iterative: a hand-edited record nested arbitrarily deep cannot exhaust the stack.
+    """
+    if not isinstance(value, dict | list):
+        return value
+    stack = [_Frame(value)]
+    while True:
+        frame = stack[-1]
+        for item in frame.rest:
+            key, child = item if isinstance(frame.source, dict) else (None, item)
+            if isinstance(child, dict | list):
+                frame.key = key
+                stack.append(_Frame(child))
+                break
+            frame.key = key
+            frame.add(child)
+        else:
+            done = stack.pop().frozen()
+            if not stack:
+                return done
+            stack[-1].add(done)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTemplate:
+    """The template every adapter sends: a task (Celery task or Dramatiq actor) and its call.
+
+    `options` are the framework's sending options (Celery `apply_async` options, Dramatiq
+    message options). Build the stored JSON object with `to_dict`, read one with `read`.
+    """
+
+    task: str
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, str) or not self.task.strip():
+            raise ScheduleError(
+                f"template 'task' must be a non-empty string (the task or actor name), "
+                f"got {self.task!r}"
+            )
+        if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):
+            raise ScheduleError(f"args must be a list or tuple, got {type(self.args).__name__}")
+        for what, value in (("kwargs", self.kwargs), ("options", self.options)):
+            if not isinstance(value, Mapping):
+                raise ScheduleError(f"{what} must be a dict, got {type(value).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON object stored as a registration's `template`."""
+        return {
+            "task": self.task,
+            "args": list(self.args),
+            "kwargs": dict(self.kwargs),
+            "options": dict(self.options),
+        }
+
+    @classmethod
+    def read(cls, template: Mapping[str, Any]) -> TaskTemplate:
+        """Return the task template a stored template holds; `ScheduleError` if it has none.
+
+        Missing `args`, `kwargs` or `options` are empty. Nothing is copied: a read-only
+        template gives read-only parts.
+        """
+        return cls(
+            template.get("task"),  # type: ignore[arg-type]  # checked by __post_init__
+            template.get("args") or (),
+            template.get("kwargs") or {},
+            template.get("options") or {},
+        )
