@@ -18,8 +18,15 @@ def main() -> int:
     with redis_url() as url:
         print(f"Redis at {url}; starting: dramatiq examples.dramatiq_app (Ctrl-C stops it)")
         command = [
-            sys.executable, "-m", "dramatiq", "examples.dramatiq_app",
-            "--processes", "1", "--threads", "2", *sys.argv[1:],
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "examples.dramatiq_app",
+            "--processes",
+            "1",
+            "--threads",
+            "2",
+            *sys.argv[1:],
         ]
         process = subprocess.Popen(command, env={**os.environ, "REDIS_URL": url})
         try:
