@@ -15,6 +15,7 @@ framework) is imported only when its option is used.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Mapping
@@ -43,8 +44,12 @@ class TargetLoader(Protocol):
     def __call__(self, spec: str, *, pipelined: bool = False) -> PumpTarget: ...
 
 
+@functools.cache
 def frameworks() -> Mapping[str, EntryPoint]:
-    """Return the registered frameworks by name, sorted; an unusable name is logged, skipped."""
+    """Return the registered frameworks by name, sorted; an unusable name is logged, skipped.
+
+    Read once per process: the installed distributions do not change while it runs.
+    """
     found: dict[str, EntryPoint] = {}
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
         if not _NAME.match(entry_point.name):

@@ -26,6 +26,7 @@ from ..cadence import Anchor, Misfire
 from ..definition import Declaration, Schedule
 from ..errors import ConfigError, ScheduleError
 from ..registry import Registered, Repeat
+from ..template import TaskTemplate
 
 __all__ = [
     "OPTION_DUE_MS",
@@ -267,8 +268,8 @@ def check_actors(broker: dramatiq.Broker, declarations: Iterable[Declaration], o
     """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue."""
     for declaration in declarations:
         where = f"{origin}: schedule {declaration.queue}/{declaration.name}"
-        task = declaration.definition.template.get("task")
-        actor = broker.actors.get(task) if isinstance(task, str) else None
+        task = TaskTemplate.read(declaration.definition.template).task
+        actor = broker.actors.get(task)
         if actor is None:
             known = ", ".join(sorted(broker.actors)) or "none"
             raise ConfigError(

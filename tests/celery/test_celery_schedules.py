@@ -4,7 +4,7 @@ The differential test simulates a perfect `celery beat` over a year: each entry 
 instant Celery's own `remaining_estimate` names, then that instant becomes `last_run_at`
 (what `Scheduler.reserve` records). emq-bridge's fire times must be the same instants,
 except at the DST transitions listed in `KNOWN_DIFFERENCES`, where Celery misfires and
-emq-bridge follows DESIGN.md's DST rule. The README's Celery guide names the same cases.
+emq-bridge follows the DST rule of docs/design.md; docs/celery.md names the same cases.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ ZONES = ["Europe/Paris", "America/New_York", "UTC", "Australia/Lord_Howe"]
 # entry: (fired only by Celery, fired only by emq-bridge), as local ISO times.
 KNOWN_DIFFERENCES: dict[tuple[str, str], tuple[list[str], list[str]]] = {
     # 1. A fixed time inside the spring-forward gap: Celery shifts it by the gap's length
-    #    (02:30 -> 03:30); DESIGN.md fires it once at the first valid instant after the gap.
+    #    (02:30 -> 03:30); docs/design.md fires it once at the first valid instant after the gap.
     ("Europe/Paris", "daily 02:30"): (["2025-03-30T03:30:00+02:00"], ["2025-03-30T03:00:00+02:00"]),
     ("America/New_York", "daily 02:30"): (
         ["2025-03-09T03:30:00-04:00"],

@@ -1,4 +1,4 @@
-"""A brute-force cron oracle, independent of any cron library, implementing DESIGN.md's rule.
+"""A brute-force cron oracle, independent of any cron library: the DST rule of docs/design.md.
 
 * Expressions whose minute or hour field starts with `*` follow elapsed time: they fire at
   every instant whose local wall time matches (so none in a gap, twice in a repeated hour).

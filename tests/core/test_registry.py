@@ -337,3 +337,31 @@ def test_a_failing_chunk_of_a_large_upsert_raises_and_leaves_the_client_usable(
     ok = repeat.upsert_many([("fine", f"job-{i}", definition) for i in range(1200)], now_ms=T0)
     assert ok == ["created"] * 1200
     assert len(repeat.names("fine")) == 1200
+
+
+def test_a_wake_subscription_hears_a_change_to_its_queue_and_not_to_others(
+    redis_url: str, prefix: str
+) -> None:
+    with Repeat(redis.Redis.from_url(redis_url), prefix) as repeat:
+        wakeups = repeat.subscribe(["watched"])
+        assert wakeups.wait(0.1) is False  # nothing changed yet
+        repeat.register("other", "x", every="1m", template={"task": "t"})
+        assert wakeups.wait(0.2) is False
+        repeat.register("watched", "x", every="1m", template={"task": "t"})
+        assert wakeups.wait(2.0) is True
+        wakeups.close()
+        wakeups.close()  # closing twice is harmless
+
+
+def test_closing_the_registry_closes_its_connections_and_a_later_move_reconnects(
+    redis_url: str, prefix: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    repeat = Repeat(client, prefix)
+    repeat.server_time_ms()
+    pooled = list(client.connection_pool._available_connections)
+    assert pooled and all(c._sock is not None for c in pooled)
+    repeat.close()
+    assert all(c._sock is None for c in pooled)  # disconnected
+    assert repeat.server_time_ms() > 0
+    repeat.close()
