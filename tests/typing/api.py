@@ -4,8 +4,30 @@ from __future__ import annotations
 
 import redis
 
-from emq_bridge import Occurrence, Pump, Registered, Registration, Repeat, Upserted, define
+from emq_bridge import (
+    Occurrence,
+    Pump,
+    PumpEvents,
+    Registered,
+    Registration,
+    Repeat,
+    TaskTemplate,
+    Tick,
+    Upserted,
+    define,
+)
 from emq_bridge.testing import ManualClock, RecordingDispatcher
+
+
+class Counts(PumpEvents):
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def on_dispatch(self, occurrence: Occurrence) -> None:
+        self.sent += 1
+
+    def on_tick(self, tick: Tick) -> None:
+        print(tick.now_ms, len(tick.dispatched))
 
 
 def use_api(client: redis.Redis) -> None:
@@ -22,9 +44,16 @@ def use_api(client: redis.Redis) -> None:
     cancelled: bool = repeat.cancel("reports", "digest")
     clock = ManualClock(0)
     recorder = RecordingDispatcher()
-    pump = Pump(repeat, ["reports"], recorder, clock=clock)
+    pump = Pump(repeat, ["reports"], recorder, clock=clock, listeners=[Counts()])
+    pump.add_listener(Counts())
     fired: list[Occurrence] = pump.run_once().dispatched
-    print(registered, upserted, also, found, runs, cancelled, fired)
+    template = TaskTemplate("reports.digest", [1], {"full": True}).to_dict()
+    read: TaskTemplate = TaskTemplate.read(template)
+    with Repeat.from_url("redis://127.0.0.1:6379/0") as owned:
+        wakeups = owned.subscribe(["reports"])
+        changed: bool = wakeups.wait(0.1)
+        wakeups.close()
+    print(registered, upserted, also, found, runs, cancelled, fired, read, changed)
 
 
 def use_adapters() -> None:
