@@ -232,7 +232,8 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
     "--pipelined",
     is_flag=True,
     help="With --dramatiq or --celery on a Redis broker: send each claimed batch in one "
-    "pipeline (the adapter's opt-in fast path; see the README for what it skips).",
+    "pipeline (the adapter's opt-in fast path; docs/celery.md and docs/dramatiq.md say what "
+    "it skips).",
 )
 @click.option("--once", is_flag=True, help="Fire what is due now, then exit.")
 @pass_settings
