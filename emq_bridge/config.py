@@ -36,7 +36,7 @@ from .errors import ConfigError, ScheduleError
 from .keys import validate_name
 from .registry import Repeat
 from .sync import SyncPlan, sync
-from .template import TaskTemplate
+from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,6 +120,11 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
         ) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file_path}: not valid TOML: {exc}") from exc
+    except RecursionError as exc:  # tomllib recurses once per nested array or table
+        raise ConfigError(
+            f"{file_path}: nested too deeply to read; a template holds arrays and tables "
+            f"nested at most {MAX_TEMPLATE_DEPTH} levels deep"
+        ) from exc
     return _parse(data, file_path)
 
 
@@ -225,6 +230,11 @@ def _kind(value: object) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def _shown(value: object) -> str:
+    """Quote a string; name the kind of anything else, which may be big or deeply nested."""
+    return repr(value) if isinstance(value, str) else _kind(value)
+
+
 def _name(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise _FieldError(field, f"must be a string, got {_kind(value)}")
@@ -254,7 +264,7 @@ def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration
     cadence = _cadence(entry)
     misfire = entry.get("misfire", "coalesce")
     if misfire not in MISFIRES:
-        raise _FieldError("misfire", f"must be one of {', '.join(MISFIRES)}, got {misfire!r}")
+        raise _FieldError("misfire", f"must be one of {', '.join(MISFIRES)}, got {_shown(misfire)}")
     template = TaskTemplate(
         task,
         _json(entry, "args", list, []),
@@ -286,7 +296,9 @@ def _cadence(entry: Mapping[str, Any]) -> Cadence:
                 )
         anchor = entry.get("anchor", "schedule")
         if anchor not in ANCHORS:
-            raise _FieldError("anchor", f"must be one of {', '.join(ANCHORS)}, got {anchor!r}")
+            raise _FieldError(
+                "anchor", f"must be one of {', '.join(ANCHORS)}, got {_shown(anchor)}"
+            )
         field = given[0]
         value = entry[field]
         if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -329,6 +341,10 @@ def _json(entry: Mapping[str, Any], field: str, kind: type, default: Any) -> Any
     if not isinstance(value, kind):
         wanted = "an array" if kind is list else "a table"
         raise _FieldError(field, f"must be {wanted}, got {_kind(value)}")
+    try:  # before json.dumps, which recurses once per level
+        check_structure({field: value})  # the field is level 2 of the template
+    except ScheduleError as exc:
+        raise _FieldError(field, str(exc)) from exc
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -86,12 +86,18 @@ def batch_failure(exc: BaseException) -> DispatchError:
 
 
 def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
-    """Return the JSON-ready message of an occurrence: its template plus its identity."""
+    """Return the JSON-ready message of an occurrence: its template plus its identity.
+
+    `due_ms` is the nominal time (epoch ms); `redelivered` is true for a re-send after a pump
+    died before its ack (the same id: deduplicate on it), `triggered` for a manual trigger.
+    """
     return {
         "id": occurrence.id,
         "queue": occurrence.queue,
         "name": occurrence.name,
         "due_ms": occurrence.due_ms,
+        "redelivered": occurrence.redelivered,
+        "triggered": occurrence.triggered,
         "template": dict(occurrence.template),
     }
 

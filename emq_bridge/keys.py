@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import InvalidName
 
@@ -79,7 +80,7 @@ class QueueKeys:
 
     @property
     def leases(self) -> str:
-        """Sorted set of claimed occurrences `"<name> <due_ms>"`, scored by lease deadline."""
+        """Sorted set of in-flight occurrences, scored by lease deadline (see `lease_member`)."""
         return f"{self.tag}:leases"
 
     @property
@@ -91,18 +92,40 @@ class QueueKeys:
         return [self.registry, self.leases, *(self.record(n) for n in names)]
 
 
+# The lease members: `"<name> <due_ms>"` is the lease of a scheduled occurrence,
+# `"<name> <due_ms> triggered"` that of a triggered one, and `"<name> <due_ms> manual"` a
+# trigger no pump has claimed yet (`trigger.lua` writes it with score 0, so it is due at once;
+# `claim.lua` turns it into the "triggered" lease). Before "triggered" existed a trigger kept
+# its "manual" member while leased; such a member is read as a trigger not yet sent.
 MANUAL = "manual"
+TRIGGERED = "triggered"
+
+
+class Lease(NamedTuple):
+    """A parsed lease member. `pending`: a trigger no pump has claimed (its first send)."""
+
+    name: str
+    due_ms: int
+    triggered: bool
+    pending: bool
 
 
 def lease_member(name: str, due_ms: int, triggered: bool = False) -> str:
-    """Encode a claimed occurrence as `"<name> <due_ms>"`, plus `" manual"` for a trigger.
+    """Encode the lease of a claimed occurrence: `"<name> <due_ms>"`, `+ " triggered"` for a
+    trigger. This is the member a pump acks.
 
     Names hold no whitespace, so a space separates the parts.
     """
-    return f"{name} {due_ms} {MANUAL}" if triggered else f"{name} {due_ms}"
+    return f"{name} {due_ms} {TRIGGERED}" if triggered else f"{name} {due_ms}"
 
 
-def parse_lease_member(member: str) -> tuple[str, int, bool]:
-    """Return `(name, due_ms, triggered)` of a lease member."""
+def parse_lease_member(member: str) -> Lease:
+    """Parse a lease member; ValueError if it is none of the three forms (edited by hand).
+
+    Strict, so that a member a pump re-leases is the very member it acks afterwards.
+    """
     name, due, *rest = member.split(" ")
-    return name, int(due), rest == [MANUAL]
+    due_ms = int(due)
+    if not name or str(due_ms) != due or rest not in ([], [MANUAL], [TRIGGERED]):
+        raise ValueError(f"not a lease member: {member!r}")
+    return Lease(name, due_ms, triggered=bool(rest), pending=rest == [MANUAL])

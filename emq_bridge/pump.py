@@ -19,7 +19,7 @@ from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import BatchDispatcher, Dispatcher
 from .errors import RegistryError, RegistryUnavailable
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
-from .keys import parse_lease_member, validate_name
+from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .occurrence import Occurrence, occurrence_id
 from .registry import Repeat, WakeSubscription
 
@@ -159,7 +159,7 @@ class Pump:
         redeliveries, corrupt = self._parse_leases(queue, expired)
         if corrupt:
             expired = [m for m in expired if m not in corrupt]
-        names = list(dict.fromkeys([n for n, _ in due] + [n for n, _, _ in redeliveries]))
+        names = list(dict.fromkeys([n for n, _ in due] + [lease.name for lease in redeliveries]))
         records = self.repeat.load_records(queue, names)
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
@@ -180,20 +180,21 @@ class Pump:
             batch.append(self._occurrence(queue, name, score, template, now_ms, missed=missed))
         drop: list[str] = []
         for member in claim.released:
-            name, due_ms, triggered = parse_lease_member(member)
+            name, due_ms, triggered, pending = parse_lease_member(member)
             firing = self._decode(queue, name, records.get(name, {}))
             if firing is None:
                 self.events.on_lease_dropped(queue, member, "the registration is gone or corrupt")
-                drop.append(member)
+                drop.append(lease_member(name, due_ms, triggered))  # the lease claim wrote
                 continue
-            # An expired lease is a re-dispatch, unless a trigger wrote it to fire once now.
+            # An expired lease is a re-dispatch, unless it is a trigger's pending member:
+            # claim.lua turned that into the trigger's lease, so this is its first send.
             occurrence = self._occurrence(
                 queue,
                 name,
                 due_ms,
                 firing.template,
                 now_ms,
-                redelivered=not triggered,
+                redelivered=not pending,
                 triggered=triggered,
             )
             if occurrence.redelivered:
@@ -215,16 +216,16 @@ class Pump:
         earliest_lease = self.repeat.ack(queue, accepted)
         return claim.earliest_ms, earliest_lease
 
-    def _parse_leases(
-        self, queue: str, members: list[str]
-    ) -> tuple[list[tuple[str, int, bool]], set[str]]:
+    def _parse_leases(self, queue: str, members: list[str]) -> tuple[list[Lease], set[str]]:
         """Parse expired lease members; a member edited into garbage is returned to drop."""
         parsed, corrupt = [], set()
         for member in members:
             try:
                 parsed.append(parse_lease_member(member))
             except ValueError:
-                self.events.on_lease_dropped(queue, member, "it is not '<name> <due_ms>'")
+                self.events.on_lease_dropped(
+                    queue, member, "it is not '<name> <due_ms>' (+ 'triggered' or 'manual')"
+                )
                 corrupt.add(member)
         return parsed, corrupt
 

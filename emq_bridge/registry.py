@@ -23,7 +23,7 @@ import redis.cluster
 
 from .cadence import Anchor, Misfire, advance, next_runs
 from .definition import DEFINITION_FIELDS, Definition, define
-from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
+from .errors import RegistryError, RegistryUnavailable, ScheduleError
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -34,6 +34,7 @@ from .keys import (
 from .occurrence import Occurrence, occurrence_id
 from .overlap import overlapped_calls
 from .scripts import Scripts
+from .urls import client_from_url
 
 __all__ = [
     "EVICTING_POLICIES",
@@ -134,23 +135,6 @@ def _due_ms(value: Any) -> int:
 def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
     raw = fields.get(key)
     return int(raw) if raw not in (None, "") else None
-
-
-def client_from_url(url: str, **options: Any) -> redis.Redis:
-    """Return `redis.Redis.from_url(url, **options)`; a malformed URL raises `ConfigError`.
-
-    The error never holds the URL: redis-py's own message quotes URL parts, which may be a
-    password with an unescaped '/', '#' or '@' in it.
-    """
-    try:
-        return redis.Redis.from_url(url, **options)
-    except ValueError:
-        # Not chained, for the same reason: the cause would carry the password.
-        raise ConfigError(
-            "invalid Redis URL: use redis://, rediss:// or unix://, e.g. "
-            "redis://user:password@host:6379/0, with special characters of the password "
-            "escaped as %XX"
-        ) from None
 
 
 @contextmanager
@@ -654,18 +638,21 @@ class Repeat:
         return _score(first)
 
     def leases(self, queue: str) -> builtins.list[tuple[str, int, int]]:
-        """Return the in-flight occurrences `(name, due_ms, lease_deadline_ms)` of `queue`."""
+        """Return the in-flight occurrences `(name, due_ms, lease_deadline_ms)` of `queue`.
+
+        A trigger no pump has claimed yet has the deadline 0.
+        """
         keys = self.keys(queue)
         with redis_errors(f"leases {queue}"):
             raw = self.client.zrange(keys.leases, 0, -1, withscores=True)
         out = []
         for member, deadline in raw:
             try:
-                name, due, _ = parse_lease_member(text(member))
+                lease = parse_lease_member(text(member))
             except ValueError:  # edited by hand; the next pump tick drops it
                 log.error("%s: lease %r is not '<name> <due_ms>'; skipped", queue, text(member))
                 continue
-            out.append((name, due, int(deadline)))
+            out.append((lease.name, lease.due_ms, int(deadline)))
         return out
 
 

@@ -14,13 +14,15 @@ import click
 import redis
 
 from ..errors import ConfigError, EmqError, RegistryError, RegistryUnavailable
-from ..registry import Repeat, client_from_url
+from ..registry import Repeat
+from ..urls import client_from_url
 
 __all__ = [
     "DEFAULT_REDIS_URL",
     "EXIT_SERVER",
     "ServerError",
     "Settings",
+    "UrlError",
     "emq_errors",
     "install_logging",
     "pass_settings",
@@ -42,29 +44,67 @@ class ServerError(click.ClickException):
     exit_code = EXIT_SERVER
 
 
+class UrlError(click.ClickException):
+    """The Redis URL is malformed: bad usage (exit 2), told in one line without the usage text."""
+
+    exit_code = 2
+
+
 def redact_url(url: str) -> str:
-    """Return `url` with any password (in the user info or the query) replaced by `***`."""
+    """Return `url` with any password (in the user info or the query) replaced by `***`.
+
+    Of the user info, everything after '://' up to the LAST '@', only the user name (up to
+    its first ':') is shown.
+    """
+    head, userinfo, rest = _split_userinfo(url)
     try:
-        parts = urlsplit(url)
+        if userinfo is None:
+            return _redact_query(url)
+        shown = _redact_query(head + rest)[len(head) :]
     except ValueError:
         return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user, has_password, _ = userinfo.partition(":")
-        netloc = f"{user}:***@{host}" if has_password else f"***@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*"
-        )
-    if (netloc, query) == (parts.netloc, parts.query):
+    user, has_password, _ = userinfo.partition(":")
+    return f"{head}{user}:***@{shown}" if has_password else f"{head}***@{shown}"
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None, str]:
+    """Split `url` into `scheme://`, the user info (None if there is none) and the rest.
+
+    The user info runs to the LAST '@'. urllib, and so redis-py, end it at the first '/',
+    '?' or '#' instead, but a password may hold those unescaped, and no part of it may show.
+    """
+    scheme, separator, after = url.partition("://")
+    userinfo, at, rest = after.rpartition("@")
+    if not separator or not at:
+        return "", None, url
+    return scheme + separator, userinfo, rest
+
+
+def _redact_query(url: str) -> str:
+    """Return `url` with the values of secret query keys replaced by `***` (ValueError if bad)."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(k.lower() in _SECRET_QUERY_KEYS for k, _ in pairs):
         return url
-    shown = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    if not netloc and url.startswith(f"{parts.scheme}://"):  # keep unix:///path as written
+    query = urlencode(
+        [(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*"
+    )
+    shown = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    if not parts.netloc and url.startswith(f"{parts.scheme}://"):  # keep unix:///path as written
         shown = f"{parts.scheme}://" + shown[len(parts.scheme) + 1 :]
     return shown
+
+
+def _misread_userinfo(url: str) -> bool:
+    """Return whether redis-py reads part of the user info as the host, path or query."""
+    _, userinfo, _ = _split_userinfo(url)
+    return userinfo is not None and any(c in userinfo for c in "/?#")
+
+
+MISREAD_USERINFO = (
+    "redis-py read part of the URL's user info as the host, as it holds a '/', '?' or '#': "
+    "write them in the password as %2F, %3F, %23"
+)
 
 
 @dataclass
@@ -92,7 +132,7 @@ class Settings:
                     socket_timeout=SOCKET_TIMEOUT_S,
                 )
             except ConfigError as exc:  # its message never holds the URL
-                raise click.BadParameter(str(exc), param_hint="'--redis-url' / REDIS_URL") from exc
+                raise UrlError(f"Invalid value for '--redis-url' / REDIS_URL: {exc}") from exc
             click.get_current_context().call_on_close(self.close)
         return self._client
 
@@ -125,7 +165,10 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
         where = settings.where if settings is not None else "the server"
         if isinstance(exc, (RegistryUnavailable, redis.ConnectionError, redis.TimeoutError)):
             cause = exc.__cause__ if isinstance(exc, RegistryUnavailable) else exc
-            message = f"cannot reach Redis at {where}: {cause or exc}"
+            detail: object = cause or exc
+            if settings is not None and _misread_userinfo(settings.redis_url):
+                detail = MISREAD_USERINFO  # redis-py's message names a "host" cut from the password
+            message = f"cannot reach Redis at {where}: {detail}"
             raise ServerError(_clean(message, settings)) from exc
         raise ServerError(_clean(f"Redis at {where} refused: {exc}", settings)) from exc
     except EmqError as exc:
@@ -141,14 +184,16 @@ def _clean(message: str, settings: Settings | None) -> str:
 
 
 def _secrets(url: str) -> list[str]:
+    _, userinfo, _ = _split_userinfo(url)
+    found = []
+    if userinfo is not None:
+        user, has_password, password = userinfo.partition(":")
+        found.append(password if has_password else user)  # "redis://secret@host": in the user
     try:
-        parts = urlsplit(url)
-        found = [parts.password or ""]
-        if "@" in parts.netloc and not parts.password:
-            found.append(parts.username or "")  # "redis://secret@host" puts it in the user part
-        found += [v for k, v in parse_qsl(parts.query) if k.lower() in _SECRET_QUERY_KEYS]
-    except ValueError:
-        return []
+        query = urlsplit(url).query
+    except ValueError:  # redis-py refused the URL, so no message quotes its query
+        query = ""
+    found += [v for k, v in parse_qsl(query) if k.lower() in _SECRET_QUERY_KEYS]
     return [s for s in found if len(s) >= 3]
 
 

@@ -11,7 +11,9 @@ import click
 
 from ..cadence import ANCHORS, MISFIRES
 from ..config import declaration_from_entry
+from ..errors import ConfigError
 from ..registry import Registration, Repeat
+from ..template import MAX_TEMPLATE_DEPTH
 from .context import Settings, pass_settings
 from .render import (
     absolute,
@@ -181,13 +183,18 @@ def _offset(ms: int, zone: ZoneInfo) -> str:
 
 
 def _json_value(
-    kind: type, what: str
+    field: str, kind: type, what: str
 ) -> Callable[[click.Context, click.Parameter, str | None], Any]:
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
         try:
             parsed = json.loads(value)
+        except RecursionError as exc:  # json recurses once per nested array or object
+            # Bad input (exit 1), as `declaration_from_entry` reports a lesser depth.
+            raise ConfigError(
+                f"field {field!r}: template is nested more than {MAX_TEMPLATE_DEPTH} levels deep"
+            ) from exc
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}") from exc
         if not isinstance(parsed, kind):
@@ -226,19 +233,19 @@ def _json_value(
 @click.option(
     "--args",
     "args_",
-    callback=_json_value(list, "array"),
+    callback=_json_value("args", list, "array"),
     metavar="JSON",
     help="Positional args, a JSON array.",
 )
 @click.option(
     "--kwargs",
-    callback=_json_value(dict, "object"),
+    callback=_json_value("kwargs", dict, "object"),
     metavar="JSON",
     help="Keyword args, a JSON object.",
 )
 @click.option(
     "--options",
-    callback=_json_value(dict, "object"),
+    callback=_json_value("options", dict, "object"),
     metavar="JSON",
     help="Send options, a JSON object.",
 )

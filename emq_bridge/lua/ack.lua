@@ -1,7 +1,8 @@
 -- ack: drop the leases of occurrences the broker has accepted.
 --
--- KEYS[1]  <prefix>:{q}:leases   sorted set: "<name> <due_ms>" -> lease deadline
--- ARGV     lease members to drop (may be empty)
+-- KEYS[1]  <prefix>:{q}:leases   sorted set: lease member -> lease deadline (keys.py)
+-- ARGV     lease members to drop (may be empty): "<name> <due_ms>" for a scheduled
+--          occurrence, "<name> <due_ms> triggered" for a trigger (what claim leased)
 --
 -- Returns {number of leases dropped, earliest remaining lease deadline or ''}.
 local dropped = 0

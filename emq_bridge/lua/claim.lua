@@ -1,7 +1,7 @@
 -- claim: compare-and-set claim of due registrations, and re-lease of expired leases.
 --
 -- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run
--- KEYS[2]  <prefix>:{q}:leases          sorted set: "<name> <due_ms>" -> lease deadline
+-- KEYS[2]  <prefix>:{q}:leases          sorted set: lease member -> lease deadline (keys.py)
 -- KEYS[3 .. 2+n]  <prefix>:{q}:repeat:<name> records, one per candidate
 -- ARGV[1]  now, epoch ms
 -- ARGV[2]  lease deadline, epoch ms
@@ -9,13 +9,19 @@
 --          missed, mode], numbers as decimal strings
 --          mode 'fire': move the score, lease the occurrence, count it
 --          mode 'defer': only move the score (a corrupt record is parked)
--- ARGV[4]  JSON array of expired lease members to re-lease
+-- ARGV[4]  JSON array of expired lease members to re-lease, as scan read them
 -- (Two JSON arguments rather than thousands of plain ones: the client packs them cheaply.)
 --
 -- A candidate is claimed only if its score is still the one scan read, so two pumps never
 -- claim the same occurrence; its score moves to the next run in the same step.
--- Returns {{claimed candidate index (1-based), ...}, {re-leased member, ...},
---          earliest registry score or '', earliest lease deadline or ''} after the writes.
+-- An expired member is re-leased only if it is still there and expired, so two pumps never
+-- re-lease the same one. A pending trigger "<name> <due_ms> manual" (trigger.lua, or any
+-- trigger of an older version) is replaced by the lease "<name> <due_ms> triggered": its first
+-- send. If that lease already exists, the occurrence is in flight and its lease carries it:
+-- the pending member is dropped and not re-leased.
+-- Returns {{claimed candidate index (1-based), ...}, {re-leased member as given, ...},
+--          earliest registry score or '', earliest lease deadline or ''} after the writes:
+-- a re-leased "... manual" member is a first send, any other a redelivery.
 -- Add `by` to a counter. A counter edited by hand into a non-integer restarts at `by`
 -- instead of failing the script halfway (a script error keeps the writes made before it).
 local function count(record, field, by)
@@ -64,14 +70,28 @@ for i, candidate in ipairs(candidates) do
     end
   end
 end
-local released = {}
+local PENDING, TRIGGERED = ' manual', ' triggered'
+local released, held, served = {}, {}, {}
 for _, member in ipairs(expired) do
   local lease = redis.call('ZSCORE', KEYS[2], member)
   if lease and tonumber(lease) <= tonumber(now) then
-    leases[#leases + 1] = deadline
-    leases[#leases + 1] = member
-    released[#released + 1] = member
+    local target = member
+    if string.sub(member, -#PENDING) == PENDING then
+      target = string.sub(member, 1, -#PENDING - 1) .. TRIGGERED
+      served[#served + 1] = member
+      if redis.call('ZSCORE', KEYS[2], target) then target = nil end  -- in flight already
+    end
+    -- `held`: one lease per occurrence, however many members asked for it.
+    if target and not held[target] then
+      held[target] = true
+      leases[#leases + 1] = deadline
+      leases[#leases + 1] = target
+      released[#released + 1] = member
+    end
   end
+end
+for i = 1, #served, 1000 do
+  redis.call('ZREM', KEYS[2], unpack(served, i, math.min(i + 999, #served)))
 end
 zadd_all(KEYS[1], moves)
 zadd_all(KEYS[2], leases)

@@ -1,13 +1,14 @@
 -- scan: read what is due, without writing. The pump's first round trip of a tick.
 --
 -- KEYS[1]  <prefix>:{q}:repeat   sorted set: name -> next run
--- KEYS[2]  <prefix>:{q}:leases   sorted set: "<name> <due_ms>" -> lease deadline
+-- KEYS[2]  <prefix>:{q}:leases   sorted set: lease member -> lease deadline (keys.py)
 -- ARGV[1]  now, epoch ms; empty to use the server clock (TIME)
 -- ARGV[2]  batch size
 --
 -- Returns {now_ms, due, expired, earliest registry score or '', earliest lease deadline or ''}
 -- where due is the JSON text of [name, score, ...] and expired that of [member, ...]: one
--- value each, which a client parses in one call instead of one per element.
+-- value each, which a client parses in one call instead of one per element. Expired members
+-- include the pending triggers "<name> <due_ms> manual", scored 0 (trigger.lua).
 local now = ARGV[1]
 if now == '' then
   local t = redis.call('TIME')

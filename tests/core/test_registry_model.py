@@ -1,4 +1,8 @@
-"""A property test: the registry moves and the pump, held against a plain-Python model."""
+"""A property test: the registry moves and the pump, held against a plain-Python model.
+
+Dispatches may fail, so leases expire and are re-sent; triggers are sent once, and re-sent as
+redelivered only after their lease expired.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from emq_bridge import Pump, Repeat
-from emq_bridge.testing import RecordingDispatcher
+from emq_bridge import Occurrence, Pump, Repeat, occurrence_id
+from emq_bridge.errors import DispatchError
 
 T0 = 1_900_000_000_000
+LEASE_MS = 60_000
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 EVERY = st.sampled_from([1_000, 5_000, 60_000])
 TASKS = st.sampled_from(["t1", "t2"])
@@ -28,6 +33,25 @@ class Model:
     paused: bool = False
 
 
+# What the model says a tick sends: (name, due_ms, task, triggered, redelivered).
+Sent = tuple[str, int, str, bool, bool]
+# An occurrence in flight: (name, due_ms, triggered), as its lease names it.
+InFlight = tuple[str, int, bool]
+
+
+class FlakyDispatcher:
+    """Records every occurrence handed to it; fails them all while `failing` is set."""
+
+    def __init__(self) -> None:
+        self.occurrences: list[Occurrence] = []
+        self.failing = False
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        self.occurrences.append(occurrence)
+        if self.failing:
+            raise DispatchError("the broker is down")
+
+
 def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
 
@@ -37,8 +61,12 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
             self.repeat = Repeat(client, f"m{uuid.uuid4().hex[:10]}")
             self.now = T0
             self.model: dict[str, Model] = {}
-            self.recorder = RecordingDispatcher()
-            self.pump = Pump(self.repeat, ["q"], self.recorder)
+            # Triggers no pump has claimed, and the leases of occurrences sent but not acked
+            # (a failed dispatch), with their deadlines.
+            self.pending: set[tuple[str, int]] = set()
+            self.in_flight: dict[InFlight, int] = {}
+            self.dispatcher = FlakyDispatcher()
+            self.pump = Pump(self.repeat, ["q"], self.dispatcher, lease_ms=LEASE_MS)
 
         @rule(name=NAMES, every=EVERY, task=TASKS)
         def register(self, name: str, every: int, task: str) -> None:
@@ -72,6 +100,8 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
         def cancel(self, name: str) -> None:
             assert self.repeat.cancel("q", name) == (name in self.model)
             self.model.pop(name, None)
+            self.pending = {p for p in self.pending if p[0] != name}
+            self.in_flight = {k: d for k, d in self.in_flight.items() if k[0] != name}
 
         @rule(name=NAMES)
         def pause(self, name: str) -> None:
@@ -96,19 +126,58 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
                 while current.next_ms <= self.now:
                     current.next_ms += current.every_ms
 
-        @rule(step=st.integers(0, 130_000))
-        def tick(self, step: int) -> None:
+        @rule(name=NAMES)
+        def trigger(self, name: str) -> None:
+            if name not in self.model:
+                with pytest.raises(KeyError):
+                    self.repeat.trigger("q", name, now_ms=self.now)
+                return
+            expected = occurrence_id(self.repeat.prefix, "q", name, self.now, triggered=True)
+            assert self.repeat.trigger("q", name, now_ms=self.now) == expected
+            self.pending.add((name, self.now))
+
+        @rule(step=st.integers(0, 130_000), failing=st.booleans())
+        def tick(self, step: int, failing: bool) -> None:
             self.now += step
-            self.recorder.clear()
+            self.dispatcher.occurrences.clear()
+            self.dispatcher.failing = failing
             self.pump.run_once(now_ms=self.now)
-            expected = []
+            expected: dict[InFlight, Sent] = {}
             for name, current in self.model.items():
                 if not current.paused and current.next_ms <= self.now:
-                    expected.append((name, current.next_ms, current.task))
+                    expected[(name, current.next_ms, False)] = (
+                        name,
+                        current.next_ms,
+                        current.task,
+                        False,
+                        False,
+                    )
                     while current.next_ms <= self.now:  # coalesce
                         current.next_ms += current.every_ms
-            fired = [(o.name, o.due_ms, o.template["task"]) for o in self.recorder.occurrences]
-            assert sorted(fired) == sorted(expected)
+            # An expired lease is re-sent, paused or not; a pending trigger is sent unless
+            # its occurrence is in flight already (its lease then carries it).
+            for (name, due, triggered), deadline in self.in_flight.items():
+                if deadline <= self.now:
+                    task = self.model[name].task
+                    expected[(name, due, triggered)] = (name, due, task, triggered, True)
+            for name, due in self.pending:
+                if (name, due, True) not in self.in_flight:
+                    expected[(name, due, True)] = (name, due, self.model[name].task, True, False)
+            self.pending.clear()
+            for key in expected:
+                if failing:
+                    self.in_flight[key] = self.now + LEASE_MS
+                else:
+                    self.in_flight.pop(key, None)
+            sent = [
+                (o.name, o.due_ms, o.template["task"], o.triggered, o.redelivered)
+                for o in self.dispatcher.occurrences
+            ]
+            assert sorted(sent) == sorted(expected.values())
+            for o in self.dispatcher.occurrences:
+                assert o.id == occurrence_id(
+                    self.repeat.prefix, "q", o.name, o.due_ms, triggered=o.triggered
+                )
 
         @invariant()
         def registry_matches_model(self) -> None:
@@ -121,7 +190,9 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
                 assert scores[name] == (float("inf") if current.paused else current.next_ms)
                 record = client.hgetall(keys.record(name))
                 assert record[b"every_ms"] == str(current.every_ms).encode()
-            assert self.repeat.leases("q") == []
+            leases = [(n, t, 0) for n, t in self.pending]
+            leases += [(n, t, deadline) for (n, t, _), deadline in self.in_flight.items()]
+            assert sorted(self.repeat.leases("q")) == sorted(leases)
 
     run_state_machine_as_test(
         RegistryMachine, settings=settings(max_examples=200, stateful_step_count=30, deadline=None)
