@@ -57,6 +57,10 @@ class PumpEvents:
     def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
         """Sending `occurrence` failed; its lease stays, and it is re-sent when it expires."""
 
+    def on_lease_lost(self, occurrence: Occurrence) -> None:
+        """`occurrence` was not sent: its lease expired while earlier ones of its batch were
+        sent, and another pump took it (and sends it)."""
+
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         """`missed` slots of `name` passed while no pump ran; the policy dropped them.
 
@@ -110,6 +114,15 @@ class LoggingEvents(PumpEvents):
             occurrence.name,
             occurrence.id,
             exc_info=error,
+        )
+
+    def on_lease_lost(self, occurrence: Occurrence) -> None:
+        log.warning(
+            "%s/%s: occurrence %s not sent by this pump: its lease expired while the batch was "
+            "being sent, and another pump took it",
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
         )
 
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
@@ -189,6 +202,9 @@ class Broadcast(PumpEvents):
         self._each(
             "on_dispatch_failure", lambda listener: listener.on_dispatch_failure(occurrence, error)
         )
+
+    def on_lease_lost(self, occurrence: Occurrence) -> None:
+        self._each("on_lease_lost", lambda listener: listener.on_lease_lost(occurrence))
 
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         self._each("on_missed", lambda listener: listener.on_missed(queue, name, missed, due_ms))

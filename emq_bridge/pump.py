@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,13 @@ FIRST_BATCH = 32
 # emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
 DECODED_CACHE_BYTES = 32 * 1024 * 1024
+
+
+class _LeaseLost(Exception):
+    """The outcome of an occurrence whose lease another pump took while this one was sending."""
+
+
+_LOST = _LeaseLost()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,17 +210,25 @@ class Pump:
         if batch:
             self.events.on_claim(queue, batch)
 
-        accepted = [*corrupt, *drop]
-        for occurrence, error in zip(batch, self._dispatch_all(batch), strict=True):
-            if error is None:
+        if corrupt:  # garbage holds no deadline of ours: dropped unfenced
+            self.repeat.ack(queue, sorted(corrupt))
+        if drop:  # leases this claim just wrote, of registrations gone
+            self.repeat.ack(queue, drop, deadline_ms=now_ms + self.lease_ms)
+        accepted: list[str] = []
+        outcomes, deadline = self._dispatch_all(queue, batch, now_ms + self.lease_ms)
+        for occurrence, outcome in zip(batch, outcomes, strict=True):
+            if outcome is None:
                 accepted.append(occurrence.lease_member)
                 tick.dispatched.append(occurrence)
                 self.events.on_dispatch(occurrence)
+            elif isinstance(outcome, _LeaseLost):
+                self.events.on_lease_lost(occurrence)
             else:
                 # The lease stays; when it expires a pump re-dispatches with the same id.
                 tick.failed.append(occurrence)
-                self.events.on_dispatch_failure(occurrence, error)
-        earliest_lease = self.repeat.ack(queue, accepted)
+                self.events.on_dispatch_failure(occurrence, outcome)
+        # Fenced by the deadline this pump wrote: a lease another pump re-took stays its own.
+        earliest_lease = self.repeat.ack(queue, accepted, deadline_ms=deadline)
         return claim.earliest_ms, earliest_lease
 
     def _parse_leases(self, queue: str, members: list[str]) -> tuple[list[Lease], set[str]]:
@@ -315,24 +330,48 @@ class Pump:
             triggered=triggered,
         )
 
-    def _dispatch_all(self, batch: list[Occurrence]) -> Sequence[BaseException | None]:
-        """Send `batch`; return per occurrence None (accepted) or the error it failed with."""
+    def _dispatch_all(
+        self, queue: str, batch: list[Occurrence], deadline: int
+    ) -> tuple[list[BaseException | None], int]:
+        """Send `batch`, whose leases end at `deadline`; return each outcome and the deadline.
+
+        An outcome is None (accepted), the error it failed with, or `_LOST`: its lease
+        expired while earlier ones were sent and another pump took it, so it was not sent.
+        One at a time, the batch's leases (those sent, acked at the end, and those still to
+        send) are extended whenever half the lease has passed, so a slow send re-sends at most
+        itself, not the rest of its batch. A batch dispatcher's batch is one send.
+        """
         if not batch:
-            return []
+            return [], deadline
         if isinstance(self.dispatcher, BatchDispatcher):
             try:
-                return self.dispatcher.dispatch_batch(batch)
+                return list(self.dispatcher.dispatch_batch(batch)), deadline
             except Exception as exc:  # the adapter failed as a whole: none was accepted
-                return [exc] * len(batch)
-        errors: list[BaseException | None] = []
-        for occurrence in batch:
+                return [exc] * len(batch), deadline
+        outcomes: list[BaseException | None] = []
+        started = last = time.monotonic()
+        held: set[str] | None = None
+        for index, occurrence in enumerate(batch):
+            if time.monotonic() - last > self.lease_ms / 2000:
+                last = time.monotonic()
+                # A full lease from now on: the deadline moves by the time that passed.
+                new_deadline = deadline + round((last - started) * 1000)
+                # Those sent too: they are acked with the batch, at its end.
+                sent = zip(batch[:index], outcomes, strict=True)
+                ours = [o.lease_member for o, outcome in sent if outcome is not _LOST]
+                ours += [o.lease_member for o in batch[index:]]
+                held = self.repeat.extend(queue, ours, deadline, new_deadline)
+                deadline, started = new_deadline, last
+            if held is not None and occurrence.lease_member not in held:
+                outcomes.append(_LOST)
+                continue
             try:
                 self.dispatcher.dispatch(occurrence)
             except Exception as exc:
-                errors.append(exc)
+                outcomes.append(exc)
             else:
-                errors.append(None)
-        return errors
+                outcomes.append(None)
+        return outcomes, deadline
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -627,15 +627,36 @@ class Repeat:
             _score(first_lease),
         )
 
-    def ack(self, queue: str, lease_members: Sequence[str]) -> int | None:
+    def ack(
+        self, queue: str, lease_members: Sequence[str], *, deadline_ms: int | None = None
+    ) -> int | None:
         """Drop the leases of occurrences the broker accepted.
 
+        With `deadline_ms` (the deadline the caller's claim or extend wrote), only leases it
+        still holds are dropped: one another pump re-took after it expired stays, for that
+        pump to ack. Without it, the members are dropped whatever their deadline.
         Returns the earliest remaining lease deadline (epoch ms), or None when none is left.
         """
         keys = self.keys(queue)
+        fence = "" if deadline_ms is None else str(deadline_ms)
         with redis_errors(f"ack {queue}"):
-            _, first = self.scripts.ack(keys=[keys.leases], args=list(lease_members))
+            _, first = self.scripts.ack(keys=[keys.leases], args=[fence, *lease_members])
         return _score(first)
+
+    def extend(
+        self, queue: str, lease_members: Sequence[str], deadline_ms: int, new_deadline_ms: int
+    ) -> set[str]:
+        """Move the leases still held at `deadline_ms` to `new_deadline_ms`; return those.
+
+        A member left out was re-taken by another pump after its lease expired: the caller
+        must not send it.
+        """
+        keys = self.keys(queue)
+        with redis_errors(f"extend {queue}"):
+            held = self.scripts.extend(
+                keys=[keys.leases], args=[deadline_ms, new_deadline_ms, *lease_members]
+            )
+        return {text(member) for member in held}
 
     def leases(self, queue: str) -> builtins.list[tuple[str, int, int]]:
         """Return the in-flight occurrences `(name, due_ms, lease_deadline_ms)` of `queue`.

@@ -21,6 +21,7 @@ MOVES = (
     "fetch",
     "claim",
     "ack",
+    "extend",
     "pause",
     "resume",
     "trigger",
@@ -44,6 +45,7 @@ class Scripts:
     fetch: Any
     claim: Any
     ack: Any
+    extend: Any
     pause: Any
     resume: Any
     trigger: Any

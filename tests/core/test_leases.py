@@ -1,0 +1,102 @@
+"""Leases: a pump acks only what it still holds, and a slow send re-sends at most itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import redis
+
+from emq_bridge import Occurrence, Pump, PumpEvents, Repeat
+from emq_bridge.testing import RecordingDispatcher
+
+T0 = 1_900_000_000_000
+HOUR = 3_600_000
+TEMPLATE = {"task": "t"}
+
+
+def claim_due(repeat: Repeat, queue: str, now_ms: int, lease_ms: int) -> list[str]:
+    """Claim what is due as a pump would, without sending or acking; return the leases."""
+    scan = repeat.scan(queue, 100, now_ms)
+    candidates = [(name, score, score + HOUR, 0, "fire") for name, score in scan.due]
+    claim = repeat.claim(queue, now_ms, lease_ms, candidates, scan.expired)
+    return [f"{candidates[i][0]} {candidates[i][1]}" for i in claim.claimed] + claim.released
+
+
+def test_a_late_ack_leaves_the_lease_another_pump_took_after_it_expired(repeat: Repeat) -> None:
+    repeat.register("q", "job", every="1h", template=TEMPLATE, now_ms=T0)
+    due = T0 + HOUR
+    [first] = claim_due(repeat, "q", due, lease_ms=1000)  # pump A, which then freezes
+    [again] = claim_due(repeat, "q", due + 1001, lease_ms=1000)  # pump B re-takes it
+    assert first == again
+    # A wakes up and acks what it sent an hour ago: B's lease is not A's to drop.
+    repeat.ack("q", [first], deadline_ms=due + 1000)
+    assert repeat.leases("q") == [("job", due, due + 2001)]
+    repeat.ack("q", [again], deadline_ms=due + 2001)
+    assert repeat.leases("q") == []
+
+
+class Slow:
+    """A broker that takes `seconds[name]` to accept an occurrence (0.15 s by default)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.sent: list[Occurrence] = []
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        time.sleep(self.seconds.get(occurrence.name, 0.15))
+        self.sent.append(occurrence)
+
+
+class Lost(PumpEvents):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_lease_lost(self, occurrence: Occurrence) -> None:
+        self.names.append(occurrence.name)
+
+
+def race(redis_url: str, prefix: str, seconds: dict[str, float]) -> tuple[Counter[str], Lost]:
+    """Pump A sends five due occurrences slowly, leases 0.4 s; pump B ticks all along."""
+    setup = Repeat(redis.Redis.from_url(redis_url), prefix)
+    now = setup.server_time_ms()
+    for i in range(5):
+        setup.register("q", f"job-{i}", every="1h", template=TEMPLATE, now_ms=now - HOUR - 10)
+    slow, fast, lost = Slow(seconds), RecordingDispatcher(), Lost()
+    a = Pump(setup, ["q"], slow, lease_ms=400, listeners=[lost])
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (a.run_once(), done.set()))
+    thread.start()
+    b = Pump(Repeat(redis.Redis.from_url(redis_url), prefix), ["q"], fast, lease_ms=400)
+    time.sleep(0.05)  # A claims first
+    while not done.is_set():
+        b.run_once()
+        time.sleep(0.03)
+    thread.join(10)
+    b.run_once()
+    sends = Counter(o.name for o in slow.sent) + Counter(fast.names())
+    assert setup.leases("q") == []  # every send was acked by the pump that made it
+    return sends, lost
+
+
+def test_a_batch_sent_slowly_keeps_its_leases_so_no_other_pump_sends_it_again(
+    redis_url: str, prefix: str
+) -> None:
+    # 5 x 0.15 s is almost twice the lease: without extending, B would re-send the tail.
+    sends, lost = race(redis_url, prefix, {})
+    assert sends == Counter({f"job-{i}": 1 for i in range(5)})
+    assert lost.names == []
+
+
+def test_one_send_slower_than_the_lease_duplicates_at_most_itself(
+    redis_url: str, prefix: str
+) -> None:
+    # job-0 takes 0.9 s, over twice the lease: B re-takes every lease meanwhile. A then sends
+    # none of the others (B does), and only job-0 may go out twice.
+    sends, lost = race(redis_url, prefix, {"job-0": 0.9})
+    assert {name: count for name, count in sends.items() if name != "job-0"} == {
+        f"job-{i}": 1 for i in range(1, 5)
+    }
+    assert 1 <= sends["job-0"] <= 2
+    assert sorted(lost.names) == [f"job-{i}" for i in range(1, 5)]
