@@ -37,6 +37,7 @@ from cronsim import CronSim, CronSimError
 from .errors import ScheduleError
 
 __all__ = [
+    "MAX_CRON_CHARS",
     "Anchor",
     "Cadence",
     "Cron",
@@ -56,6 +57,10 @@ MISFIRES: tuple[Misfire, ...] = ("coalesce", "catchup")
 # Counting missed cron slots after a very long outage is capped; past the cap the
 # count is a lower bound and the cadence jumps straight to the next future slot.
 MAX_COUNTED_MISSES = 10_000
+
+# Every field of a 5-field expression written out value by value is ~360 characters; a
+# longer one is not a schedule, and its next runs would cost seconds in every claim.
+MAX_CRON_CHARS = 512
 
 CRON_ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -198,7 +203,12 @@ class Cron:
 
     def __post_init__(self) -> None:
         if not isinstance(self.expr, str):
-            raise ScheduleError(f"cron must be a string, got {self.expr!r}")
+            raise ScheduleError(f"cron must be a string, got {type(self.expr).__name__}")
+        if len(self.expr) > MAX_CRON_CHARS:
+            # Not quoted: the message stays one short line, whatever was given.
+            raise ScheduleError(
+                f"cron expression is {len(self.expr)} characters; the limit is {MAX_CRON_CHARS}"
+            )
         expanded = CRON_ALIASES.get(self.expr.strip().lower(), self.expr)
         if len(expanded.split()) != 5:
             raise ScheduleError(

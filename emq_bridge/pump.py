@@ -37,6 +37,8 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
+# How often a running pump reads the eviction policy again (it warns once per change).
+EVICTION_CHECK_S = 60.0
 # The first batch of a drain, before batches grow to `batch_size`.
 FIRST_BATCH = 32
 # Decoded definitions kept between ticks, keyed by their raw record fields; the cache is
@@ -104,6 +106,9 @@ class Pump:
         self._outage_since: float | None = None
         self._failures = 0
         self._broken: dict[str, str] = {}
+        self.eviction_check_s = EVICTION_CHECK_S
+        self._policy: str | None = None
+        self._policy_read_at: float | None = None
 
     def add_listener(self, listener: PumpEvents) -> None:
         """Tell `listener` what this pump does from now on (after the listeners it has)."""
@@ -387,9 +392,9 @@ class Pump:
         """
         if stop is not None:
             self._stop = stop
-        self.repeat.check_eviction_policy()
         wakeups: WakeSubscription | None = None
         while not self._stop.is_set():
+            self._watch_eviction_policy()
             if wakeups is None:
                 wakeups = self._subscribe()
             _, delay = self.step()
@@ -465,5 +470,16 @@ class Pump:
         return wakeups
 
     def check_eviction_policy(self) -> str | None:
-        """Warn loudly if Redis may evict registry keys (see `Repeat.check_eviction_policy`)."""
-        return self.repeat.check_eviction_policy()
+        """Warn loudly if Redis may evict registry keys (see `Repeat.check_eviction_policy`).
+
+        Warns once per policy: a pump that checks again only warns when it changed.
+        """
+        self._policy_read_at = time.monotonic()
+        self._policy = self.repeat.check_eviction_policy(self._policy)
+        return self._policy
+
+    def _watch_eviction_policy(self) -> None:
+        """Read the policy at start, then every `eviction_check_s`: it can change at runtime."""
+        read_at = self._policy_read_at
+        if read_at is None or time.monotonic() - read_at >= self.eviction_check_s:
+            self.check_eviction_policy()

@@ -225,10 +225,12 @@ class Repeat:
                 raise
         return WakeSubscription(pubsub)
 
-    def check_eviction_policy(self) -> str | None:
+    def check_eviction_policy(self, known: str | None = None) -> str | None:
         """Warn loudly if Redis may evict registry keys; return the policy if it could be read.
 
-        On a cluster every primary holds registries, so each is asked.
+        On a cluster every primary holds registries, so each is asked. No warning when the
+        policy is `known` (what an earlier check returned), so a periodic check warns once
+        per change.
         """
         try:
             with redis_errors("CONFIG GET maxmemory-policy"):
@@ -244,7 +246,7 @@ class Repeat:
         nodes = reply.values() if per_node else [reply]
         policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
         policy = next((p for p in policies if p in EVICTING_POLICIES), policies[0])
-        if policy in EVICTING_POLICIES:
+        if policy in EVICTING_POLICIES and policy != known:
             log.warning(
                 "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
                 "set it to noeviction (or a volatile-* policy)",

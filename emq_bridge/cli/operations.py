@@ -311,6 +311,7 @@ def pump_command(
         resolve_cadence=target.resolve_cadence if target else None,
     )
     if once:
+        pump.check_eviction_policy()
         tick = pump.run_once()
         click.echo(f"dispatched {len(tick.dispatched)}, failed {len(tick.failed)}")
         if tick.failed:

@@ -219,3 +219,16 @@ def test_next_runs_previews_a_cron_in_order() -> None:
     runs = next_runs(Cron("0 9 * * 1", "Europe/Paris"), start, 3)
     assert [datetime.fromtimestamp(r / 1000, tz=timezone.utc).day for r in runs] == [7, 14, 21]
     assert runs == sorted(runs)
+
+
+def test_a_cron_expression_longer_than_the_limit_is_refused_in_one_short_line() -> None:
+    from emq_bridge.cadence import MAX_CRON_CHARS
+
+    longest = "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23 * * * *"
+    Cron(longest)  # a long but real expression is fine
+    huge = ",".join(["0"] * 300_000) + " * * * *"  # ~586 KiB, as a fault run once sent
+    with pytest.raises(ScheduleError) as refused:
+        Cron(huge)
+    assert str(refused.value) == (
+        f"cron expression is {len(huge)} characters; the limit is {MAX_CRON_CHARS}"
+    )

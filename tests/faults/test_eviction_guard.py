@@ -62,3 +62,40 @@ def test_a_running_pump_checks_the_policy_once_at_start(
     stop.set()
     thread.join(5)
     assert len(warnings_about_eviction(caplog)) == 1
+
+
+def test_a_running_pump_warns_once_when_the_policy_changes_under_it(
+    own_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    own_client.config_set("maxmemory-policy", "noeviction")
+    pump = Pump(Repeat(own_client, "ev"), ["q"], RecordingDispatcher(), max_sleep_s=0.02)
+    pump.eviction_check_s = 0.05
+    stop = threading.Event()
+    thread = threading.Thread(target=pump.run, args=(stop,))
+    thread.start()
+    try:
+        stop.wait(0.3)
+        assert warnings_about_eviction(caplog) == []
+        own_client.config_set("maxmemory-policy", "allkeys-lru")  # an operator's change
+        stop.wait(0.5)
+    finally:
+        stop.set()
+        thread.join(5)
+    [message] = warnings_about_eviction(caplog)  # once, though checked several times
+    assert "allkeys-lru" in message
+
+
+def test_pump_once_checks_the_policy(
+    own_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    from click.testing import CliRunner
+
+    from emq_bridge.cli import cli
+
+    own_client.config_set("maxmemory-policy", "allkeys-random")
+    url = "redis://{host}:{port}/0".format(**own_client.connection_pool.connection_kwargs)
+    result = CliRunner().invoke(
+        cli, ["--redis-url", url, "--prefix", "ev", "pump", "q", "--list-key", "out", "--once"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "maxmemory-policy is allkeys-random" in result.output + caplog.text
