@@ -58,6 +58,8 @@ UPSERT_CHUNK = 500
 # Records read per `fetch` call by a whole-registry read: one call holds the server for a
 # few milliseconds at most.
 FETCH_CHUNK = 2000
+# Registrations read per pipeline by `list`/`iter_list`: bounded memory and server time.
+READ_CHUNK = 1000
 _UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated"}
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
@@ -499,12 +501,45 @@ class Repeat:
         found: builtins.list[Registration] = self._read(queue, [name])
         return found[0] if found else None
 
-    def list(self, queue: str) -> builtins.list[Registration]:
-        """Return every registration of `queue`, in next-run order (paused last)."""
+    def list(
+        self, queue: str, *, offset: int = 0, limit: int | None = None
+    ) -> builtins.list[Registration]:
+        """Return the registrations of `queue` in next-run order (paused last).
+
+        `offset` and `limit` page through that order; only the page's records are read.
+        """
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ValueError("offset and limit must not be negative")
+        if limit == 0:
+            return []
+        keys = self.keys(queue)
+        stop = -1 if limit is None else offset + limit - 1
+        with redis_errors(f"list {queue}"):
+            names = [text(n) for n in self.client.zrange(keys.registry, offset, stop)]
+        return [
+            r
+            for start in range(0, len(names), READ_CHUNK)
+            for r in self._read(queue, names[start : start + READ_CHUNK])
+        ]
+
+    def iter_list(self, queue: str) -> Iterator[Registration]:
+        """Yield every registration of `queue` in next-run order, reading `READ_CHUNK` at a time.
+
+        The names are read at once (so the order is one snapshot), the records a chunk at a
+        time, so memory stays bounded by the chunk at any registry size. A registration
+        removed meanwhile is left out.
+        """
         keys = self.keys(queue)
         with redis_errors(f"list {queue}"):
             names = [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
-        return self._read(queue, names)
+        for start in range(0, len(names), READ_CHUNK):
+            yield from self._read(queue, names[start : start + READ_CHUNK])
+
+    def count(self, queue: str) -> int:
+        """Return how many registrations `queue` holds (ZCARD; paused ones included)."""
+        keys = self.keys(queue)
+        with redis_errors(f"count {queue}"):
+            return int(self.client.zcard(keys.registry))
 
     def names(self, queue: str) -> builtins.list[str]:
         """Return the names registered in `queue`."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -54,28 +54,41 @@ def _require(repeat: Repeat, queue: str, name: str) -> Registration:
 @click.command("list")
 @click.argument("queue", required=False)
 @json_option
+@click.option(
+    "--limit", type=click.IntRange(min=0), help="Show at most this many schedules (a page)."
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Skip this many schedules first (the next page: --offset 50 --limit 50).",
+)
 @pass_settings
-def list_command(settings: Settings, queue: str | None, as_json: bool) -> None:
+def list_command(
+    settings: Settings, queue: str | None, as_json: bool, limit: int | None, offset: int
+) -> None:
     """List schedules with their cadence, next and last run, and state.
 
-    Without QUEUE, list every queue under the prefix. The next run is shown in the
-    schedule's time zone (UTC for intervals) and relative to the Redis server's clock.
+    Without QUEUE, list every queue under the prefix, queue by queue; each queue's schedules
+    come in next-run order (paused last). The next run is shown in the schedule's time zone
+    (UTC for intervals) and relative to the Redis server's clock. The records are read and
+    printed a thousand at a time, so a registry of any size lists in bounded memory.
 
     \b
     Examples:
       emq-bridge list
+      emq-bridge list reports --limit 50 --offset 50
       emq-bridge list reports --json | jq '.[].next_run'
     """
     repeat = settings.repeat()
     queues = [queue] if queue is not None else repeat.queues()
-    registrations = [r for q in queues for r in repeat.list(q)]
     now_ms = repeat.server_time_ms()
+    registrations = _page(repeat, queues, offset, limit)
     if as_json:
-        click.echo(to_json([registration_json(r, now_ms) for r in registrations]))
-        return
-    if not registrations:
-        where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
-        click.echo(f"no schedules in {where}", err=True)
+        for chunk in _json_array(registration_json(r, now_ms) for r in registrations):
+            click.echo(chunk, nl=False)
+        click.echo()
         return
     rows = [
         [
@@ -88,7 +101,44 @@ def list_command(settings: Settings, queue: str | None, as_json: bool) -> None:
         ]
         for r in registrations
     ]
+    if not rows:
+        where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
+        click.echo(f"no schedules in {where}" + (" on this page" if offset else ""), err=True)
+        return
     click.echo(table(["queue", "name", "cadence", "next run", "last run", "state"], rows))
+
+
+def _page(
+    repeat: Repeat, queues: list[str], offset: int, limit: int | None
+) -> Iterator[Registration]:
+    """Yield the registrations of `queues`, in order, from `offset`, at most `limit`."""
+    if limit is None and offset == 0:  # the whole registry, streamed
+        for queue in queues:
+            yield from repeat.iter_list(queue)
+        return
+    left = limit
+    for queue in queues:
+        if left == 0:
+            return
+        size = repeat.count(queue)
+        if offset >= size:
+            offset -= size
+            continue
+        page = repeat.list(queue, offset=offset, limit=left)
+        offset = 0
+        if left is not None:
+            left -= len(page)
+        yield from page
+
+
+def _json_array(items: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """Yield the text of `to_json(list(items))`, an item at a time (no list in memory)."""
+    first = True
+    for item in items:
+        body = to_json(item).replace("\n", "\n  ")
+        yield ("[\n  " if first else ",\n  ") + body
+        first = False
+    yield "[]" if first else "\n]"
 
 
 @click.command("show")
