@@ -25,6 +25,7 @@ Missed slots (the pump was down) follow the registration's misfire policy, see `
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "advance",
     "cadence_from_fields",
     "next_runs",
+    "parse_every",
     "parse_every_ms",
 ]
 
@@ -74,6 +76,8 @@ CRON_ALIASES = {
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _EVERY_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)", re.ASCII)
+# A bare number of seconds, as `every` takes it: "90", "1.5" (at most 20 digits each side).
+_SECONDS_RE = re.compile(r"\d{1,20}(\.\d{1,20})?", re.ASCII)
 # Scores are epoch ms held in a double, exact up to 2**53: an interval stays far below that.
 MAX_EVERY_MS = 1000 * 365 * 86_400_000
 
@@ -101,8 +105,37 @@ class Cadence(Protocol):
         ...
 
 
+def parse_every(value: float | timedelta | str) -> int:
+    """Return an interval in ms from seconds, a `timedelta`, or a string like `"15m"`.
+
+    A bare number means seconds, as in Celery (`"schedule": 90`), APScheduler and periodiq:
+    `90`, `1.5` and `"90"` are 90 s, 1.5 s and 90 s. `every_ms` takes milliseconds.
+    """
+    if isinstance(value, bool):
+        raise ScheduleError(
+            f"every must be seconds, a timedelta or a string like '15m', not {value!r}"
+        )
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ScheduleError(f"every must be a finite number of seconds, got {value!r}")
+        seconds = value
+    elif isinstance(value, str) and _SECONDS_RE.fullmatch(value.strip()):
+        seconds = float(value.strip())
+    else:
+        return parse_every_ms(value)
+    if seconds > MAX_EVERY_MS / 1000:
+        raise ScheduleError(f"every must be at most 1000 years, got {value!r} seconds")
+    every_ms = round(seconds * 1000)
+    if every_ms <= 0:
+        raise ScheduleError(f"every must be at least 1 ms, got {value!r} seconds")
+    return every_ms
+
+
 def parse_every_ms(value: int | timedelta | str) -> int:
-    """Return an interval in ms from ms, a `timedelta`, or a string like `"15m"` / `"1h30m"`."""
+    """Return an interval in ms from ms, a `timedelta`, or a string like `"15m"` / `"1h30m"`.
+
+    A bare number here means milliseconds (EchoMQ's `every_ms`); see `parse_every` for `every`.
+    """
     if isinstance(value, bool):
         raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
     if isinstance(value, timedelta):

@@ -7,7 +7,7 @@ queue = "reports"             # optional default queue for the entries below
 [[schedule]]
 name = "digest"
 task = "app.tasks.send_digest"   # Celery task name or Dramatiq actor name
-every = "15m"                    # or every_ms = 900000, or cron = "0 9 * * *" + tz
+every = "15m"                    # or every = 900 (s), every_ms = 900000, or cron + tz
 args = [1]
 kwargs = { audience = "staff" }
 options = { priority = 5 }
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .cadence import ANCHORS, MISFIRES, Cadence, Cron, Every, parse_every_ms
+from .cadence import ANCHORS, MISFIRES, Cadence, Cron, Every, parse_every, parse_every_ms
 from .definition import Declaration, Definition
 from .errors import ConfigError, ScheduleError
 from .keys import validate_name
@@ -301,16 +301,18 @@ def _cadence(entry: Mapping[str, Any]) -> Cadence:
             )
         field = given[0]
         value = entry[field]
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise _FieldError(
-                field, f"must be an integer (ms) or a string like '15m', got {_kind(value)}"
-            )
-        if field == "every_ms" and not isinstance(value, int):
+        if field == "every_ms" and (isinstance(value, bool) or not isinstance(value, int)):
             raise _FieldError(
                 field, "must be an integer number of milliseconds; use every for '15m'"
             )
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise _FieldError(
+                field, f"must be seconds (a number) or a string like '15m', got {_kind(value)}"
+            )
         try:
-            return Every(parse_every_ms(value), anchor)
+            # A bare number is seconds for `every`, as in Celery; milliseconds for `every_ms`.
+            every_ms = parse_every(value) if field == "every" else parse_every_ms(int(value))
+            return Every(every_ms, anchor)
         except ScheduleError as exc:
             raise _FieldError(field, str(exc)) from exc
     if "anchor" in entry:

@@ -24,6 +24,7 @@ from .cadence import (
     Every,
     Misfire,
     cadence_from_fields,
+    parse_every,
     parse_every_ms,
 )
 from .errors import ScheduleError
@@ -121,7 +122,7 @@ def _digest(fields: Mapping[str, str]) -> str:
 
 def define(
     *,
-    every: int | timedelta | str | None = None,
+    every: float | timedelta | str | None = None,
     every_ms: int | None = None,
     cron: str | None = None,
     tz: str | None = None,
@@ -145,9 +146,13 @@ def define(
     else:
         if tz is not None:
             raise ScheduleError("tz applies to cron schedules only; an interval has no time zone")
-        raw = every if every is not None else every_ms
-        assert raw is not None
-        cadence = Every(parse_every_ms(raw), anchor)
+        # A bare number is seconds for `every` (as in Celery), milliseconds for `every_ms`.
+        if every is not None:
+            every_in_ms = parse_every(every)
+        else:
+            assert every_ms is not None  # exactly one cadence was given
+            every_in_ms = parse_every_ms(every_ms)
+        cadence = Every(every_in_ms, anchor)
     return Definition(cadence, template if template is not None else {}, misfire)
 
 
@@ -168,14 +173,14 @@ class Declaration:
 class Schedule:
     """A recurring schedule declared on a task, before it is bound to the task.
 
-    Exactly one of `every` (ms, a `timedelta` or a string like `"15m"`) or `cron` (5 fields,
+    Exactly one of `every` (seconds, a `timedelta` or a string like `"15m"`) or `cron` (5 fields,
     evaluated in `tz`, default UTC or the adapter's default zone). `args`/`kwargs` are
     passed to the task, `options` are the framework's sending options. `name` defaults to
     the task name; a task with several schedules needs a distinct `name` for each. The
     cadence, the arguments (JSON) and the name are checked at construction.
     """
 
-    every: int | timedelta | str | None = None
+    every: float | timedelta | str | None = None
     cron: str | None = None
     tz: str | None = None
     args: Sequence[Any] = ()

@@ -92,7 +92,7 @@ def recurring(
     *,
     cron: str | None = None,
     tz: str | None = None,
-    every: int | timedelta | str | None = None,
+    every: float | timedelta | str | None = None,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     name: str | None = None,
@@ -102,7 +102,7 @@ def recurring(
 ) -> Callable[[T], T]:
     """Declare a recurring Celery task; stack it above `@app.task`.
 
-    `cron` is read in `tz`, default the app's `timezone`; `every` is ms, a `timedelta` or
+    `cron` is read in `tz`, default the app's `timezone`; `every` is seconds, a `timedelta` or
     `"15m"`. The schedule is synced when a worker or beat of the app starts; `name` defaults
     to the task name, the queue to the task's routing.
     """

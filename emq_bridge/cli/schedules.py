@@ -260,7 +260,9 @@ def _json_value(
 @click.option(
     "--task", required=True, metavar="NAME", help="Celery task name or Dramatiq actor name."
 )
-@click.option("--every", metavar="DURATION", help="Interval, e.g. 30s, 15m, 1h30m.")
+@click.option(
+    "--every", metavar="DURATION", help="Interval: seconds (90), or e.g. 30s, 15m, 1h30m."
+)
 @click.option(
     "--every-ms", type=click.IntRange(min=1), metavar="MS", help="Interval in milliseconds."
 )

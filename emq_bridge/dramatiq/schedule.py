@@ -64,7 +64,7 @@ ActorT = TypeVar("ActorT")
 
 
 def every(
-    interval: int | timedelta | str,
+    interval: float | timedelta | str,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
@@ -109,7 +109,7 @@ def cron(
 
 def recurring(
     *,
-    every: int | timedelta | str | None = None,
+    every: float | timedelta | str | None = None,
     cron: str | None = None,
     tz: str | None = None,
     args: Sequence[Any] = (),
@@ -287,7 +287,7 @@ def register(
     repeat: Repeat,
     actor: dramatiq.Actor[Any, Any] | str,
     *,
-    every: int | timedelta | str | None = None,
+    every: float | timedelta | str | None = None,
     cron: str | None = None,
     tz: str | None = None,
     args: Sequence[Any] = (),

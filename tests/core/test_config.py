@@ -184,9 +184,14 @@ BAD_FILES = [
         id="bad-every",
     ),
     pytest.param(
-        f"[[schedule]]\n{ENTRY}every = 1.5\n",
-        r"field 'every': must be an integer",
-        id="float-every",
+        f"[[schedule]]\n{ENTRY}every = [90]\n",
+        r"field 'every': must be seconds \(a number\) or a string like '15m', got an array",
+        id="array-every",
+    ),
+    pytest.param(
+        f"[[schedule]]\n{ENTRY}every = 0.0001\n",
+        r"field 'every': every must be at least 1 ms",
+        id="sub-ms-every",
     ),
     pytest.param(
         f"[[schedule]]\n{ENTRY}every_ms = '15m'\n",

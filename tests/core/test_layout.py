@@ -126,3 +126,25 @@ def test_the_cycle_check_finds_a_cycle_hidden_by_a_lazy_import(tmp_path: Path) -
     graph["p.b"] = {t for t in imports("p.b", path) if t in graph}
     with pytest.raises(graphlib.CycleError):
         list(graphlib.TopologicalSorter(graph).static_order())
+
+
+@pytest.mark.parametrize(("adapter", "framework"), [("celery", "celery"), ("dramatiq", "dramatiq")])
+def test_an_adapter_without_its_framework_says_which_extra_to_install(
+    adapter: str, framework: str
+) -> None:
+    probe = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {framework!r}:\n"
+        "            raise ImportError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "try:\n"
+        f"    import emq_bridge.{adapter}\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.stdout.strip() == (
+        f"emq_bridge.{adapter} needs {framework.capitalize()}: pip install 'emq-bridge[{adapter}]'"
+    )
