@@ -4,7 +4,7 @@ The store is EchoMQ's Repeat registry: one sorted-set member per registration, s
 its next run in epoch ms, and one hash per registration holding `every_ms` and `template`.
 """
 
-from .cadence import Cadence, Cron, Every, advance, next_runs, parse_every_ms
+from .cadence import Cadence, Cron, Every, advance, next_runs, parse_every, parse_every_ms
 from .definition import Declaration, Definition, Schedule, define
 from .dispatch import Dispatcher, ListPushDispatcher
 from .errors import (
@@ -13,6 +13,7 @@ from .errors import (
     DispatchError,
     EmqError,
     InvalidName,
+    PermanentDispatchError,
     RegistryError,
     RegistryUnavailable,
     ScheduleError,
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidName",
     "ListPushDispatcher",
     "Occurrence",
+    "PermanentDispatchError",
     "Pump",
     "PumpEvents",
     "QueueKeys",
@@ -60,6 +62,7 @@ __all__ = [
     "define",
     "next_runs",
     "occurrence_id",
+    "parse_every",
     "parse_every_ms",
     "plan_sync",
     "sync",

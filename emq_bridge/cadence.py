@@ -41,6 +41,7 @@ __all__ = [
     "MAX_CRON_CHARS",
     "Anchor",
     "Cadence",
+    "CheckedCadence",
     "Cron",
     "Every",
     "Misfire",
@@ -83,7 +84,11 @@ MAX_EVERY_MS = 1000 * 365 * 86_400_000
 
 
 class Cadence(Protocol):
-    """When the next run is. Every implementation is a frozen value with no I/O."""
+    """When the next run is. Every implementation is a frozen value with no I/O.
+
+    A cadence that cannot name its next run, only say at a check whether it is due (a
+    Celery schedule whose `is_due` decides), also has `check`: see `CheckedCadence`.
+    """
 
     @property
     def kind(self) -> str: ...
@@ -102,6 +107,25 @@ class Cadence(Protocol):
 
     def describe(self) -> str:
         """Return the cadence in words, for people."""
+        ...
+
+
+class CheckedCadence(Cadence, Protocol):
+    """A cadence decided at each check, as Celery's beat decides with `is_due`.
+
+    Its registry score is the next *check*, not a run: `first_run` is the first check and
+    `next_after` the check after one. The pump, seeing `check`, calls it instead of
+    `advance` and fires only when it says due; either way the claim moves the score to the
+    next check it names (compare-and-set, as for a run). No slot is ever counted missed.
+    Its code may do I/O (it lives in the process that holds the schedule object).
+    """
+
+    def check(self, last_run_ms: int, now_ms: int) -> tuple[bool, int]:
+        """Return (due now, the next check in epoch ms, after `now_ms`).
+
+        `last_run_ms` is when the registration last fired (its record's `last_fired_ms`,
+        or its `last_due_ms` if later), or when it was created if it never fired.
+        """
         ...
 
 

@@ -49,7 +49,18 @@ __all__ = [
 ]
 
 # Record fields a definition owns. upsert deletes the ones a new definition leaves out.
-DEFINITION_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "misfire", "template")
+# `cadence_label` names a cadence computed outside the registry (a Celery schedule object),
+# so that editing it changes the definition; upsert deletes it once a cadence has none.
+DEFINITION_FIELDS = (
+    "every_ms",
+    "anchor",
+    "cron",
+    "tz",
+    "day_and",
+    "misfire",
+    "template",
+    "cadence_label",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib
 
 
-def main() -> int:
-    """Run the demo; return its exit code."""
+def main(url: str | None = None) -> int:
+    """Run the demo on the server at `url` (else `$REDIS_URL`, else an embedded one).
+
+    Return its exit code. Every key it writes is under a throwaway prefix, removed at the end.
+    """
     demo = importlib.import_module("emq_bridge.dramatiq.demo")
-    return int(demo.main() or 0)
+    return int(demo.main(url=url) or 0)
 
 
 if __name__ == "__main__":

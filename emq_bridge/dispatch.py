@@ -15,7 +15,7 @@ from .cadence import Cadence
 from .definition import Declaration
 from .errors import DispatchError
 from .occurrence import Occurrence
-from .registry import redis_errors
+from .registry import Repeat, redis_errors
 
 __all__ = [
     "BatchDispatcher",
@@ -48,6 +48,11 @@ class PumpTarget:
     one; `source` tags the declarations when they are synced. `resolve_cadence`, when set,
     is the `Pump(resolve_cadence=...)` hook for schedules only the adapter's process can
     compute (Celery's `solar` and custom schedule classes).
+
+    `repeat` is the registry the application's own pumps use (Celery's beat, the workers'
+    pump threads), when the adapter knows one: the command pumps it unless told otherwise,
+    so a standalone pump never fires a second copy of the schedules under another prefix.
+    `lease_ms` and `max_sleep_s` are the application's pump settings, when it has any.
     """
 
     dispatcher: Dispatcher
@@ -55,6 +60,9 @@ class PumpTarget:
     declarations: tuple[Declaration, ...]
     source: str
     resolve_cadence: Callable[[str, str, Cadence], Cadence] | None = None
+    repeat: Repeat | None = None
+    lease_ms: int | None = None
+    max_sleep_s: float | None = None
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ __all__ = [
     "DispatchError",
     "EmqError",
     "InvalidName",
+    "PermanentDispatchError",
     "RegistryError",
     "RegistryUnavailable",
     "ScheduleError",
@@ -44,3 +45,12 @@ class CorruptRecord(RegistryError):
 
 class DispatchError(EmqError):
     """A dispatcher could not hand an occurrence to its broker."""
+
+
+class PermanentDispatchError(DispatchError):
+    """An occurrence can never be sent as its registration stands, so retrying is pointless.
+
+    An unknown task or actor, or a template the framework refuses. The pump parks the
+    registration (it stops firing, `list`/`show` say why) until it is resumed; any other
+    `DispatchError` is transient (a broker that is down) and retried after the lease.
+    """

@@ -61,6 +61,15 @@ class PumpEvents:
         """`occurrence` was not sent: its lease expired while earlier ones of its batch were
         sent, and another pump took it (and sends it)."""
 
+    def on_registration_failed(self, occurrence: Occurrence, error: BaseException) -> None:
+        """`occurrence` can never be sent (`PermanentDispatchError`: an unknown task or actor,
+        a template the framework refuses): its lease is dropped and its registration is
+        parked, with `error` as the reason, until it is resumed."""
+
+    def on_hand_back(self, queue: str, occurrences: Sequence[Occurrence]) -> None:
+        """The pump stopped (or was interrupted) before it sent `occurrences`: their leases
+        expire at once, and the next tick of any pump sends them (same ids, redelivered)."""
+
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         """`missed` slots of `name` passed while no pump ran; the policy dropped them.
 
@@ -123,6 +132,26 @@ class LoggingEvents(PumpEvents):
             occurrence.queue,
             occurrence.name,
             occurrence.id,
+        )
+
+    def on_registration_failed(self, occurrence: Occurrence, error: BaseException) -> None:
+        where = f"{occurrence.queue}/{occurrence.name}"
+        log.error(
+            "%s: parked, it fires no more until resumed (emq-bridge resume %s %s): "
+            "occurrence %s can never be sent: %s",
+            where,
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
+            str(error).removeprefix(f"{where}: "),
+        )
+
+    def on_hand_back(self, queue: str, occurrences: Sequence[Occurrence]) -> None:
+        log.warning(
+            "%s: stopping: %d claimed occurrence(s) not sent handed back; the next pump tick "
+            "sends them with the same ids",
+            queue,
+            len(occurrences),
         )
 
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
@@ -205,6 +234,15 @@ class Broadcast(PumpEvents):
 
     def on_lease_lost(self, occurrence: Occurrence) -> None:
         self._each("on_lease_lost", lambda listener: listener.on_lease_lost(occurrence))
+
+    def on_registration_failed(self, occurrence: Occurrence, error: BaseException) -> None:
+        self._each(
+            "on_registration_failed",
+            lambda listener: listener.on_registration_failed(occurrence, error),
+        )
+
+    def on_hand_back(self, queue: str, occurrences: Sequence[Occurrence]) -> None:
+        self._each("on_hand_back", lambda listener: listener.on_hand_back(queue, occurrences))
 
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         self._each("on_missed", lambda listener: listener.on_missed(queue, name, missed, due_ms))

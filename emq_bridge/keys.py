@@ -84,6 +84,14 @@ class QueueKeys:
         return f"{self.tag}:leases"
 
     @property
+    def generations(self) -> str:
+        """Hash: source -> the highest declaration generation that source synced into the queue.
+
+        Kept when the queue empties: it is what refuses an older generation's sync later.
+        """
+        return f"{self.tag}:generations"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel that registry changes publish to, so sleeping pumps wake."""
         return f"{self.tag}:wake"

@@ -11,17 +11,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .cadence import Cadence, Misfire, advance
 from .definition import DEFINITION_FIELDS, Definition
-from .dispatch import BatchDispatcher, Dispatcher
-from .errors import RegistryError, RegistryUnavailable
+from .dispatch import BatchDispatcher, Dispatcher, batch_failure
+from .errors import PermanentDispatchError, RegistryError, RegistryUnavailable
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .occurrence import Occurrence, occurrence_id
-from .registry import Repeat, WakeSubscription
+from .registry import Claim, Repeat, WakeSubscription
 
 __all__ = ["Clock", "Pump", "Tick"]  # Tick lives in events; re-exported for its old path
 
@@ -45,6 +45,11 @@ FIRST_BATCH = 32
 # emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
 DECODED_CACHE_BYTES = 32 * 1024 * 1024
+# Once asked to stop, a pump sending a batch one occurrence at a time goes on this long, then
+# hands back the leases of what it has not sent, so a stop ends within about this time.
+STOP_GRACE_S = 0.5
+# A parked registration's reason is kept to this many characters.
+MAX_PARK_REASON = 500
 
 
 class _LeaseLost(Exception):
@@ -52,6 +57,24 @@ class _LeaseLost(Exception):
 
 
 _LOST = _LeaseLost()
+
+
+class _Unsent(Exception):
+    """The outcome of an occurrence not sent because the pump stopped: its lease goes back."""
+
+
+_UNSENT = _Unsent()
+
+
+@dataclass(slots=True)
+class _Sending:
+    """A batch being sent: the outcome of each occurrence so far, and its leases' deadline.
+
+    Kept outside the sending loop, so what was sent is known when the loop is interrupted.
+    """
+
+    deadline: int
+    outcomes: list[BaseException | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +159,8 @@ class Pump:
         tick = Tick()
         errors: dict[str, RegistryError] = {}
         for queue in self.queues:
+            if self._stop.is_set():  # asked to stop: claim nothing more
+                break
             try:
                 self._drain(queue, now_ms, tick)
             except RegistryUnavailable:
@@ -167,7 +192,12 @@ class Pump:
     def _fire_batch(
         self, queue: str, now_ms: int, due: list[tuple[str, int]], expired: list[str], tick: Tick
     ) -> tuple[int | None, int | None]:
-        """Claim, dispatch and ack one batch; return the earliest score and lease after it."""
+        """Claim, dispatch and ack one batch; return the earliest score and lease after it.
+
+        However the sending ends, the batch is settled: what the broker accepted is acked,
+        what was not sent is handed back (an interruption, a stop), what can never be sent
+        is parked; only a refused send keeps its lease, to be retried when it expires.
+        """
         redeliveries, corrupt = self._parse_leases(queue, expired)
         if corrupt:
             expired = [m for m in expired if m not in corrupt]
@@ -181,11 +211,37 @@ class Pump:
                 candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer"))
                 tick.parked.append(name)
                 continue
-            firings[name], next_ms, missed = candidate
-            candidates.append((name, score, next_ms, missed, "fire"))
+            firings[name], next_ms, missed, mode = candidate
+            candidates.append((name, score, next_ms, missed, mode))
         claim = self.repeat.claim(queue, now_ms, self.lease_ms, candidates, expired)
-
+        if corrupt:  # garbage holds no deadline of ours: dropped unfenced
+            self.repeat.ack(queue, sorted(corrupt))
         batch: list[Occurrence] = []
+        sending = _Sending(now_ms + self.lease_ms)
+        try:
+            self._send_claimed(queue, now_ms, claim, candidates, firings, records, batch, sending)
+        except BaseException:
+            # SystemExit (Celery's beat signal handler), KeyboardInterrupt: settle what is
+            # known before it goes on, so no claimed occurrence waits out its lease.
+            self._hand_back_interrupted(queue, now_ms, batch, sending)
+            raise
+        earliest_lease = self._settle(
+            queue, now_ms, batch, sending.outcomes, sending.deadline, records, tick
+        )
+        return claim.earliest_ms, earliest_lease
+
+    def _send_claimed(
+        self,
+        queue: str,
+        now_ms: int,
+        claim: Claim,
+        candidates: list[tuple[str, int, int, int, str]],
+        firings: Mapping[str, _Firing],
+        records: Mapping[str, Mapping[str, str]],
+        batch: list[Occurrence],
+        sending: _Sending,
+    ) -> None:
+        """Build the occurrences of `claim` into `batch` and send them, outcomes into `sending`."""
         for index in claim.claimed:
             name, score, _, missed, _ = candidates[index]
             template = firings[name].template
@@ -214,27 +270,120 @@ class Pump:
             batch.append(occurrence)
         if batch:
             self.events.on_claim(queue, batch)
-
-        if corrupt:  # garbage holds no deadline of ours: dropped unfenced
-            self.repeat.ack(queue, sorted(corrupt))
         if drop:  # leases this claim just wrote, of registrations gone
-            self.repeat.ack(queue, drop, deadline_ms=now_ms + self.lease_ms)
+            self.repeat.ack(queue, drop, deadline_ms=sending.deadline)
+        self._dispatch_all(queue, batch, sending)
+
+    def _settle(
+        self,
+        queue: str,
+        now_ms: int,
+        batch: list[Occurrence],
+        outcomes: list[BaseException | None],
+        deadline: int,
+        records: Mapping[str, Mapping[str, str]],
+        tick: Tick,
+    ) -> int | None:
+        """Ack (and count) what was accepted, hand back what was not sent, park what never can
+        be; return the earliest lease deadline after the ack."""
         accepted: list[str] = []
-        outcomes, deadline = self._dispatch_all(queue, batch, now_ms + self.lease_ms)
+        unsent: list[Occurrence] = []
+        permanent: dict[str, list[tuple[Occurrence, PermanentDispatchError]]] = {}
         for occurrence, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 accepted.append(occurrence.lease_member)
                 tick.dispatched.append(occurrence)
                 self.events.on_dispatch(occurrence)
-            elif isinstance(outcome, _LeaseLost):
+            elif outcome is _LOST:
                 self.events.on_lease_lost(occurrence)
+            elif outcome is _UNSENT:
+                unsent.append(occurrence)
+            elif isinstance(outcome, PermanentDispatchError):
+                permanent.setdefault(occurrence.name, []).append((occurrence, outcome))
             else:
                 # The lease stays; when it expires a pump re-dispatches with the same id.
                 tick.failed.append(occurrence)
                 self.events.on_dispatch_failure(occurrence, outcome)
         # Fenced by the deadline this pump wrote: a lease another pump re-took stays its own.
-        earliest_lease = self.repeat.ack(queue, accepted, deadline_ms=deadline)
-        return claim.earliest_ms, earliest_lease
+        earliest_lease = self.repeat.ack(
+            queue,
+            accepted,
+            deadline_ms=deadline,
+            released_ms=now_ms,
+            hand_back=[o.lease_member for o in unsent],
+        )
+        if unsent:
+            self.events.on_hand_back(queue, unsent)
+        for name, failures in permanent.items():
+            self._park(queue, name, failures, records.get(name, {}), deadline, now_ms, tick)
+        return earliest_lease
+
+    def _park(
+        self,
+        queue: str,
+        name: str,
+        failures: list[tuple[Occurrence, PermanentDispatchError]],
+        fields: Mapping[str, str],
+        deadline: int,
+        now_ms: int,
+        tick: Tick,
+    ) -> None:
+        """Park `name`, whose occurrences can never be sent, and drop their leases."""
+        occurrence, error = failures[0]
+        reason = " ".join(str(error).split()).removeprefix(f"{queue}/{name}: ")  # shown under it
+        reason = reason[:MAX_PARK_REASON] or type(error).__name__
+        parked = self.repeat.park(
+            queue,
+            name,
+            [o.lease_member for o, _ in failures],
+            deadline_ms=deadline,
+            template=fields.get("template", ""),
+            reason=reason,
+            now_ms=now_ms,
+        )
+        tick.failed.extend(o for o, _ in failures)
+        if parked == 1:
+            tick.parked.append(name)
+            self.events.on_registration_failed(occurrence, error)
+        elif parked == 0:  # parked already (a trigger of a parked registration, say)
+            for failed, _ in failures:
+                self.events.on_lease_dropped(
+                    queue, failed.lease_member, f"its registration is parked: {reason}"
+                )
+        elif parked == -2:  # its template changed since: the new one is tried after the lease
+            for failed, exc in failures:
+                self.events.on_dispatch_failure(failed, exc)
+        # -1: cancelled meanwhile, with its leases; nothing is left to do.
+
+    def _hand_back_interrupted(
+        self, queue: str, now_ms: int, batch: list[Occurrence], sending: _Sending
+    ) -> None:
+        """Ack what the broker accepted before an interruption and hand back the rest.
+
+        The occurrence being sent when it came may have left: it is handed back too, and
+        the pump that sends it marks it redelivered (same id). Redis failing here is logged;
+        the leases then expire as after a crash.
+        """
+        known = list(zip(batch, sending.outcomes, strict=False))  # the rest was not sent yet
+        sent = [o for o, out in known if out is None]
+        accepted = [o.lease_member for o in sent]
+        rest = [o for o, out in known if out is not None and out is not _LOST]
+        rest += batch[len(known) :]
+        for occurrence in sent:
+            self.events.on_dispatch(occurrence)
+        try:
+            self.repeat.ack(
+                queue,
+                accepted,
+                deadline_ms=sending.deadline,
+                released_ms=now_ms,
+                hand_back=[o.lease_member for o in rest],
+            )
+        except Exception as exc:  # Redis is gone too: as after a crash, the leases expire
+            log.warning("%s: the interrupted batch could not be settled (%s)", queue, exc)
+            return
+        if rest:
+            self.events.on_hand_back(queue, rest)
 
     def _parse_leases(self, queue: str, members: list[str]) -> tuple[list[Lease], set[str]]:
         """Parse expired lease members; a member edited into garbage is returned to drop."""
@@ -251,8 +400,9 @@ class Pump:
 
     def _candidate(
         self, queue: str, name: str, score: int, fields: Mapping[str, str], now_ms: int
-    ) -> tuple[_Firing, int, int] | None:
-        """Return the firing of a due `name`, its next run and its missed slots, or None.
+    ) -> tuple[_Firing, int, int, str] | None:
+        """Return the firing of a due `name`, its next score, its missed slots and the claim's
+        mode (`fire`; `defer` when a checked cadence is not due), or None.
 
         None (reported) parks the record: whatever one record does wrong, even in a
         custom schedule's own code, harms that record only.
@@ -260,7 +410,21 @@ class Pump:
         firing = self._decode(queue, name, fields)
         if firing is None:
             return None
+        # A CheckedCadence (a Celery `is_due`): its score was a check, which needs its last
+        # run, one read more for such cadences only. A record is created before it fires.
+        check = getattr(firing.cadence, "check", None)
+        last_run_ms = now_ms
+        if check is not None:
+            run = self.repeat.load_records(
+                queue, [name], ("last_fired_ms", "last_due_ms", "created_ms")
+            ).get(name, {})
+            last_run_ms = max((int(v) for v in run.values() if v.isdigit()), default=now_ms)
         try:
+            if check is not None:
+                due, next_ms = check(last_run_ms, now_ms)
+                if not next_ms > now_ms:
+                    raise ValueError(f"its next check {next_ms!r} is not after now ({now_ms})")
+                return firing, int(next_ms), 0, "fire" if due else "defer"
             next_ms, missed = advance(firing.cadence, score, now_ms, firing.misfire)
         except Exception as exc:
             self.events.on_park(
@@ -269,7 +433,7 @@ class Pump:
             return None
         if missed:
             self.events.on_missed(queue, name, missed, score)
-        return firing, next_ms, missed
+        return firing, next_ms, missed, "fire"
 
     def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
         """Return what firing `name` needs, or None (reported) when its record is unusable."""
@@ -335,28 +499,38 @@ class Pump:
             triggered=triggered,
         )
 
-    def _dispatch_all(
-        self, queue: str, batch: list[Occurrence], deadline: int
-    ) -> tuple[list[BaseException | None], int]:
-        """Send `batch`, whose leases end at `deadline`; return each outcome and the deadline.
+    def _dispatch_all(self, queue: str, batch: list[Occurrence], sending: _Sending) -> None:
+        """Send `batch`, whose leases end at `sending.deadline`; outcomes go to `sending`.
 
-        An outcome is None (accepted), the error it failed with, or `_LOST`: its lease
-        expired while earlier ones were sent and another pump took it, so it was not sent.
+        An outcome is None (accepted), the error it failed with, `_LOST`: its lease expired
+        while earlier ones were sent and another pump took it, so it was not sent, or
+        `_UNSENT`: the pump was asked to stop and `STOP_GRACE_S` passed, so it was not sent.
         One at a time, the batch's leases (those sent, acked at the end, and those still to
         send) are extended whenever half the lease has passed, so a slow send re-sends at most
-        itself, not the rest of its batch. A batch dispatcher's batch is one send.
+        itself, not the rest of its batch. A batch dispatcher's batch is one send, always
+        finished.
         """
         if not batch:
-            return [], deadline
+            return
+        outcomes = sending.outcomes
         if isinstance(self.dispatcher, BatchDispatcher):
             try:
-                return list(self.dispatcher.dispatch_batch(batch)), deadline
+                outcomes.extend(self.dispatcher.dispatch_batch(batch))
             except Exception as exc:  # the adapter failed as a whole: none was accepted
-                return [exc] * len(batch), deadline
-        outcomes: list[BaseException | None] = []
+                # Nothing says the registrations are at fault: retried, never parked.
+                failure = batch_failure(exc) if isinstance(exc, PermanentDispatchError) else exc
+                outcomes[:] = [failure] * len(batch)
+            return
+        deadline = sending.deadline
         started = last = time.monotonic()
         held: set[str] | None = None
+        stopping_since: float | None = None
         for index, occurrence in enumerate(batch):
+            if self._stop.is_set():
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since >= STOP_GRACE_S:
+                    outcomes.extend([_UNSENT] * (len(batch) - index))
+                    return
             if time.monotonic() - last > self.lease_ms / 2000:
                 last = time.monotonic()
                 # A full lease from now on: the deadline moves by the time that passed.
@@ -367,6 +541,7 @@ class Pump:
                 ours += [o.lease_member for o in batch[index:]]
                 held = self.repeat.extend(queue, ours, deadline, new_deadline)
                 deadline, started = new_deadline, last
+                sending.deadline = deadline
             if held is not None and occurrence.lease_member not in held:
                 outcomes.append(_LOST)
                 continue
@@ -376,12 +551,17 @@ class Pump:
                 outcomes.append(exc)
             else:
                 outcomes.append(None)
-        return outcomes, deadline
 
     # -- the loop -------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask `run` to finish the batch in hand and return."""
+        """Ask `run` (or the tick in progress) to settle the batch in hand and return.
+
+        A batch dispatcher's batch is one send and is finished; one sent an occurrence at a
+        time goes on for `STOP_GRACE_S`, then the leases of what is left are handed back
+        (another pump sends them at its next tick, same id, marked redelivered). Nothing
+        more is claimed: what is due stays due for the other pumps.
+        """
         self._stop.set()
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -405,13 +585,16 @@ class Pump:
         if wakeups is not None:
             wakeups.close()
 
-    def step(self) -> tuple[Tick | None, float]:
+    def step(self, stop: threading.Event | None = None) -> tuple[Tick | None, float]:
         """Run one tick as `run` does, errors handled; return it and the seconds to sleep.
 
         An outage is reported once, then its end once, and retried with backoff (the tick
         is None). A queue whose moves fail is reported once and retried every second while
         the other queues are served. For loops owned by someone else, such as Celery's beat.
+        With `stop`, setting it (or calling `self.stop()`) ends this tick as `stop()` says.
         """
+        if stop is not None:
+            self._stop = stop
         try:
             tick, errors = self._tick(None)
         except RegistryUnavailable as exc:

@@ -23,7 +23,7 @@ import redis.cluster
 
 from .cadence import Anchor, Misfire, advance, next_runs
 from .definition import DEFINITION_FIELDS, Definition, define
-from .errors import RegistryError, RegistryUnavailable, ScheduleError
+from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -81,6 +81,9 @@ class Registration:
     missed: int
     created_ms: int | None
     updated_ms: int | None
+    # Set while a permanent dispatch failure holds it paused (`Repeat.park`); resume clears it.
+    parked_reason: str | None = None
+    parked_ms: int | None = None
 
     def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
         """Return the next `n` runs (epoch ms), starting with the stored next run."""
@@ -176,6 +179,44 @@ class WakeSubscription:
             log.debug("closing the wake-up subscription failed", exc_info=True)
 
 
+class StaleGeneration(RegistryError):
+    """A sync of older declarations met a newer generation of its source; it wrote nothing there.
+
+    `queue` holds generation `live` of `source`, higher than the `generation` sent.
+    """
+
+    def __init__(self, queue: str, source: str, generation: int, live: int) -> None:
+        super().__init__(
+            f"queue {queue!r} holds generation {live} of source {source!r}, newer than "
+            f"generation {generation}: nothing of generation {generation} was written there"
+        )
+        self.queue, self.source, self.generation, self.live = queue, source, generation, live
+
+
+# Generations are compared in Lua, whose numbers are doubles: integers up to 2**53 are exact.
+MAX_GENERATION = 2**53 - 1
+
+
+def generation_arg(generation: int | None, source: str | None) -> str:
+    """Return the scripts' generation argument ('' for none); ConfigError if it is invalid."""
+    if generation is None:
+        return ""
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise ConfigError(f"generation must be an int, got {type(generation).__name__}")
+    if not 0 <= generation <= MAX_GENERATION:
+        raise ConfigError(f"generation must be from 0 to 2**53 - 1, got {generation}")
+    if source is None:
+        raise ConfigError("a generation belongs to a source: give the source too")
+    return str(generation)
+
+
+def _stale(reply: Any, queue: str, source: str | None, generation: int | None) -> None:
+    """Raise `StaleGeneration` if a script's reply is its generation refusal ('!<live>')."""
+    value = text(reply) if isinstance(reply, (bytes, str)) else ""
+    if value.startswith("!"):
+        raise StaleGeneration(queue, source or "", generation or 0, int(value[1:]))
+
+
 class Repeat:
     """The Repeat registry on one Redis (or Redis Cluster) client.
 
@@ -191,9 +232,15 @@ class Repeat:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
-        """Connect with `redis.Redis.from_url` (`redis://`, `rediss://`, `unix://`).
+        """Connect to a Redis, the master a Sentinel names, or a Redis Cluster.
 
-        A malformed URL raises `ConfigError`; its message never holds the password.
+        `redis://`, `rediss://`, `unix://`: `redis.Redis.from_url`.
+        `redis+sentinel://host:26379[,host...]/<master name>[/<db>]`: `Sentinel.master_for`,
+        which follows a failover. `redis+cluster://host:6379[,host...]`: a `RedisCluster`.
+        See `emq_bridge.urls` for the options.
+
+        A malformed URL raises `ConfigError`; its message never holds the password. A
+        cluster is discovered at once: `RegistryUnavailable` if no startup node answers.
         """
         return cls(client_from_url(url, **options), prefix)
 
@@ -352,14 +399,24 @@ class Repeat:
         *,
         source: str | None = None,
         now_ms: int | None = None,
+        generation: int | None = None,
+        queues: Sequence[str] = (),
     ) -> list[Upserted]:
         """Upsert `(queue, name, definition)` items; return one result per item, in order.
 
         Items are sent per queue in chunks of `UPSERT_CHUNK`, each chunk one atomic script.
         A failure midway leaves earlier chunks applied; running the same call again converges.
+
+        With `generation` (an int the deploy raises; it needs `source`), each chunk first
+        reads the queue's stored generation of `source`: if it is higher the chunk writes
+        nothing and `StaleGeneration` is raised (earlier chunks stay applied); otherwise the
+        stored generation is raised to `generation` in the same script as the chunk's writes.
+        `queues` adds queues to check and raise without items (what `sync` does first, so
+        that what it reads next can no longer be changed by an older generation).
         """
         if source is not None:
             validate_name(source, "source")
+        gen = generation_arg(generation, source)
         by_queue: dict[str, list[int]] = {}
         for index, (queue, name, _) in enumerate(items):
             validate_name(queue, "queue")
@@ -372,20 +429,30 @@ class Repeat:
             for queue, indexes in by_queue.items()
             for start in range(0, len(indexes), UPSERT_CHUNK)
         ]
+        chunks += [
+            (validate_name(q, "queue"), []) for q in dict.fromkeys(queues) if q not in by_queue
+        ]
 
         def calls() -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
             for queue, chunk in chunks:
                 keys = self.keys(queue)
                 payload = [self._upsert_item(items[i][1], items[i][2], source, now) for i in chunk]
                 yield (
-                    [keys.registry, *(keys.record(items[i][1]) for i in chunk)],
-                    [keys.wake_channel, now, json.dumps(payload, ensure_ascii=False)],
+                    [keys.registry, keys.generations, *(keys.record(items[i][1]) for i in chunk)],
+                    [
+                        keys.wake_channel,
+                        now,
+                        json.dumps(payload, ensure_ascii=False),
+                        source or "",
+                        gen,
+                    ],
                 )
 
         # Chunk k+1 is encoded while the server applies chunk k (see `overlap`).
-        with redis_errors(f"upsert {', '.join(by_queue)}"):
+        with redis_errors(f"upsert {', '.join(q for q, _ in chunks)}"):
             replies = overlapped_calls(self.client, self.scripts.upsert, calls())
-            for (_, chunk), reply in zip(chunks, replies, strict=True):
+            for (queue, chunk), reply in zip(chunks, replies, strict=True):
+                _stale(reply, queue, source, generation)
                 for i, digit in zip(chunk, text(reply), strict=True):
                     results[i] = _UPSERT_RESULTS[int(digit)]
         return [r for r in results if r is not None]
@@ -420,18 +487,37 @@ class Repeat:
             fields["source"] = source
         return fields
 
-    def cancel(self, queue: str, name: str, *, if_source: str | None = None) -> bool:
+    def cancel(
+        self,
+        queue: str,
+        name: str,
+        *,
+        if_source: str | None = None,
+        generation: int | None = None,
+    ) -> bool:
         """Remove `name`, its registry member and its leases; True if anything existed.
 
-        With `if_source`, remove it only if the record is owned by that source.
+        With `if_source`, remove it only if the record is owned by that source. With
+        `generation` too (a sync's prune), remove nothing and raise `StaleGeneration` when the
+        queue holds a higher generation of that source; else raise the stored one to it.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
+        gen = generation_arg(generation, if_source)
         with redis_errors(f"cancel {queue}/{name}"):
             removed = self.scripts.cancel(
-                keys=[keys.registry, keys.record(name), keys.leases], args=[name, if_source or ""]
+                keys=[keys.registry, keys.record(name), keys.leases, keys.generations],
+                args=[name, if_source or "", gen],
             )
+        _stale(removed, queue, if_source, generation)
         return int(removed) == 1
+
+    def generations(self, queue: str) -> dict[str, int]:
+        """Return `{source: highest generation synced}` for `queue` (sources that sent one)."""
+        keys = self.keys(queue)
+        with redis_errors(f"generations {queue}"):
+            stored = self.client.hgetall(keys.generations)
+        return {text(k): int(text(v)) for k, v in stored.items()}
 
     def pause(self, queue: str, name: str) -> bool:
         """Stop firing `name` until resumed; True if it was running. KeyError if unknown."""
@@ -447,33 +533,72 @@ class Repeat:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
         return result == 1
 
+    # Reads of a resume whose record changed before its write (resume.lua's conflict).
+    _RESUME_ATTEMPTS = 5
+
     def resume(self, queue: str, name: str, *, now_ms: int | None = None) -> bool:
         """Fire `name` again from its next slot in the future; True if it was paused.
 
-        An interval keeps its phase; slots that passed while paused are not fired.
+        An interval keeps its phase; slots that passed while paused are not fired, and
+        neither is any slot at or before the last one fired. The next run is computed here
+        (cron math is Python's) from the record as read; `resume.lua` writes it only if the
+        record is still as read, else it is read again. KeyError if there is no such
+        registration; `RegistryError` if the record kept changing for every attempt.
         """
-        registration = self.get(queue, name)
-        if registration is None:
-            raise KeyError(f"no registration {name!r} in queue {queue!r}")
-        if not registration.paused:
-            return False
-        now = self._now(now_ms)
         keys = self.keys(queue)
-        parked = registration.next_run_ms  # a paused registration's parked next run
-        cadence = registration.definition.cadence
-        if parked is None:
-            next_ms = cadence.first_run(now)
-        elif parked > now:
-            next_ms = parked
-        else:
-            next_ms, _ = advance(cadence, parked, now, "coalesce")
-        with redis_errors(f"resume {queue}/{name}"):
-            result = int(
-                self.scripts.resume(
-                    keys=[keys.registry, keys.record(name)], args=[name, next_ms, keys.wake_channel]
+        for _ in range(self._RESUME_ATTEMPTS):
+            read = self._read_parked(queue, name)
+            if read is None:
+                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+            registration, as_read = read
+            if not registration.paused:
+                return False
+            now = self._now(now_ms)
+            parked = registration.next_run_ms  # a paused registration's parked next run
+            cadence = registration.definition.cadence
+            if parked is None:
+                next_ms = cadence.first_run(now)
+            elif parked > now:
+                next_ms = parked
+            else:
+                next_ms, _ = advance(cadence, parked, now, "coalesce")
+            last = registration.last_due_ms
+            if last is not None and next_ms <= last:
+                # Parked at or before the last fired slot: resume after it instead.
+                next_ms, _ = advance(cadence, last, max(now, last), "coalesce")
+            with redis_errors(f"resume {queue}/{name}"):
+                result = int(
+                    self.scripts.resume(
+                        keys=[keys.registry, keys.record(name)],
+                        args=[name, next_ms, keys.wake_channel, *as_read],
+                    )
                 )
-            )
-        return result == 1
+            if result == -1:
+                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+            if result != -2:  # -2: the record changed since it was read
+                return result == 1
+        raise RegistryError(
+            f"resume {queue}/{name}: the registration changed under each of "
+            f"{self._RESUME_ATTEMPTS} attempts; try again"
+        )
+
+    def _read_parked(self, queue: str, name: str) -> tuple[Registration, list[str]] | None:
+        """Read `name` for a resume in one HGETALL: the registration (None if missing or
+        corrupt) and the fields resume.lua checks are unchanged, as read ('' when absent)."""
+        validate_name(name, "registration name")
+        with redis_errors(f"read {queue}/{name}"):
+            raw = self.client.hgetall(self.keys(queue).record(name))
+        fields = {text(k): text(v) for k, v in raw.items()}
+        if not fields:
+            return None
+        try:
+            # The score is not needed: a paused registration's next run is in its record.
+            registration = _registration(queue, name, fields, None)
+        except (ScheduleError, ValueError) as exc:
+            log.error("corrupt registration %s/%s skipped: %s", queue, name, exc)
+            return None
+        checked = ("paused_next_ms", "cadence_digest", "last_due_ms")
+        return registration, [fields.get(field, "") for field in checked]
 
     def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
         """Fire `name` once now, as a fresh occurrence, leaving its cadence alone.
@@ -665,20 +790,81 @@ class Repeat:
         )
 
     def ack(
-        self, queue: str, lease_members: Sequence[str], *, deadline_ms: int | None = None
+        self,
+        queue: str,
+        lease_members: Sequence[str],
+        *,
+        deadline_ms: int | None = None,
+        released_ms: int | None = None,
+        hand_back: Sequence[str] = (),
     ) -> int | None:
-        """Drop the leases of occurrences the broker accepted.
+        """Drop the leases of occurrences the broker accepted; hand back those of `hand_back`.
 
         With `deadline_ms` (the deadline the caller's claim or extend wrote), only leases it
         still holds are dropped: one another pump re-took after it expired stays, for that
-        pump to ack. Without it, the members are dropped whatever their deadline.
+        pump to ack. Without it, the members are dropped whatever their deadline. With
+        `released_ms` (when the pump released them, epoch ms), each lease dropped counts one
+        `fired` on its registration and sets its `last_fired_ms`: `fired` counts what a
+        broker accepted. The leases of `hand_back` still held at `deadline_ms` expire at once
+        (deadline 0) and sleeping pumps are woken, so another pump sends them (with the same
+        id, marked redelivered) on its next tick: what a stopping pump does with the
+        occurrences it will not send. One script, so the batch is settled in one step.
         Returns the earliest remaining lease deadline (epoch ms), or None when none is left.
         """
         keys = self.keys(queue)
+        if (hand_back or released_ms is not None) and deadline_ms is None:
+            raise ValueError("counting or handing back leases needs the deadline_ms they hold")
         fence = "" if deadline_ms is None else str(deadline_ms)
+        records = []
+        if released_ms is not None:
+            records = [keys.record(parse_lease_member(m).name) for m in lease_members]
+        args = [
+            fence,
+            "" if released_ms is None else str(released_ms),
+            keys.wake_channel,
+            len(lease_members),
+            *lease_members,
+            *hand_back,
+        ]
         with redis_errors(f"ack {queue}"):
-            _, first = self.scripts.ack(keys=[keys.leases], args=[fence, *lease_members])
+            _, first = self.scripts.ack(keys=[keys.leases, *records], args=args)
         return _score(first)
+
+    def park(
+        self,
+        queue: str,
+        name: str,
+        lease_members: Sequence[str],
+        *,
+        deadline_ms: int,
+        template: str,
+        reason: str,
+        now_ms: int,
+    ) -> int:
+        """Stop firing `name` after a permanent dispatch failure; see `lua/park.lua`.
+
+        The registration is paused with `reason` (its next run kept, so `resume` brings it
+        back), and the leases of `lease_members` still held at `deadline_ms` are dropped.
+        `template` is the record's `template` field as the pump read it: if it changed since,
+        nothing is written. Returns 1 parked now, 0 parked already (leases dropped only),
+        -1 no such registration, -2 its template changed.
+        """
+        keys = self.keys(queue)
+        with redis_errors(f"park {queue}/{name}"):
+            return int(
+                self.scripts.park(
+                    keys=[keys.registry, keys.record(name), keys.leases],
+                    args=[
+                        name,
+                        deadline_ms,
+                        template,
+                        reason,
+                        now_ms,
+                        keys.wake_channel,
+                        *lease_members,
+                    ],
+                )
+            )
 
     def extend(
         self, queue: str, lease_members: Sequence[str], deadline_ms: int, new_deadline_ms: int
@@ -751,4 +937,6 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         missed=int(fields.get("missed") or 0),
         created_ms=_optional_int(fields, "created_ms"),
         updated_ms=_optional_int(fields, "updated_ms"),
+        parked_reason=fields.get("parked_reason") or None,
+        parked_ms=_optional_int(fields, "parked_ms"),
     )

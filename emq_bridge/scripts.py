@@ -25,6 +25,7 @@ MOVES = (
     "pause",
     "resume",
     "trigger",
+    "park",
 )
 
 
@@ -49,6 +50,7 @@ class Scripts:
     pause: Any
     resume: Any
     trigger: Any
+    park: Any
 
     @classmethod
     def load(cls, client: Any) -> Scripts:

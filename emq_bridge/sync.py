@@ -4,6 +4,12 @@ A sync is a plan (create / unchanged / update / remove), then an apply of upsert
 guarded cancels. Each source tags what it writes, so a sync removes only what the same
 source declared before and no longer declares; schedules added at runtime are never
 touched. Because every step is an idempotent upsert, concurrent syncs converge.
+
+A sync may carry the `generation` of its declarations, an int the deploy raises. The
+registry keeps, per queue, the highest generation each source synced, and the scripts that
+write refuse an older one atomically with their writes, so two versions of one app booting
+in turn (a rolling deploy) cannot flip a schedule back and forth. Updates and removals are
+logged at WARNING, creations at INFO, unchanged schedules at DEBUG.
 """
 
 from __future__ import annotations
@@ -12,10 +18,10 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .definition import Declaration
-from .errors import ConfigError
+from .definition import DEFINITION_FIELDS, Declaration, Definition
+from .errors import ConfigError, EmqError
 from .keys import validate_name
-from .registry import Repeat, Upserted, record_digest
+from .registry import Repeat, StaleGeneration, Upserted, generation_arg, record_digest
 
 __all__ = ["Declaration", "SyncPlan", "plan_sync", "sync"]  # Declaration lives in definition
 
@@ -31,6 +37,10 @@ class SyncPlan:
     update: list[Declaration] = field(default_factory=list)
     unchanged: list[Declaration] = field(default_factory=list)
     remove: list[tuple[str, str]] = field(default_factory=list)
+    generation: int | None = None
+    # The newer generation of `source` the registry holds, when it refused this sync (or the
+    # rest of it: what was applied before the refusal is listed above).
+    refused_by: int | None = None
 
     @property
     def changes(self) -> int:
@@ -54,22 +64,55 @@ def _check_unique(declarations: list[Declaration]) -> None:
         seen.add(key)
 
 
-def plan_sync(
-    repeat: Repeat, declarations: Iterable[Declaration], source: str, *, prune: bool = True
-) -> SyncPlan:
-    """Compare `declarations` with the registry and return what a sync would change."""
+def _checked(
+    declarations: Iterable[Declaration], source: str, generation: int | None
+) -> list[Declaration]:
     validate_name(source, "source")
+    generation_arg(generation, source)
     wanted = list(declarations)
     _check_unique(wanted)
-    plan = SyncPlan(source)
+    return wanted
+
+
+def _queues(repeat: Repeat, wanted: list[Declaration], prune: bool) -> list[str]:
+    """Return the queues a sync reads: the declared ones, and every registry when pruning."""
     queues = {d.queue for d in wanted}
     if prune:
         queues.update(repeat.queues())
+    return sorted(queues)
+
+
+def plan_sync(
+    repeat: Repeat,
+    declarations: Iterable[Declaration],
+    source: str,
+    *,
+    prune: bool = True,
+    generation: int | None = None,
+) -> SyncPlan:
+    """Compare `declarations` with the registry and return what a sync would change.
+
+    With `generation`, a registry that holds a newer generation of `source` in any of the
+    queues read gives an empty plan whose `refused_by` is that generation.
+    """
+    wanted = _checked(declarations, source, generation)
+    queues = _queues(repeat, wanted, prune)
+    if generation is not None:
+        live = max((repeat.generations(q).get(source, -1) for q in queues), default=-1)
+        if live > generation:
+            return SyncPlan(source, generation=generation, refused_by=live)
+    plan = _plan(repeat, wanted, source, queues, prune)
+    plan.generation = generation
+    return plan
+
+
+def _plan(
+    repeat: Repeat, wanted: list[Declaration], source: str, queues: list[str], prune: bool
+) -> SyncPlan:
+    plan = SyncPlan(source)
     # The stored digest covers the definition and its owner: comparing it is enough, and
     # nothing needs decoding (a boot sync of an unchanged registry stays cheap).
-    current = {
-        (q, name): stored for q in sorted(queues) for name, stored in repeat.digests(q).items()
-    }
+    current = {(q, name): stored for q in queues for name, stored in repeat.digests(q).items()}
     for declaration in wanted:
         stored = current.get((declaration.queue, declaration.name))
         if stored is None:
@@ -93,16 +136,49 @@ def sync(
     *,
     prune: bool = True,
     dry_run: bool = False,
+    generation: int | None = None,
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
     The plan returned reflects what the registry answered when applied, so under concurrent
     syncs an item planned as `create` may come back as `unchanged`.
+
+    With `generation`, the queues read are first stamped with it (refused if one holds a
+    newer generation of `source`), so that no older generation can write there after the
+    plan is read; every write re-checks it atomically. A refused sync writes nothing more,
+    logs one WARNING and returns a plan whose `refused_by` is the newer generation. Without
+    one, the sync applies whatever the registry holds (as before generations existed).
     """
-    plan = plan_sync(repeat, declarations, source, prune=prune)
+    wanted = _checked(declarations, source, generation)
     if dry_run:
-        return plan
-    applied = SyncPlan(source)
+        return plan_sync(repeat, wanted, source, prune=prune, generation=generation)
+    queues = _queues(repeat, wanted, prune)
+    applied = SyncPlan(source, generation=generation)
+    old: dict[tuple[str, str], dict[str, str]] = {}
+    try:
+        if generation is not None:
+            repeat.upsert_many([], source=source, generation=generation, queues=queues)
+        plan = _plan(repeat, wanted, source, queues, prune)
+        old = _old_records(repeat, [*((d.queue, d.name) for d in plan.update), *plan.remove])
+        _apply(repeat, plan, applied)
+    except StaleGeneration as exc:
+        applied.refused_by = exc.live
+        log.warning(
+            "sync %s: generation %d refused, a newer generation (%d) of this source is live "
+            "in queue %s; nothing more written (deploy the newer declarations, or raise "
+            "the generation)",
+            source,
+            exc.generation,
+            exc.live,
+            exc.queue,
+        )
+    _log(applied, old)
+    return applied
+
+
+def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
+    """Upsert what `plan` creates or updates, cancel what it removes; record it in `applied`."""
+    source, generation = plan.source, applied.generation
     buckets: dict[Upserted, list[Declaration]] = {
         "created": applied.create,
         "updated": applied.update,
@@ -112,18 +188,90 @@ def sync(
     # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
     # planned as `create` may come back `unchanged` when another sync got there first.
     todo = [*plan.create, *plan.update]
-    results = repeat.upsert_many([(d.queue, d.name, d.definition) for d in todo], source=source)
+    results = repeat.upsert_many(
+        [(d.queue, d.name, d.definition) for d in todo], source=source, generation=generation
+    )
     for declaration, result in zip(todo, results, strict=True):
         buckets[result].append(declaration)
     for queue, name in plan.remove:
-        if repeat.cancel(queue, name, if_source=source):
+        if repeat.cancel(queue, name, if_source=source, generation=generation):
             applied.remove.append((queue, name))
+
+
+def _old_records(
+    repeat: Repeat, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], dict[str, str]]:
+    """Read the records a sync is about to update or remove, to log what changes."""
+    by_queue: dict[str, list[str]] = {}
+    for queue, name in keys:
+        by_queue.setdefault(queue, []).append(name)
+    fields = (*DEFINITION_FIELDS, "source")
+    return {
+        (queue, name): record
+        for queue, names in by_queue.items()
+        for name, record in repeat.load_records(queue, names, fields).items()
+    }
+
+
+_CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and")
+
+
+def _described(record: dict[str, str]) -> str:
+    try:
+        return Definition.from_fields(record).cadence.describe()
+    except (EmqError, ValueError, KeyError):  # only for the log line: say so, do not fail
+        return "an unreadable cadence"
+
+
+def _changes(record: dict[str, str], declaration: Declaration, source: str) -> str:
+    """Say what an update changes: cadence (old -> new), template, misfire, owner."""
+    new = declaration.definition.to_fields()
+    changes = []
+    if any(record.get(f) != new.get(f) for f in _CADENCE_FIELDS):
+        described = declaration.definition.cadence.describe()
+        changes.append(f"{_described(record)} -> {described}")
+    if record.get("template") != new.get("template"):
+        changes.append("template changed")
+    if record.get("misfire") != new.get("misfire"):
+        changes.append(f"misfire {record.get('misfire')} -> {new.get('misfire')}")
+    if record.get("source") != source:
+        changes.append(f"owner {record.get('source') or '(none)'} -> {source}")
+    return ", ".join(changes) or "rewritten"
+
+
+def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
+    """Log a sync: updates and removals at WARNING, creations at INFO, the rest at DEBUG.
+
+    Only what this sync wrote is logged as a change: of many workers booting at once, the
+    one whose upsert changed a schedule logs it, the others see it unchanged.
+    """
+    source = applied.source
+    for d in applied.update:
+        record = old.get((d.queue, d.name), {})
+        log.warning("sync %s: ~ %s/%s  %s", source, d.queue, d.name, _changes(record, d, source))
+    for queue, name in applied.remove:
+        removed = old.get((queue, name))
+        was = f"  (was {_described(removed)})" if removed else ""
+        log.warning("sync %s: - %s/%s%s", source, queue, name, was)
+    for d in applied.create:
+        log.info("sync %s: + %s/%s  %s", source, d.queue, d.name, d.definition.cadence.describe())
+    if log.isEnabledFor(logging.DEBUG):
+        for d in applied.unchanged:
+            log.debug("sync %s: = %s/%s", source, d.queue, d.name)
     log.info(
-        "sync %s: %d created, %d updated, %d unchanged, %d removed",
+        "sync %s: %d created, %d updated, %d unchanged, %d removed%s",
         source,
         len(applied.create),
         len(applied.update),
         len(applied.unchanged),
         len(applied.remove),
+        _generation_note(applied),
     )
-    return applied
+
+
+def _generation_note(applied: SyncPlan) -> str:
+    if applied.generation is None:
+        return ""
+    if applied.refused_by is None:
+        return f" (generation {applied.generation})"
+    return f" (generation {applied.generation}, refused: {applied.refused_by} is live)"

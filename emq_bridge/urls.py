@@ -5,6 +5,19 @@ is a `TypeError` and `socket_timeout=-1` a `ValueError`. Here they are checked b
 anything connects, and a bad URL is a `ConfigError` whose message never holds the URL's
 text: redis-py's own messages quote URL parts, and a password with an unescaped '/', '#',
 '?' or '@' in it is split into the host, the path or the query.
+
+Besides redis-py's `redis://`, `rediss://` and `unix://`, two forms name the deployments
+redis-py has no URL for (the user info is the data nodes'; hosts are separated by commas):
+
+- `redis+sentinel://[user:password@]host[:26379][,host[:26379]...]/<master name>[/<db>]`:
+  the master a Sentinel names, through redis-py's `Sentinel.master_for`, so a failover is
+  followed. `sentinel_username`/`sentinel_password` are the sentinels' own credentials; the
+  `socket_*` options apply to the sentinels too.
+- `redis+cluster://[user:password@]host[:6379][,host[:6379]...]`: a Redis Cluster
+  (`redis.cluster.RedisCluster`), the hosts its startup nodes. redis-py discovers the slots
+  as it builds the client, so an unreachable cluster raises `RegistryUnavailable` at once.
+
+`rediss+sentinel://` and `rediss+cluster://` speak TLS to every server (the `ssl_*` options).
 """
 
 from __future__ import annotations
@@ -13,20 +26,37 @@ import codecs
 import re
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
+import redis.connection
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 
-from .errors import ConfigError
+from .errors import ConfigError, RegistryUnavailable
 
-__all__ = ["client_from_url"]
+__all__ = ["SentinelRedis", "client_from_url"]
 
 MALFORMED = (
-    "invalid Redis URL: use redis://, rediss:// or unix://, e.g. "
-    "redis://user:password@host:6379/0, with special characters of the password "
-    "escaped as %XX"
+    "invalid Redis URL: use redis://, rediss://, unix://, redis+sentinel:// or "
+    "redis+cluster://, e.g. redis://user:password@host:6379/0, with special characters of "
+    "the password escaped as %XX"
 )
+_ESCAPED = "with special characters of the password escaped as %XX"
+MALFORMED_SENTINEL = (
+    "invalid Redis URL: a Sentinel URL is redis+sentinel://[user:password@]host[:26379]"
+    f"[,host[:26379]...]/<master name>[/<db>] (rediss+sentinel:// for TLS), {_ESCAPED}"
+)
+MALFORMED_CLUSTER = (
+    "invalid Redis URL: a Cluster URL is redis+cluster://[user:password@]host[:6379]"
+    f"[,host[:6379]...] (rediss+cluster:// for TLS), {_ESCAPED}"
+)
+CLUSTER_DB = "invalid Redis URL: a Redis Cluster has only db 0; leave the db out"
 
 # What a value must be: the words for it, and a pattern it must match in full.
 Rule = tuple[str, str]
@@ -81,13 +111,31 @@ _LOOKUPS: dict[str, Callable[[str], object]] = {
 }
 
 
+# The multi-host schemes: the scheme of redis-py's each speaks to its servers, its port.
+_SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_PORT = 26379
+CLUSTER_PORT = 6379
+_SENTINEL_RULES: dict[str, Rule] = {"sentinel_username": _TEXT, "sentinel_password": _TEXT}
+_CLUSTER_RULES: dict[str, Rule] = {"db": ("0: a Redis Cluster has only db 0", "0+")}
+# One host of a list: a name or IPv4 address, or an IPv6 address in brackets; a port.
+_HOST = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>\d{1,5}))?"
+)
+
+
 def _rules(scheme: str) -> dict[str, Rule]:
     """The query options a URL of `scheme` may hold."""
+    base = _SENTINEL_SCHEMES.get(scheme) or _CLUSTER_SCHEMES.get(scheme) or scheme
     rules = dict(_RULES)
-    if scheme != "unix":
+    if base != "unix":
         rules.update(_TCP_RULES)
-    if scheme == "rediss":
+    if base == "rediss":
         rules.update(_TLS_RULES)
+    if scheme in _SENTINEL_SCHEMES:
+        rules.update(_SENTINEL_RULES)
+    if scheme in _CLUSTER_SCHEMES:
+        rules.update(_CLUSTER_RULES)
     return rules
 
 
@@ -100,21 +148,103 @@ def _usable(rule: Rule, name: str, value: str) -> bool:
     return re.fullmatch(rule[1], value) is not None
 
 
+@dataclass(frozen=True, slots=True)
+class HostsUrl:
+    """A Sentinel or Cluster URL, checked: its servers, and what redis-py reads of the rest.
+
+    `url` is a `redis://` (or `rediss://`) URL of the first host with the same user info,
+    db and query (but the `sentinel_*` options), for redis-py's own parser.
+    """
+
+    scheme: str
+    hosts: tuple[tuple[str, int], ...]
+    url: str
+    master: str  # the Sentinel's master name; "" for a cluster
+    sentinel: dict[str, str]  # the sentinels' username/password, as given
+
+
+def parse_hosts_url(url: str) -> HostsUrl:
+    """Check a `redis+sentinel://` or `redis+cluster://` URL; `ConfigError` if it is malformed.
+
+    The URL is cut by hand: urllib reads one host only. The user info runs to the last '@'
+    before the first '/', '?' or '#'; any '@' after them means a password holds one of
+    those unescaped, and the URL is refused without a word of it.
+    """
+    scheme, _, after = url.partition("://")
+    sentinel = scheme in _SENTINEL_SCHEMES
+    base = _SENTINEL_SCHEMES.get(scheme) or _CLUSTER_SCHEMES[scheme]
+    malformed = MALFORMED_SENTINEL if sentinel else MALFORMED_CLUSTER
+    netloc = re.match(r"[^/?#]*", after)
+    assert netloc is not None  # the pattern matches any text
+    rest = after[netloc.end() :]
+    userinfo, at, hostlist = netloc.group().rpartition("@")
+    if "@" in rest:
+        raise ConfigError(malformed)
+    rest = rest.partition("#")[0]  # redis-py ignores a fragment
+    hosts = []
+    for item in hostlist.split(","):
+        host = _HOST.fullmatch(item)
+        port = int(host["port"] or (SENTINEL_PORT if sentinel else CLUSTER_PORT)) if host else 0
+        if host is None or not 0 < port < 65_536:
+            raise ConfigError(malformed)
+        hosts.append((host["v6"] or host["name"], port))
+    path, _, query = rest.partition("?")
+    segments = path.split("/")[1:]
+    if sentinel:
+        master = unquote(segments[0]) if segments else ""
+        db = segments[1] if len(segments) > 1 else ""
+        if not master or len(segments) > 3 or not re.fullmatch(r"\d*", db):
+            raise ConfigError(malformed)
+        if len(segments) == 3 and segments[2]:  # only a trailing '/' may follow the db
+            raise ConfigError(malformed)
+    else:
+        master, db = "", "".join(segments)
+        if len(segments) > 1 or not re.fullmatch(r"\d*", db):
+            raise ConfigError(malformed)
+        if db.strip("0"):
+            raise ConfigError(CLUSTER_DB)
+    _check_query(scheme, query, secret=bool(at))
+    kept = urlencode([(k, v) for k, v in parse_qsl(query) if k not in _SENTINEL_RULES])
+    first, first_port = hosts[0]
+    shown = f"[{first}]" if ":" in first else first
+    canonical = f"{base}://{userinfo}{at}{shown}:{first_port}{'/' + db if db else ''}"
+    return HostsUrl(
+        scheme=scheme,
+        hosts=tuple(hosts),
+        url=f"{canonical}?{kept}" if kept else canonical,
+        master=master,
+        sentinel={
+            k[len("sentinel_") :]: v[0] for k, v in parse_qs(query).items() if k in _SENTINEL_RULES
+        },
+    )
+
+
 def check_url(url: str) -> None:
     """Raise `ConfigError` unless `url` is a Redis URL whose query options redis-py can use."""
     scheme = url.partition("://")[0]
+    if scheme in _SENTINEL_SCHEMES or scheme in _CLUSTER_SCHEMES:
+        parse_hosts_url(url)
+        return
     if scheme not in ("redis", "rediss", "unix"):  # the first check of redis-py's parse_url
         raise ConfigError(MALFORMED)
     try:
         query = urlsplit(url).query
     except ValueError:  # an unclosed '[' of an IPv6 host
         raise ConfigError(MALFORMED) from None  # not chained: the cause may quote the password
+    _check_query(scheme, query, secret="@" in url)
+
+
+def _check_query(scheme: str, query: str, *, secret: bool) -> None:
+    """Raise `ConfigError` unless redis-py can use every option of `query`.
+
+    `secret`: the URL holds a password, so no option is named (it may be a piece of it).
+    """
     rules = _rules(scheme)
     # As redis-py reads the query: the first value of each option, blank ones ignored.
     given = {name: values[0] for name, values in parse_qs(query).items()}
     for name, value in given.items():
         if name not in rules:
-            secret = "@" in url or "password" in given
+            secret = secret or any(n.lower().endswith("password") for n in given)
             shown = " (not named, as the URL holds a password)" if secret else f" {name!r}"
             taken = sorted(n for n, (_, pattern) in rules.items() if pattern != _NEVER)
             raise ConfigError(
@@ -125,10 +255,144 @@ def check_url(url: str) -> None:
             raise ConfigError(f"invalid Redis URL: query option {name} must be {rules[name][0]}")
 
 
-def client_from_url(url: str, **options: Any) -> redis.Redis:
-    """Return `redis.Redis.from_url(url, **options)`; a malformed URL raises `ConfigError`."""
+class SentinelRedis(redis.Redis):
+    """A `redis.Redis` on the master a Sentinel names; `close()` closes the sentinels' too."""
+
+    def close(self) -> None:
+        super().close()
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            sentinel.close()
+
+
+def client_from_url(url: str, **options: Any) -> redis.Redis | RedisCluster:
+    """Return a client for `url`; a malformed URL raises `ConfigError`.
+
+    `redis://`, `rediss://`, `unix://`: `redis.Redis.from_url(url, **options)`.
+    `redis+sentinel://`: a `SentinelRedis` on the named master (`Sentinel.master_for`).
+    `redis+cluster://`: a `RedisCluster`, built at once (`RegistryUnavailable` when no startup
+    node answers). Options in the URL win over `options`, as in redis-py.
+    """
+    scheme = url.partition("://")[0]
+    if scheme in _SENTINEL_SCHEMES:
+        return _sentinel_client(parse_hosts_url(url), options)
+    if scheme in _CLUSTER_SCHEMES:
+        return _cluster_client(parse_hosts_url(url), options)
     check_url(url)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError:
         raise ConfigError(MALFORMED) from None
+
+
+def _sentinel_client(parsed: HostsUrl, options: dict[str, Any]) -> SentinelRedis:
+    try:
+        from_url = redis.connection.parse_url(parsed.url)  # type: ignore[no-untyped-call]
+    except ValueError:
+        raise ConfigError(MALFORMED_SENTINEL) from None
+    for key in ("host", "port", "connection_class"):  # the host comes from the sentinels
+        from_url.pop(key, None)
+    tls = parsed.scheme.startswith("rediss")
+    connection = {**options, **from_url}
+    # What redis-py gives the sentinels when told nothing (the socket_* options), plus TLS
+    # and their own credentials. No retries, as on a client from a redis:// URL: each
+    # sentinel is asked in turn, then the caller (the pump) backs off, instead of redis-py
+    # retrying every sentinel ten times for seconds per command.
+    to_sentinels: dict[str, Any] = {
+        "retry": Retry(NoBackoff(), 0),
+        **{k: v for k, v in connection.items() if k.startswith("socket_")},
+    }
+    if tls:
+        to_sentinels.update({k: v for k, v in connection.items() if k.startswith("ssl_")})
+        to_sentinels["ssl"] = True
+    to_sentinels.update(parsed.sentinel)
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        list(parsed.hosts),
+        sentinel_kwargs=to_sentinels,
+    )
+    client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call]
+        parsed.master, redis_class=SentinelRedis, ssl=tls, **connection
+    )
+    return client
+
+
+def _cluster_client(parsed: HostsUrl, options: dict[str, Any]) -> RedisCluster:
+    others = [
+        ClusterNode(host, port)  # type: ignore[no-untyped-call]
+        for host, port in parsed.hosts[1:]
+    ]
+    try:
+        return RedisCluster(url=parsed.url, startup_nodes=others, **options)
+    except ValueError:
+        raise ConfigError(MALFORMED_CLUSTER) from None
+    except (redis.exceptions.RedisClusterException, redis.RedisError) as exc:
+        where = ", ".join(f"{host}:{port}" for host, port in parsed.hosts)
+        raise RegistryUnavailable(f"cannot reach the Redis Cluster at {where}: {exc}") from exc
+
+
+# -- showing a URL -------------------------------------------------------------------------
+
+_SECRET_QUERY_KEYS = ("password", "pass", "pw", "secret", "token")
+
+
+def redact_url(url: str) -> str:
+    """Return `url` with any password (in the user info or the query) replaced by `***`.
+
+    Of the user info, everything after '://' up to the LAST '@', only the user name (up to
+    its first ':') is shown.
+    """
+    head, userinfo, rest = split_userinfo(url)
+    try:
+        if userinfo is None:
+            return _redact_query(url)
+        shown = _redact_query(head + rest)[len(head) :]
+    except ValueError:
+        return "<unparseable URL>"
+    user, has_password, _ = userinfo.partition(":")
+    return f"{head}{user}:***@{shown}" if has_password else f"{head}***@{shown}"
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str]:
+    """Split `url` into `scheme://`, the user info (None if there is none) and the rest.
+
+    The user info runs to the LAST '@'. urllib, and so redis-py, end it at the first '/',
+    '?' or '#' instead, but a password may hold those unescaped, and no part of it may show.
+    """
+    scheme, separator, after = url.partition("://")
+    userinfo, at, rest = after.rpartition("@")
+    if not separator or not at:
+        return "", None, url
+    return scheme + separator, userinfo, rest
+
+
+def _redact_query(url: str) -> str:
+    """Return `url` with the values of secret query keys replaced by `***` (ValueError if bad)."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(_secret_key(k) for k, _ in pairs):
+        return url
+    query = urlencode([(k, "***" if _secret_key(k) else v) for k, v in pairs], safe="*")
+    shown = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    if not parts.netloc and url.startswith(f"{parts.scheme}://"):  # keep unix:///path as written
+        shown = f"{parts.scheme}://" + shown[len(parts.scheme) + 1 :]
+    return shown
+
+
+def _secret_key(key: str) -> bool:
+    """Return whether a query option holds a secret (`password`, `sentinel_password` ...)."""
+    return key.lower() in _SECRET_QUERY_KEYS or key.lower().endswith("password")
+
+
+def url_secrets(url: str) -> list[str]:
+    """Return the secrets a URL holds (its password, secret query values), to blank out of text."""
+    _, userinfo, _ = split_userinfo(url)
+    found = []
+    if userinfo is not None:
+        user, has_password, password = userinfo.partition(":")
+        found.append(password if has_password else user)  # "redis://secret@host": in the user
+    try:
+        query = urlsplit(url).query
+    except ValueError:  # redis-py refused the URL, so no message quotes its query
+        query = ""
+    found += [v for k, v in parse_qsl(query) if _secret_key(k)]
+    return [s for s in found if len(s) >= 3]

@@ -33,7 +33,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without celery installed
     raise ImportError("emq_bridge.celery needs Celery: pip install 'emq-bridge[celery]'") from exc
 
-from .beat import RepeatScheduler
+from .beat import BeatRefused, RepeatScheduler
 from .declare import AppSchedule, app_schedule, recurring, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher, nominal_due_ms, nominal_time
 from .pipelined import PipelinedCeleryDispatcher
@@ -41,6 +41,7 @@ from .target import load_target
 
 __all__ = [
     "AppSchedule",
+    "BeatRefused",
     "CeleryDispatcher",
     "PipelinedCeleryDispatcher",
     "RepeatScheduler",

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from celery import Celery
 from celery.beat import Scheduler, SchedulingError
-from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import ConfigError, EmqError
 from ..events import PumpEvents
 from ..occurrence import Occurrence
 from ..pump import Pump
+from ..urls import redact_url
 from .declare import AppSchedule, app_schedule, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 
-__all__ = ["RepeatScheduler"]
+__all__ = ["BeatRefused", "RepeatScheduler"]
 
 log = logging.getLogger("emq_bridge.celery")
 
@@ -33,6 +38,21 @@ class BeatLog(PumpEvents):
             occurrence.template.get("task"),
             occurrence.id,
         )
+
+
+class BeatRefused(SystemExit):
+    """The beat cannot start: its schedules are invalid or its registry unreachable.
+
+    A `SystemExit` (code 1), so `celery beat` ends on the one error line logged, not on
+    that line and Celery's traceback of it. `error` is the emq-bridge error.
+    """
+
+    def __init__(self, error: EmqError) -> None:
+        super().__init__(1)
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
 
 
 class RepeatScheduler(Scheduler):  # type: ignore[misc]
@@ -52,7 +72,12 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
-        """Validate and sync the app's schedules, then build the pump; raise if either fails."""
+        """Validate and sync the app's schedules, then build the pump; raise if either fails.
+
+        The beat owns the app's schedules: its sync (`sync_app`) writes `beat_schedule` and the
+        `@recurring` tasks and removes what the app no longer declares. A sync refused because
+        a newer `emq_bridge_generation` is live writes nothing and is logged; the beat pumps.
+        """
         repeat = None
         try:
             plan = app_schedule(self.app)
@@ -61,10 +86,13 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         except Exception as exc:
             if repeat is not None:
                 repeat.close()
-            log.error("emq-bridge beat refuses to start: %s", exc)
-            if isinstance(exc, EmqError):
-                raise
-            raise ConfigError(f"emq-bridge beat could not sync its schedules: {exc}") from exc
+            error = (
+                exc
+                if isinstance(exc, EmqError)
+                else ConfigError(f"emq-bridge beat could not sync its schedules: {exc}")
+            )
+            log.error("emq-bridge beat refuses to start: %s", error)
+            raise BeatRefused(error) from exc
         self.plan = plan
         pipelined = bool(self.app.conf.get("emq_bridge_pipelined", False))
         self.pump = Pump(
@@ -86,18 +114,26 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         """Send everything due now through the registry; return the seconds to sleep.
 
         Outages and broken queues are handled (logged once, retried) by `Pump.step`, so
-        beat's service loop never exits on them.
+        beat's service loop never exits on them. A SIGTERM or SIGINT during the tick is held
+        until the batch in hand is settled (`Pump.stop`), then given to Celery's handler,
+        which exits: nothing claimed waits out its lease, and nothing is sent twice. A second
+        one is given at once (the pump then hands back what it has not sent).
         """
         if self.pump is None:
             raise SchedulingError("emq-bridge beat has no synced registry; it refuses to run")
-        _, delay = self.pump.step()
+        stop = threading.Event()
+        with _signals_held(stop):
+            _, delay = self.pump.step(stop)
         return float(min(self.max_interval, delay))
 
     def sync(self) -> None:
         """Nothing to save: every move was written to Redis when it happened."""
 
     def close(self) -> None:
-        """Release the broker connection (Celery's part) and the registry's connection."""
+        """Stop the pump (a tick in progress settles its batch), then release the broker
+        connection (Celery's part) and the registry's connection."""
+        if self.pump is not None:
+            self.pump.stop()
         super().close()
         if self.pump is not None:
             if isinstance(self.pump.dispatcher, PipelinedCeleryDispatcher):
@@ -108,7 +144,54 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
     def info(self) -> str:
         """Return the banner line naming the registry (touches nothing)."""
         try:
-            where = maybe_sanitize_url(registry_url(self.app))
+            # Ours, not kombu's maybe_sanitize_url: that one fails on a multi-host
+            # (Sentinel, Cluster) URL, and does not know a password may hold '/', '#', '?'.
+            where = redact_url(registry_url(self.app))
         except EmqError as exc:  # the banner must not fail; setup_schedule reports it
             where = f"not configured ({exc})"
         return f"    . registry -> {where} (emq-bridge)"
+
+
+_HELD = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def _signals_held(stop: threading.Event) -> Iterator[None]:
+    """Hold SIGTERM and SIGINT while a tick runs: the first sets `stop`, and is handed on once
+    the tick is done to the handler it displaced (Celery's, which raises `SystemExit`; the
+    default action in `worker -B`'s beat process); a second is handed on at once. Off the
+    main thread, or for an ignored signal, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in _HELD}
+    held: list[tuple[int, FrameType | None]] = []
+
+    def hand_on(signum: int, frame: FrameType | None) -> None:
+        handler = previous[signal.Signals(signum)]
+        if callable(handler):
+            handler(signum, frame)
+        else:  # the default action: as if never held
+            signal.signal(signum, handler)
+            signal.raise_signal(signum)
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if held:
+            hand_on(signum, frame)
+            return
+        held.append((signum, frame))
+        log.info(
+            "%s received: settling the batch in hand, then stopping", signal.Signals(signum).name
+        )
+        stop.set()
+
+    installed = [s for s, h in previous.items() if callable(h) or h == signal.SIG_DFL]
+    for sig in installed:
+        signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for sig in installed:
+            signal.signal(sig, previous[sig])
+    if held:
+        hand_on(*held[0])

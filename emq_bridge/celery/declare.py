@@ -1,6 +1,14 @@
 """The Celery app's declared schedules: settings, `@recurring`, `beat_schedule`, boot sync.
 
 Part of `emq_bridge.celery`, which re-exports the public names.
+
+Ownership: the app's schedules (`beat_schedule`, the `@recurring` tasks) belong to the beat,
+the process that runs them: it syncs them under `celery.<main>` (`emq_bridge_source`), and
+only its sync removes what the app no longer declares. A worker contributes what it
+declares itself: at start it upserts its `@recurring` tasks under that source, never
+`beat_schedule`, and removes nothing. A worker whose config is older, or has no
+`beat_schedule`, cannot delete the beat's schedules or revert its entries; with
+`emq_bridge_generation` an older worker writes nothing at all.
 """
 
 from __future__ import annotations
@@ -14,15 +22,22 @@ from typing import Any, TypeVar
 from celery import Celery, Task
 from celery.local import Proxy
 from celery.schedules import crontab
-from celery.signals import worker_init
+from celery.signals import celeryd_after_setup
 
-from ..cadence import Anchor, Cadence, Misfire
+from ..cadence import Anchor, Cadence, Every, Misfire
 from ..definition import Declaration, Schedule
 from ..errors import ConfigError, EmqError
 from ..keys import DEFAULT_PREFIX, validate_name
-from ..registry import Repeat
+from ..registry import Repeat, generation_arg
 from ..sync import SyncPlan, sync
-from .entries import CelerySchedule, convert_entry, json_options, resolve_queue, zone_name
+from .entries import (
+    PLACEHOLDER_EVERY_MS,
+    CelerySchedule,
+    convert_entry,
+    json_options,
+    resolve_queue,
+    zone_name,
+)
 
 __all__ = [
     "AppSchedule",
@@ -81,6 +96,16 @@ def _source(app: Celery) -> str:
         raise ConfigError(f"emq_bridge_source: {exc}; set app.conf.emq_bridge_source") from exc
 
 
+def _generation(app: Celery) -> int | None:
+    """Return `emq_bridge_generation`: the declarations' generation, raised by each deploy."""
+    value = app.conf.get("emq_bridge_generation")
+    try:
+        generation_arg(value, "emq_bridge_source")  # any source: only the value is checked
+    except ConfigError as exc:
+        raise ConfigError(f"emq_bridge_generation: {exc}") from exc
+    return None if value is None else int(value)
+
+
 # -- declarations -----------------------------------------------------------------------
 
 
@@ -122,7 +147,9 @@ def recurring(
         if not isinstance(task, (Proxy, Task)):
             raise ConfigError("@recurring goes above @app.task: it decorates a task")
         _DECLARED.append((task, schedule))
-        worker_init.connect(_sync_on_worker_init, weak=False, dispatch_uid="emq_bridge.celery")
+        celeryd_after_setup.connect(
+            _sync_on_worker_start, weak=False, dispatch_uid="emq_bridge.celery"
+        )
         return task
 
     return wrap
@@ -148,17 +175,25 @@ def _decorated(app: Celery) -> list[Declaration]:
 
 @dataclass(frozen=True, slots=True)
 class AppSchedule:
-    """What an app declares: `beat_schedule` entries and `@recurring` tasks, under `source`."""
+    """What an app declares under `source`, at `generation`: `beat_schedule` entries and
+    `@recurring` tasks (`declarations`, what the beat syncs), of which `tasks` are the
+    `@recurring` ones (what a worker syncs)."""
 
     source: str
     declarations: tuple[Declaration, ...]
     custom: Mapping[tuple[str, str], CelerySchedule]
     queues: tuple[str, ...]
     extra: tuple[Any, ...] = field(default=())  # schedule files: (source, declarations)
+    tasks: tuple[Declaration, ...] = field(default=())
+    generation: int | None = None
 
     def resolve_cadence(self, queue: str, name: str, stored: Cadence) -> Cadence:
-        """Return the live schedule object of a custom entry, else the stored cadence."""
-        return self.custom.get((queue, name), stored)
+        """Return the live schedule of a custom entry whose record holds its placeholder
+        (a `CelerySchedule`, checked through `is_due`), else the stored cadence."""
+        live = self.custom.get((queue, name))
+        if live is None or stored != Every(PLACEHOLDER_EVERY_MS):
+            return stored  # not ours, or since given a real cadence by another writer
+        return live
 
 
 def _beat_entries(app: Celery) -> dict[str, Any]:
@@ -190,7 +225,8 @@ def app_schedule(app: Celery) -> AppSchedule:
         declarations.append(declaration)
         if live is not None:
             custom[(declaration.queue, declaration.name)] = live
-    declarations.extend(_decorated(app))
+    tasks = _decorated(app)
+    declarations.extend(tasks)
     extra: list[Any] = []
     path = _setting(app, "emq_bridge_schedule_file")
     if path:
@@ -203,37 +239,59 @@ def app_schedule(app: Celery) -> AppSchedule:
     queues |= {q.name for q in (app.conf.task_queues or ()) if hasattr(q, "name")}
     queues |= {str(q) for q in _setting(app, "emq_bridge_queues", ())}
     return AppSchedule(
-        _source(app), tuple(declarations), custom, tuple(sorted(queues)), tuple(extra)
+        _source(app),
+        tuple(declarations),
+        custom,
+        tuple(sorted(queues)),
+        tuple(extra),
+        tasks=tuple(tasks),
+        generation=_generation(app),
     )
 
 
 def sync_app(
-    app: Celery, repeat: Repeat | None = None, plan: AppSchedule | None = None
+    app: Celery,
+    repeat: Repeat | None = None,
+    plan: AppSchedule | None = None,
+    *,
+    beat: bool = True,
 ) -> list[SyncPlan]:
-    """Sync the app's declared schedules (and its schedule file) into the registry.
+    """Sync the app's declared schedules into the registry; return the applied plans.
 
-    Everything is validated before the first write. Raises `ConfigError` on bad input and
-    `RegistryError` when Redis fails midway (running it again converges).
+    The beat's sync (`beat=True`, the owner's): `beat_schedule` and the `@recurring` tasks
+    under `source`, removing what the app no longer declares, then the schedule file under
+    its own source. A worker's (`beat=False`): its `@recurring` tasks under `source`, upserts
+    only, removing nothing. Every sync carries `emq_bridge_generation`. Everything is
+    validated before the first write. Raises `ConfigError` on bad input and `RegistryError`
+    when Redis fails midway (running it again converges).
     """
     plan = plan or app_schedule(app)
     own = repeat is None
     repeat = repeat or repeat_for(app)
+    generation = plan.generation
     try:
-        plans = [sync(repeat, plan.declarations, plan.source)]
-        plans += [sync(repeat, decls, source) for source, decls in plan.extra]
+        if not beat:
+            return [sync(repeat, plan.tasks, plan.source, prune=False, generation=generation)]
+        plans = [sync(repeat, plan.declarations, plan.source, generation=generation)]
+        plans += [
+            sync(repeat, decls, source, generation=generation) for source, decls in plan.extra
+        ]
     finally:
         if own:
             repeat.close()
     return plans
 
 
-def _sync_on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Sync at worker boot; Celery swallows signal errors, so log failures loudly."""
-    app = getattr(sender, "app", None)
+def _sync_on_worker_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Sync the `@recurring` tasks when a `celery worker` starts (`celeryd_after_setup`).
+
+    That signal comes once logging is set up, so the sync's plan is visible at `-l info`.
+    Celery swallows signal errors, so a failure is logged loudly instead.
+    """
+    app = getattr(instance, "app", None)
     if app is None:
         return
     try:
-        for plan in sync_app(app):
-            log.info("emq-bridge synced %s: %d change(s)", plan.source, plan.changes)
+        sync_app(app, beat=False)
     except Exception as exc:
         log.error("emq-bridge: boot-time sync of the schedules FAILED: %s", exc, exc_info=True)

@@ -1,9 +1,9 @@
 """`CeleryDispatcher`: each occurrence becomes a real Celery task, and what a task reads of it.
 
-The task is sent through `apply_async` (or `send_task` for a name the app does not know),
-so Celery's routing, signals and serialisation all apply. Its `task_id` is the occurrence
-id; the headers carry `celery_beat_task` (as Celery's beat sets), `emq_due_ms` (the
-nominal time) and `emq_schedule` (`"<queue>/<name>"`).
+The task is sent through `apply_async` (or `send_task` for a name the app does not know:
+another service may define it), so Celery's routing, signals and serialisation all apply.
+Its `task_id` is the occurrence id; the headers carry `celery_beat_task` (as Celery's beat
+sets), `emq_due_ms` (the nominal time) and `emq_schedule` (`"<queue>/<name>"`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from celery import Celery, Task
 
 from ..dispatch import batch_failure
-from ..errors import DispatchError, ScheduleError
+from ..errors import DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
 
@@ -42,10 +42,27 @@ class CeleryDispatcher:
     it). `dispatch` returns once `apply_async` returns, `dispatch_batch` once the batch is
     published; with RabbitMQ set `broker_transport_options={"confirm_publish": True}` to make
     that mean "accepted".
+
+    A template with no usable task is a `PermanentDispatchError` (the pump parks its
+    registration). A task name the app does not know is sent by name, as Celery's beat does,
+    since a worker of another service may define it; with `known_tasks_only=True` it is a
+    `PermanentDispatchError` too. A broker that refuses is a `DispatchError`, retried.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, known_tasks_only: bool = False) -> None:
         self.app = app
+        self.known_tasks_only = known_tasks_only
+
+    def check_task(self, task: str) -> None:
+        """Raise `PermanentDispatchError` unless the app defines `task` (`app.tasks`).
+
+        What `emq-bridge add --celery SPEC` asks before it writes a schedule.
+        """
+        if task not in self.app.tasks:
+            raise PermanentDispatchError(
+                f"task {task!r} is not a task of the Celery app {self.app.main or 'app'!r}: "
+                "import the module that defines it"
+            )
 
     def dispatch(self, occurrence: Occurrence) -> None:
         self.send(occurrence, occurrence.id, occurrence.due_ms)
@@ -92,10 +109,11 @@ class CeleryDispatcher:
 
         `PipelinedCeleryDispatcher` calls it with marker values and a capturing producer.
         """
+        # A permanent error names no registration: the pipelined path sends a marked copy.
         try:
             template = TaskTemplate.read(occurrence.template)
         except ScheduleError as exc:
-            raise DispatchError(f"{occurrence.queue}/{occurrence.name}: {exc}") from exc
+            raise PermanentDispatchError(f"its template cannot be sent: {exc}") from exc
         name = template.task
         options = dict(template.options)
         headers = dict(options.pop("headers", None) or {})
@@ -113,6 +131,8 @@ class CeleryDispatcher:
         args = list(template.args)
         kwargs = dict(template.kwargs)
         task = self.app.tasks.get(name)
+        if task is None and self.known_tasks_only:
+            self.check_task(name)
         try:
             if task is not None:
                 task.apply_async(args, kwargs, task_id=task_id, headers=headers, **options)

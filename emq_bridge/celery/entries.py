@@ -6,17 +6,18 @@ Part of `emq_bridge.celery`.
 * `crontab` becomes `Cron` in the crontab's time zone (the app's `timezone`, honouring
   `enable_utc`), with Celery's AND of day-of-month and day-of-week;
 * anything else (`solar`, `schedule(relative=True)`, custom classes) becomes a
-  `CelerySchedule`: its next runs come from the object's own `remaining_estimate` (or
-  `is_due`), computed in the process that holds the object.
+  `CelerySchedule`, checked as Celery's beat checks it: `is_due` decides, in the process
+  that holds the object.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
@@ -24,11 +25,11 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from celery import Celery
-from celery.beat import BeatLazyFunc, ScheduleEntry
+from celery.beat import DEFAULT_MAX_INTERVAL, BeatLazyFunc, ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule
 from kombu.entity import Exchange, Queue
 
-from ..cadence import Cadence, Cron, Every
+from ..cadence import Cadence, CheckedCadence, Cron, Every
 from ..definition import Declaration, Definition
 from ..errors import ConfigError, EmqError
 from ..keys import validate_name
@@ -48,60 +49,113 @@ __all__ = [
 
 # What a plain pump (one without the Celery app's objects) uses for a custom schedule.
 PLACEHOLDER_EVERY_MS = 86_400_000
-# A custom schedule that is always due fires at most once per this many ms.
+# A custom schedule that is always due fires at most once per this many ms; one that is
+# not due is checked again after at least MIN_CHECK_MS (Celery's beat spins on a check in
+# 0 s) and at most MAX_CHECK_MS (a score stays a sane epoch ms).
 MIN_CUSTOM_STEP_MS = 1000
+MIN_CHECK_MS = 10
+MAX_CHECK_MS = 366 * 86_400_000
+# The record field that names a custom schedule, so that an edit of it is a cadence change.
+SCHEDULE_FIELD = "cadence_label"  # a definition field (definition.DEFINITION_FIELDS)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _BAD_NAME_CHARS = re.compile(r"[\s{}\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CelerySchedule:
-    """A cadence driven by a Celery schedule object's own `remaining_estimate` / `is_due`.
+    """A Celery schedule object, checked as Celery's beat checks it (a `CheckedCadence`).
 
-    Stored in the registry as a daily placeholder interval; the process that holds the object
-    (beat, or `emq-bridge pump --celery`) computes the real next runs (epoch ms, UTC).
+    Celery's beat only asks `is_due(last_run_at)`, fires when it says so, and reads its
+    second value as "check again in N s". `check` does the same, so the registry's score is
+    the next check. A class that defines only `remaining_estimate` (Celery's beat cannot run
+    it: the `is_due` it inherits raises) is checked as Celery's own schedules check theirs:
+    due once the estimate has passed, checked again when the next one falls. The schedule
+    sees the pump's clock as its `now` (its `nowfun`) during a check; times are epoch ms.
+
+    Stored as the placeholder interval plus the schedule's label (`to_fields`): an edit of
+    the schedule is a cadence change, so its next check is derived again. A pump without
+    the app's objects would fire the placeholder at each check; run `--celery` pumps only.
     """
 
     schedule: Any
     label: str
+    by_is_due: bool = True  # False: the class defines only remaining_estimate
 
     @property
     def kind(self) -> str:
         return "celery"
 
     def first_run(self, now_ms: int) -> int:
-        return self.next_after(now_ms)
+        """Return the first check: now if due, as Celery's beat checks a new entry at once
+        (its last run is now), else the check it names. A pump checks again from there."""
+        due, next_ms = self.check(now_ms, now_ms)
+        return now_ms if due else next_ms
 
     def next_after(self, after_ms: int) -> int:
-        clock = getattr(self.schedule, "now", None)
-        now = clock() if callable(clock) else datetime.now(timezone.utc)
-        # Work in UTC: aware arithmetic in a zone with DST is wall-clock arithmetic.
-        now = (
-            now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
-        )
-        after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
-        pinned = isinstance(self.schedule, BaseSchedule)
-        if pinned:  # one "now" for the whole computation, so the result is exact
-            saved, self.schedule.nowfun = self.schedule.nowfun, lambda: now
-        try:
-            try:
-                seconds = self.schedule.remaining_estimate(after).total_seconds()
-            except NotImplementedError:
-                due, check_s = self.schedule.is_due(after)
-                seconds = 0.0 if due else float(check_s)
-        finally:
-            if pinned:
-                self.schedule.nowfun = saved
-        next_ms = round((now + timedelta(seconds=seconds)).timestamp() * 1000)
-        # A schedule that names no instant after `after_ms` (always due) is checked again
-        # a second later, as Celery's beat would after firing it.
-        return next_ms if next_ms > after_ms else after_ms + MIN_CUSTOM_STEP_MS
+        """Return the next check after `after_ms`, for a registration that ran then."""
+        return self.check(after_ms, after_ms)[1]
+
+    def check(self, last_run_ms: int, now_ms: int) -> tuple[bool, int]:
+        now = _utc(now_ms)
+        with _clock_pinned(self.schedule, now):
+            due, next_s = self._is_due(_utc(last_run_ms))
+            if due and _seconds(next_s) * 1000 < MIN_CUSTOM_STEP_MS:
+                # Celery's beat checks again at once, this run now its last one: so do we.
+                again, next_s = self._is_due(now)
+                if again:
+                    return True, now_ms + MIN_CUSTOM_STEP_MS
+        return due, now_ms + _check_ms(next_s)
+
+    def _is_due(self, last_run: datetime) -> tuple[bool, Any]:
+        """Return `is_due(last_run)`: the class's own, or else Celery's (`solar.is_due`'s
+        reading of `remaining_estimate`)."""
+        if self.by_is_due:
+            due, next_s = self.schedule.is_due(last_run)
+            return bool(due), next_s
+        remaining_s = self.schedule.remaining_estimate(last_run).total_seconds()
+        return remaining_s <= 0, max(remaining_s, 0)
 
     def to_fields(self) -> dict[str, str]:
-        return Every(PLACEHOLDER_EVERY_MS).to_fields()
+        return {**Every(PLACEHOLDER_EVERY_MS).to_fields(), SCHEDULE_FIELD: self.label}
 
     def describe(self) -> str:
         return f"celery {self.label}"
+
+
+def _utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+@contextlib.contextmanager
+def _clock_pinned(value: Any, now: datetime) -> Iterator[None]:
+    """Make `now` the schedule's `now()` for the block: one instant for the whole check."""
+    if not isinstance(value, BaseSchedule):
+        yield  # a duck-typed schedule keeps its own clock
+        return
+    saved, value.nowfun = value.nowfun, lambda: now
+    try:
+        yield
+    finally:
+        value.nowfun = saved
+
+
+def _seconds(value: Any) -> float:
+    """Return `is_due`'s second value in seconds; not a number, Celery's beat waits its max
+    interval (300 s by default) and so do we."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+        return float(value)
+    return float(DEFAULT_MAX_INTERVAL)
+
+
+def _check_ms(value: Any) -> int:
+    """Return the ms until the next check, rounded up: a check named for an instant is not
+    a hair early."""
+    return math.ceil(min(max(_seconds(value) * 1000, MIN_CHECK_MS), MAX_CHECK_MS))
+
+
+_CHECKED: type[CheckedCadence] = CelerySchedule  # mypy: CelerySchedule is a CheckedCadence
 
 
 def registry_name(key: str) -> str:
@@ -177,6 +231,12 @@ def _plain(obj: object, base: type, *methods: str) -> bool:
     return isinstance(obj, base) and all(getattr(type(obj), m) is getattr(base, m) for m in methods)
 
 
+def _defines(obj: object, method: str) -> bool:
+    """True if `obj` has `method`, other than BaseSchedule's (which raises)."""
+    found = getattr(type(obj), method, None)
+    return callable(found) and found is not getattr(BaseSchedule, method)
+
+
 def _check_schedule_value(value: Any, label: str) -> None:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         raise ConfigError(
@@ -204,7 +264,10 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
             return Cron(expr, zone_name(value.tz), day_and)
         except EmqError as exc:
             raise ConfigError(f"{label}: crontab {value!r}: {exc}") from exc
-    return CelerySchedule(value, _ADDRESS.sub("", repr(value)))
+    by_is_due = _defines(value, "is_due")  # Celery's beat only ever calls is_due
+    if not (by_is_due or _defines(value, "remaining_estimate")):
+        raise ConfigError(f"{label}: {value!r} defines neither is_due nor remaining_estimate")
+    return CelerySchedule(value, _ADDRESS.sub("", repr(value)), by_is_due)
 
 
 def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
@@ -282,8 +345,8 @@ def convert_entry(
     custom = cadence if isinstance(cadence, CelerySchedule) else None
     try:
         template = TaskTemplate(task, args, kwargs, options).to_dict()
-        if custom is not None:  # so an edited custom schedule is a changed definition
-            template["schedule"] = custom.label
+        if custom is not None:  # what the registry's readers (`emq-bridge list`) show
+            template["schedule"] = custom.describe()
         definition = Definition(cadence, template)
         queue = resolve_queue(app, task, options, args, kwargs)
         declaration = Declaration(queue, registry_name(key), definition)

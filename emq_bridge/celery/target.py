@@ -1,4 +1,4 @@
-"""The Celery target of `emq-bridge pump --celery SPEC`: the app's dispatcher, queues, schedules."""
+"""The Celery target of `emq-bridge pump --celery SPEC`: the app's dispatcher, queues, registry."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from celery import Celery
 
 from ..dispatch import PumpTarget
 from ..errors import ConfigError
-from .declare import app_schedule
+from ..registry import Repeat
+from .declare import app_schedule, registry_url, repeat_for
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 
@@ -19,7 +20,10 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     `pipelined=True` sends through `PipelinedCeleryDispatcher` (a Redis broker only).
 
     The app is found the way `celery -A` finds it, and its task modules are imported.
-    Schedule-file entries are not included (they have their own source).
+    Schedule-file entries are not included (they have their own source). The registry is
+    the one its beat uses (`repeat_for`: `emq_bridge_redis_url` or a Redis broker, under
+    `emq_bridge_prefix`), None when the app names no Redis; the longest sleep is
+    `beat_max_loop_interval` when set.
     """
     from celery.app.utils import find_app
 
@@ -33,4 +37,22 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     app.finalize(auto=True)
     plan = app_schedule(app)
     dispatcher = PipelinedCeleryDispatcher(app) if pipelined else CeleryDispatcher(app)
-    return PumpTarget(dispatcher, plan.queues, plan.declarations, plan.source, plan.resolve_cadence)
+    max_loop_s = app.conf.get("beat_max_loop_interval")
+    return PumpTarget(
+        dispatcher,
+        plan.queues,
+        plan.declarations,
+        plan.source,
+        plan.resolve_cadence,
+        repeat=_beat_registry(app),
+        max_sleep_s=float(max_loop_s) if max_loop_s else None,
+    )
+
+
+def _beat_registry(app: Celery) -> Repeat | None:
+    """Return the registry the app's beat would use, or None if the app names no Redis."""
+    try:
+        registry_url(app)
+    except ConfigError:
+        return None  # the beat cannot run without one: the command's registry is the only one
+    return repeat_for(app)  # a malformed emq_bridge_redis_url raises, as it does for the beat

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 import redis
+from click.core import ParameterSource
 
 from ..errors import ConfigError, EmqError, RegistryError, RegistryUnavailable
 from ..registry import Repeat
-from ..urls import client_from_url
+from ..urls import client_from_url, redact_url, split_userinfo, url_secrets
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -24,6 +24,7 @@ __all__ = [
     "Settings",
     "UrlError",
     "emq_errors",
+    "given_as",
     "install_logging",
     "pass_settings",
     "redact_url",
@@ -35,7 +36,6 @@ EXIT_SERVER = 3
 
 CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 30.0
-_SECRET_QUERY_KEYS = ("password", "pass", "pw", "secret", "token")
 
 
 class ServerError(click.ClickException):
@@ -50,54 +50,9 @@ class UrlError(click.ClickException):
     exit_code = 2
 
 
-def redact_url(url: str) -> str:
-    """Return `url` with any password (in the user info or the query) replaced by `***`.
-
-    Of the user info, everything after '://' up to the LAST '@', only the user name (up to
-    its first ':') is shown.
-    """
-    head, userinfo, rest = _split_userinfo(url)
-    try:
-        if userinfo is None:
-            return _redact_query(url)
-        shown = _redact_query(head + rest)[len(head) :]
-    except ValueError:
-        return "<unparseable URL>"
-    user, has_password, _ = userinfo.partition(":")
-    return f"{head}{user}:***@{shown}" if has_password else f"{head}***@{shown}"
-
-
-def _split_userinfo(url: str) -> tuple[str, str | None, str]:
-    """Split `url` into `scheme://`, the user info (None if there is none) and the rest.
-
-    The user info runs to the LAST '@'. urllib, and so redis-py, end it at the first '/',
-    '?' or '#' instead, but a password may hold those unescaped, and no part of it may show.
-    """
-    scheme, separator, after = url.partition("://")
-    userinfo, at, rest = after.rpartition("@")
-    if not separator or not at:
-        return "", None, url
-    return scheme + separator, userinfo, rest
-
-
-def _redact_query(url: str) -> str:
-    """Return `url` with the values of secret query keys replaced by `***` (ValueError if bad)."""
-    parts = urlsplit(url)
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    if not any(k.lower() in _SECRET_QUERY_KEYS for k, _ in pairs):
-        return url
-    query = urlencode(
-        [(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*"
-    )
-    shown = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
-    if not parts.netloc and url.startswith(f"{parts.scheme}://"):  # keep unix:///path as written
-        shown = f"{parts.scheme}://" + shown[len(parts.scheme) + 1 :]
-    return shown
-
-
 def _misread_userinfo(url: str) -> bool:
     """Return whether redis-py reads part of the user info as the host, path or query."""
-    _, userinfo, _ = _split_userinfo(url)
+    _, userinfo, _ = split_userinfo(url)
     return userinfo is not None and any(c in userinfo for c in "/?#")
 
 
@@ -151,6 +106,21 @@ class Settings:
 pass_settings = click.make_pass_decorator(Settings)
 
 
+def given_as(name: str) -> str | None:
+    """Return how the group's option `name` was given, or None if it was left to its default.
+
+    That is its flag (`--redis-url`) or its environment variable (`$REDIS_URL`).
+    """
+    root = click.get_current_context().find_root()
+    source = root.get_parameter_source(name)
+    param = next(p for p in root.command.params if p.name == name)
+    if source is ParameterSource.COMMANDLINE:
+        return param.opts[-1]
+    if source is ParameterSource.ENVIRONMENT:
+        return f"${param.envvar}" if isinstance(param.envvar, str) else "the environment"
+    return None
+
+
 @contextmanager
 def emq_errors(ctx: click.Context) -> Iterator[None]:
     """Map emq-bridge's and redis-py's exceptions to click exceptions: the CLI's one boundary.
@@ -178,23 +148,9 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
 def _clean(message: str, settings: Settings | None) -> str:
     """Return `message` on one line, with the URL's secrets (if any) blanked out."""
     if settings is not None:
-        for secret in _secrets(settings.redis_url):
+        for secret in url_secrets(settings.redis_url):
             message = message.replace(secret, "***")
     return " ".join(message.split())
-
-
-def _secrets(url: str) -> list[str]:
-    _, userinfo, _ = _split_userinfo(url)
-    found = []
-    if userinfo is not None:
-        user, has_password, password = userinfo.partition(":")
-        found.append(password if has_password else user)  # "redis://secret@host": in the user
-    try:
-        query = urlsplit(url).query
-    except ValueError:  # redis-py refused the URL, so no message quotes its query
-        query = ""
-    found += [v for k, v in parse_qsl(query) if k.lower() in _SECRET_QUERY_KEYS]
-    return [s for s in found if len(s) >= 3]
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -9,9 +9,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+import redis
+from click.core import ParameterSource
 
 from .. import targets
 from ..config import ScheduleFile, load_schedule_file
@@ -20,12 +22,14 @@ from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
 from ..pump import Pump
 from ..registry import Registration, Repeat
 from ..sync import SyncPlan, plan_sync, sync
-from .context import Settings, pass_settings
+from .context import Settings, given_as, pass_settings, redact_url
 from .render import to_json
 
 __all__ = ["COMMANDS"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 # -- sync -------------------------------------------------------------------------------------
@@ -167,8 +171,9 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        # The pump settles the batch in hand: sent within `STOP_GRACE_S`, or handed back.
         log.info(
-            "%s received: finishing the batch in hand, then stopping", signal.Signals(signum).name
+            "%s received: settling the batch in hand, then stopping", signal.Signals(signum).name
         )
         stop.set()
 
@@ -236,6 +241,12 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
     "it skips).",
 )
 @click.option("--once", is_flag=True, help="Fire what is due now, then exit.")
+@click.option(
+    "--force-registry",
+    is_flag=True,
+    help="With an adapter: pump the registry of --redis-url/$REDIS_URL and --prefix even "
+    "where the app's own (its beat's, its workers') differs.",
+)
 @pass_settings
 def pump_command(
     settings: Settings,
@@ -250,6 +261,7 @@ def pump_command(
     max_sleep: float,
     pipelined: bool,
     once: bool,
+    force_registry: bool,
     **target_specs: str | None,
 ) -> None:
     """Pump due occurrences into Dramatiq, Celery (any installed adapter) or a Redis list.
@@ -257,7 +269,14 @@ def pump_command(
     Give exactly one target: --dramatiq, --celery (or another installed adapter's option),
     or --list-key. The queues are the ones
     named, plus those of the target and of each --file. Runs until SIGTERM or Ctrl-C, which
-    finish the batch in hand; any number of pumps may run on the same queues.
+    settle the batch in hand (what is not sent within half a second is handed back to the
+    next pump, same ids) and stop; any number of pumps may run on the same queues.
+
+    An adapter's app brings its registry (the Celery app's emq_bridge_redis_url or Redis
+    broker and emq_bridge_prefix; the Dramatiq RecurringMiddleware's), and its lease and
+    sleep settings: the pump uses them, so it fires the same occurrences as the app's beat
+    or workers, once. A --redis-url, $REDIS_URL or --prefix naming another registry is an
+    error (exit 2) unless --force-registry; --lease-ms and --max-sleep given win.
 
     \b
     Examples:
@@ -281,10 +300,10 @@ def pump_command(
     if settings.verbosity == 0:  # a long-running pump logs its syncs and outages by default
         logging.getLogger("emq_bridge").setLevel(logging.INFO)
     schedule_files = [load_schedule_file(f) for f in files]  # validate every file before writing
-    repeat = settings.repeat()
+    target = _load_target(*given[0], pipelined) if given else None
+    repeat = _registry(settings, target, force_registry)
     # Fail fast (exit 3) on a wrong URL or password; outages after this are retried.
     repeat.server_time_ms()
-    target = _load_target(*given[0], pipelined) if given else None
     all_queues = _unique(
         [
             *queues,
@@ -306,8 +325,8 @@ def pump_command(
         all_queues,
         dispatcher,
         batch_size=batch_size,
-        lease_ms=lease_ms,
-        max_sleep_s=max_sleep,
+        lease_ms=_app_default("lease_ms", lease_ms, target.lease_ms if target else None),
+        max_sleep_s=_app_default("max_sleep", max_sleep, target.max_sleep_s if target else None),
         resolve_cadence=target.resolve_cadence if target else None,
     )
     if once:
@@ -341,20 +360,118 @@ def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[Sch
         )
 
 
+class RegistryConflict(click.ClickException):
+    """The registry given is not the app's: bad usage (exit 2), told in one line."""
+
+    exit_code = 2
+
+
+def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Repeat:
+    """Return the registry to pump: the app's own, unless the user forced another.
+
+    A pump on another server or prefix than the app's beat or workers would sync a second
+    copy of the schedules and fire each slot twice, with different ids. So what the user
+    gave (--redis-url, $REDIS_URL, --prefix) must name the app's registry; the rest is
+    taken from the app. Nothing is read or written before the check.
+    """
+    app = target.repeat if target is not None else None
+    if app is None or force:
+        if app is not None:
+            log.warning(
+                "--force-registry: pumping %s, not the app's registry %s",
+                settings.where,
+                _where(app),
+            )
+            app.close()
+        return settings.repeat()
+    url_flag, prefix_flag = given_as("redis_url"), given_as("prefix")
+    conflicts = []
+    if url_flag is not None and _location(settings.client()) != _location(app.client):
+        conflicts.append(url_flag)
+    if prefix_flag is not None and settings.prefix != app.prefix:
+        conflicts.append(prefix_flag)
+    if conflicts:
+        app.close()
+        named = " and ".join(conflicts)
+        server = redact_url(settings.redis_url) if url_flag is not None else _address(app.client)
+        prefix = settings.prefix if prefix_flag is not None else app.prefix
+        raise RegistryConflict(
+            f"{named} {'names' if len(conflicts) == 1 else 'name'} the registry {server} "
+            f"(prefix {prefix!r}), but the app's beat or workers pump {_where(app)}: leave "
+            f"{'it' if len(conflicts) == 1 else 'them'} out to pump the app's, or add "
+            "--force-registry to pump the one given"
+        )
+    if url_flag is not None:  # the app's server, reached as the user says
+        app.close()
+        settings.prefix = app.prefix
+        return settings.repeat()
+    # The messages and the error boundary quote settings.where: make it the app's registry,
+    # shown by its address (no credentials); the client is the app's own.
+    settings.redis_url, settings.prefix = _address(app.client), app.prefix
+    click.get_current_context().call_on_close(app.close)
+    return app
+
+
+def _location(client: Any) -> tuple[object, ...]:
+    """Return what tells two Redis clients' servers apart: socket or host, port, database."""
+    options = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    db = int(options.get("db") or 0)
+    if options.get("path"):
+        return ("unix", str(options["path"]), db)
+    if "host" in options:
+        return ("tcp", str(options["host"]).lower(), int(options.get("port") or 6379), db)
+    return ("client", id(client))  # a cluster, a sentinel pool: only the same client matches
+
+
+def _address(client: Any) -> str:
+    """Return where a Redis client connects, as a URL without credentials."""
+    pool = getattr(client, "connection_pool", None)
+    location = _location(client)
+    if location[0] == "unix":
+        return f"unix://{location[1]}" + (f"?db={location[2]}" if location[2] else "")
+    if location[0] == "tcp":
+        tls = isinstance(pool, redis.ConnectionPool) and issubclass(
+            pool.connection_class, redis.SSLConnection
+        )
+        host = f"[{location[1]}]" if ":" in str(location[1]) else location[1]  # IPv6
+        return f"{'rediss' if tls else 'redis'}://{host}:{location[2]}/{location[3]}"
+    return f"the app's {type(client).__name__}"
+
+
+def _where(repeat: Repeat) -> str:
+    return f"{_address(repeat.client)} (prefix {repeat.prefix!r})"
+
+
+def _app_default(param: str, value: T, app_value: T | None) -> T:
+    """Return `value` if the user gave the pump option `param`, else the app's (if it has one)."""
+    source = click.get_current_context().get_parameter_source(param)
+    given = source not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+    return value if given or app_value is None else app_value
+
+
 # -- demo -------------------------------------------------------------------------------------
 
 
 @click.command("demo")
-def demo_command() -> None:
-    """Run the demo on an embedded server.
+@pass_settings
+def demo_command(settings: Settings) -> None:
+    """Run the demo on an embedded server, or on the server of --redis-url / $REDIS_URL.
 
-    It ignores --redis-url: everything runs on a throwaway server.
+    On a server given, everything the demo writes is under a throwaway prefix
+    (emq-demo-<random>, whatever --prefix says), and every key under it is deleted at
+    the end.
 
     \b
-    Example:
+    Examples:
       emq-bridge demo
+      emq-bridge --redis-url redis://127.0.0.1:6379/0 demo
     """
-    result = importlib.import_module("emq_bridge.demo").main()
+    demo = importlib.import_module("emq_bridge.demo")
+    if given_as("redis_url") is None:
+        result = demo.main()
+    else:
+        settings.repeat().server_time_ms()  # exit 2 on a malformed URL, 3 if it is unreachable
+        result = demo.main(url=settings.redis_url)
     if isinstance(result, int) and result:
         raise click.exceptions.Exit(result)
 

@@ -13,11 +13,16 @@ from ..registry import Registration
 
 __all__ = [
     "absolute",
+    "cadence_text",
+    "computed_by",
     "iso",
     "registration_json",
     "relative",
+    "state",
+    "state_text",
     "table",
     "to_json",
+    "upcoming",
     "zone_of",
 ]
 
@@ -66,6 +71,47 @@ def cadence_json(cadence: Cadence) -> dict[str, Any]:
     return {"kind": cadence.kind}
 
 
+def computed_by(registration: Registration) -> str | None:
+    """Return what computes a registration's runs outside the registry, or None.
+
+    A Celery custom schedule (`solar`, a class with its own `is_due`) is stored as a
+    placeholder interval whose template names it (`"schedule": "celery <solar: ...>"`):
+    only the app's process knows its runs, and its stored next run is its next check.
+    """
+    text = registration.definition.template.get("schedule")
+    if isinstance(text, str) and text and isinstance(registration.definition.cadence, Every):
+        return text
+    return None
+
+
+def cadence_text(registration: Registration) -> str:
+    """Return a registration's cadence in words: `celery <label>` for a custom schedule."""
+    return computed_by(registration) or registration.definition.cadence.describe()
+
+
+def upcoming(registration: Registration, n: int) -> list[int]:
+    """Return the next `n` runs (epoch ms); of a custom schedule, only its next check."""
+    if computed_by(registration) is None:
+        return registration.upcoming(n)
+    return [] if registration.next_run_ms is None else [registration.next_run_ms]
+
+
+def state(registration: Registration) -> str:
+    """Return `active`, `paused`, or `parked` (stopped by a dispatch that can never work)."""
+    if registration.parked_reason is not None:
+        return "parked"
+    return "paused" if registration.paused else "active"
+
+
+def state_text(registration: Registration, width: int = 72) -> str:
+    """Return the state as `list` shows it: a parked one with its reason, cut to `width`."""
+    reason = registration.parked_reason
+    if reason is None:
+        return state(registration)
+    text = f"parked: {reason}"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]:
     """Return everything known about a registration as JSON-ready data (times in epoch ms)."""
     cadence = registration.definition.cadence
@@ -74,9 +120,11 @@ def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]
     return {
         "queue": registration.queue,
         "name": registration.name,
-        "state": "paused" if registration.paused else "active",
-        "cadence": cadence.describe(),
-        **cadence_json(cadence),
+        "state": state(registration),
+        "parked_reason": registration.parked_reason,
+        "parked_ms": registration.parked_ms,
+        "cadence": cadence_text(registration),
+        **(cadence_json(cadence) if computed_by(registration) is None else {"kind": "computed"}),
         "misfire": registration.definition.misfire,
         "template": dict(registration.definition.template),
         "source": registration.source,
@@ -95,13 +143,19 @@ def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]
 
 
 def next_run_text(registration: Registration, now_ms: int) -> str:
-    """Return the next run as `<absolute in the schedule's zone> (<relative>)`."""
+    """Return the next run as `<absolute in the schedule's zone> (<relative>)`.
+
+    A custom schedule's is its next check, and says so: `(in 3 h, next check)`.
+    """
+    if registration.paused:  # its parked next run is not a run: nothing fires until resumed
+        return "- (paused)"
     if registration.next_run_ms is None:
         return "-"
     zone = zone_of(registration.definition.cadence)
-    return (
-        f"{absolute(registration.next_run_ms, zone)} ({relative(registration.next_run_ms, now_ms)})"
-    )
+    when = relative(registration.next_run_ms, now_ms)
+    if computed_by(registration) is not None:
+        when += ", next check"
+    return f"{absolute(registration.next_run_ms, zone)} ({when})"
 
 
 def last_run_text(registration: Registration, now_ms: int) -> str:

@@ -9,21 +9,26 @@ from zoneinfo import ZoneInfo
 
 import click
 
+from .. import targets
 from ..cadence import ANCHORS, MISFIRES
 from ..config import declaration_from_entry
-from ..errors import ConfigError
+from ..errors import ConfigError, EmqError
 from ..registry import Registration, Repeat
 from ..template import MAX_TEMPLATE_DEPTH
 from .context import Settings, pass_settings
+from .operations import _load_target, _target_param
 from .render import (
     absolute,
+    cadence_text,
     iso,
     last_run_text,
     next_run_text,
     registration_json,
     relative,
+    state_text,
     table,
     to_json,
+    upcoming,
     zone_of,
 )
 
@@ -74,6 +79,8 @@ def list_command(
     come in next-run order (paused last). The next run is shown in the schedule's time zone
     (UTC for intervals) and relative to the Redis server's clock. The records are read and
     printed a thousand at a time, so a registry of any size lists in bounded memory.
+    The state is active, paused, or parked with the start of its reason: a dispatch that can
+    never work, such as an unknown actor, stopped it until it is resumed.
 
     \b
     Examples:
@@ -94,10 +101,10 @@ def list_command(
         [
             r.queue,
             r.name,
-            r.definition.cadence.describe(),
+            cadence_text(r),
             next_run_text(r, now_ms),
             last_run_text(r, now_ms),
-            "paused" if r.paused else "active",
+            state_text(r),
         ]
         for r in registrations
     ]
@@ -149,7 +156,8 @@ def _json_array(items: Iterator[dict[str, Any]]) -> Iterator[str]:
 def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> None:
     """Show one schedule in full.
 
-    Its cadence, state, next and last run, counters, owner and template.
+    Its cadence, state (for a parked one: since when, and why), next and last run, counters
+    (`fired` counts the occurrences a broker accepted), owner and template.
 
     \b
     Examples:
@@ -168,9 +176,18 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     fired_ms = registration.last_fired_ms
     if fired_ms is not None:
         last = f"{absolute(fired_ms, zone)} ({relative(fired_ms, now_ms)})"
+    state = data["state"]
+    if registration.parked_ms is not None:
+        since = registration.parked_ms
+        state += f" since {absolute(since, zone)} ({relative(since, now_ms)})"
     lines = [
         ("cadence", data["cadence"]),
-        ("state", data["state"]),
+        ("state", state),
+    ]
+    if registration.parked_reason is not None:
+        lines.append(("reason", registration.parked_reason))
+        lines.append(("", f"fix it, then: emq-bridge resume {queue} {name}"))
+    lines += [
         ("next run", next_run_text(registration, now_ms)),
         ("last run", last),
         ("fired", str(registration.fired)),
@@ -209,7 +226,7 @@ def next_command(settings: Settings, queue: str, name: str, count: int, as_json:
     """
     repeat = settings.repeat()
     registration = _require(repeat, queue, name)
-    runs = registration.upcoming(count)
+    runs = upcoming(registration, count)  # a custom schedule's: its next check only
     now_ms = repeat.server_time_ms()
     zone = zone_of(registration.definition.cadence)
     if as_json:
@@ -217,6 +234,12 @@ def next_command(settings: Settings, queue: str, name: str, count: int, as_json:
             to_json([{"at_ms": ms, "at": _iso(ms, zone), "in_ms": ms - now_ms} for ms in runs])
         )
         return
+    if registration.paused:  # these runs happen only once it is resumed
+        click.echo(
+            f"{queue}/{name} is paused: nothing fires until `emq-bridge resume {queue} {name}`; "
+            "the runs after that would be:",
+            err=True,
+        )
     for ms in runs:
         offset = _offset(ms, zone)
         click.echo(f"{absolute(ms, zone)} {offset}  ({relative(ms, now_ms)})")
@@ -252,6 +275,19 @@ def _json_value(
         return parsed
 
     return convert
+
+
+def _check_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add `--<framework> SPEC` for each framework target installed, to check `--task`."""
+    for framework in reversed(list(targets.frameworks())):
+        command = click.option(
+            f"--{framework}",
+            _target_param(framework),
+            metavar="SPEC",
+            help=f"Check --task against this {framework} application (module or "
+            "module:attribute) before writing.",
+        )(command)
+    return command
 
 
 @click.command("add")
@@ -302,6 +338,7 @@ def _json_value(
     help="Send options, a JSON object.",
 )
 @click.option("--replace", is_flag=True, help="Overwrite an existing schedule of that name.")
+@_check_options
 @pass_settings
 def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **fields: Any) -> None:
     """Add a schedule at runtime.
@@ -311,30 +348,75 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     Give one cadence: --every, --every-ms or --cron (with --tz). Without --replace an
     existing schedule of the same name is left alone: exit 0 if it is identical, else 1.
 
+    With --celery SPEC or --dramatiq SPEC (any installed adapter's option) the app is loaded
+    and --task must be one of its tasks or actors, else nothing is written (exit 1).
+    Without one, the name is not checked (a note on stderr says so): a pump that cannot
+    send it parks the schedule, and `list`/`show` say why.
+
     \b
     Examples:
-      emq-bridge add reports digest --task app.send_digest --every 15m
+      emq-bridge add reports digest --task app.send_digest --every 15m --celery proj.celery:app
       emq-bridge add reports nightly --task nightly_report --cron "0 9 * * *" --tz Europe/Paris
       emq-bridge add emails retry --task retry --every 1m --kwargs '{"limit": 100}' --replace
     """
+    frameworks = {_target_param(framework): framework for framework in targets.frameworks()}
+    specs = {param: fields.pop(param, None) for param in frameworks}
+    given = [(frameworks[param], spec) for param, spec in specs.items() if spec]
+    if len(given) > 1:
+        named = " and ".join(f"--{framework}" for framework, _ in given)
+        raise click.UsageError(f"give one app to check --task against, not {named}")
     entry = {"queue": queue, "name": name}
     entry.update({"args" if k == "args_" else k: v for k, v in fields.items() if v is not None})
     declaration = declaration_from_entry(entry)
+    task = str(fields["task"])
+    checked = _check_task(*given[0], task) if given else False
     repeat = settings.repeat()
     if replace:
         result = repeat.upsert(queue, name, definition=declaration.definition)
         click.echo(f"{result} {queue}/{name}  {declaration.definition.cadence.describe()}")
-        return
-    if repeat.register(queue, name, definition=declaration.definition) == "registered":
+    elif repeat.register(queue, name, definition=declaration.definition) == "registered":
         click.echo(f"added {queue}/{name}  {declaration.definition.cadence.describe()}")
-        return
-    existing = _require(repeat, queue, name)
-    if existing.definition.digest != declaration.definition.digest:
-        raise click.ClickException(
-            f"{queue}/{name} already exists with a different definition "
-            f"({existing.definition.cadence.describe()}); add --replace to overwrite it"
+    else:
+        existing = _require(repeat, queue, name)
+        if existing.definition.digest != declaration.definition.digest:
+            raise click.ClickException(
+                f"{queue}/{name} already exists with a different definition "
+                f"({existing.definition.cadence.describe()}); add --replace to overwrite it"
+            )
+        click.echo(f"exists {queue}/{name} (identical; nothing written)")
+    if not given:
+        options = " SPEC or ".join(f"--{framework}" for framework in frameworks.values())
+        hint = f" (give {options} SPEC to check it against the app)" if options else ""
+        click.echo(f"note: task {task!r} was not checked{hint}", err=True)
+    elif not checked:
+        click.echo(
+            f"note: the {given[0][0]} adapter cannot check task names; {task!r} was not checked",
+            err=True,
         )
-    click.echo(f"exists {queue}/{name} (identical; nothing written)")
+
+
+def _check_task(framework: str, spec: str, task: str) -> bool:
+    """Load the app at `spec` through its adapter and make sure it can send `task`.
+
+    Returns False when the adapter's dispatcher cannot tell (it has no `check_task`); exits
+    1 (nothing written) when the app cannot send `task`.
+    """
+    target = _load_target(framework, spec, False)
+    try:
+        check = getattr(target.dispatcher, "check_task", None)
+        if check is None:
+            return False
+        try:
+            check(task)
+        except EmqError as exc:
+            raise click.ClickException(
+                f"--task {task!r}: {exc} (nothing written; leave out --{framework} to add it "
+                "unchecked)"
+            ) from exc
+        return True
+    finally:
+        if target.repeat is not None:
+            target.repeat.close()
 
 
 @click.command("remove")

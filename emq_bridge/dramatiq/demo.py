@@ -1,9 +1,10 @@
 """The demo: an embedded server, a Dramatiq worker with the pump inside, recurring actors firing.
 
 Run it with `emq-bridge demo` or `python -m emq_bridge.demo` (about 15 s; no service
-needed: it starts its own Redis-protocol server unless `$REDIS_URL` is set, and then uses
-throwaway key prefixes it removes at the end). Each execution is printed as the actor
-runs it, with the slot it serves; a summary follows.
+needed: it starts its own Redis-protocol server unless given a URL, `emq-bridge --redis-url`
+or `$REDIS_URL`). Every key it writes lives under one throwaway prefix, and every key under
+it is deleted at the end. Each execution is printed as the actor runs it, with the slot it
+serves; a summary follows.
 """
 
 from __future__ import annotations
@@ -80,50 +81,62 @@ def _declare_actors(broker: Any, executions: Executions) -> dict[str, Any]:
     return {"heartbeat": heartbeat, "send_digest": send_digest, "nightly_report": nightly_report}
 
 
-def main(seconds: float = 12.0) -> None:
-    """Run the demo for `seconds`, then print a summary."""
+def main(seconds: float = 12.0, url: str | None = None) -> None:
+    """Run the demo for `seconds` on the server at `url` (else `$REDIS_URL`, else an embedded one).
+
+    Its registry and its broker share one throwaway prefix, `emq-demo-<random>`, and every
+    key under it is deleted at the end, even when the demo fails.
+    """
     try:
         import dramatiq
         from dramatiq.brokers.redis import RedisBroker
 
-        from .middleware import RecurringMiddleware
+        from .middleware import RecurringMiddleware, _address
         from .schedule import register
     except ImportError as exc:
         raise SystemExit(
             f"the demo needs Dramatiq: pip install 'emq-bridge[dramatiq,embedded]' ({exc})"
         ) from exc
 
-    token = uuid.uuid4().hex[:8]
-    with redis_url() as url:
-        print(f"Redis-protocol server at {url}")
+    prefix = f"emq-demo-{uuid.uuid4().hex[:8]}"  # the registry's and the broker's
+    with redis_url(url) as chosen:
         # RedisBroker's __init__ is unannotated in Dramatiq.
-        broker = RedisBroker(url=url, namespace=f"emq-demo-{token}")  # type: ignore[no-untyped-call]
-        middleware = RecurringMiddleware(prefix=f"emq-demo-{token}", source="demo")
-        broker.add_middleware(middleware)
-        executions = Executions()
-        actors = _declare_actors(broker, executions)
-
-        print("Booting a Dramatiq worker; its boot syncs the declared schedules:")
-        worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=100)
-        worker.start()
-        repeat = middleware.registry(broker)
-        for line in middleware.plans[0].lines():
-            print(f"  {line}")
-        added = register(
-            repeat, actors["send_digest"], every="5s", name="digest-adhoc", args=["adhoc"]
-        )
-        print(f"  + {QUEUE}/digest-adhoc  every 5s  (registered at runtime: {added})")
-        print(f"The worker's pump thread fires them; executions for {seconds:.0f}s:")
-        executions.started = time.monotonic()
+        broker = RedisBroker(url=chosen, namespace=prefix)  # type: ignore[no-untyped-call]
+        print(f"Redis-protocol server at {_address(broker.client)}; keys under {prefix}")
         try:
-            time.sleep(seconds)
+            middleware = RecurringMiddleware(prefix=prefix, source="demo")
+            broker.add_middleware(middleware)
+            executions = Executions()
+            actors = _declare_actors(broker, executions)
+
+            print("Booting a Dramatiq worker; its boot syncs the declared schedules:")
+            worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=100)
+            worker.start()
+            try:
+                repeat = middleware.registry(broker)
+                for line in middleware.plans[0].lines():
+                    print(f"  {line}")
+                added = register(
+                    repeat, actors["send_digest"], every="5s", name="digest-adhoc", args=["adhoc"]
+                )
+                print(f"  + {QUEUE}/digest-adhoc  every 5s  (registered at runtime: {added})")
+                print(f"The worker's pump thread fires them; executions for {seconds:.0f}s:")
+                executions.started = time.monotonic()
+                time.sleep(seconds)
+            finally:
+                worker.stop(timeout=10_000)
+            _summary(repeat, executions, seconds)
         finally:
-            worker.stop(timeout=10_000)
-        _summary(repeat, executions, seconds)
-        for registration in repeat.list(QUEUE):
-            repeat.cancel(QUEUE, registration.name)
-        broker.flush_all()
-        broker.close()
+            # Everything the demo wrote: the registry, the queues, the workers' heartbeats.
+            _remove_keys(broker.client, prefix)
+            broker.close()
+
+
+def _remove_keys(client: Any, prefix: str) -> None:
+    """Delete every key under `prefix` (the demo's own, random: no one else's matches)."""
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for start in range(0, len(keys), 1000):
+        client.delete(*keys[start : start + 1000])
 
 
 def _summary(repeat: Any, executions: Executions, seconds: float) -> None:

@@ -16,7 +16,7 @@ import dramatiq
 from dramatiq.common import current_millis
 
 from ..dispatch import batch_failure
-from ..errors import ConfigError, DispatchError, ScheduleError
+from ..errors import ConfigError, DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
 from .schedule import (
@@ -35,22 +35,20 @@ log = logging.getLogger(__name__)
 def build_message(
     broker: dramatiq.Broker, occurrence: Occurrence, **extra_options: Any
 ) -> dramatiq.Message[Any]:
-    """Return the message of `occurrence` for `broker`; raise `DispatchError` if it cannot be built.
+    """Return the message of `occurrence` for `broker`.
 
     The actor named by the template's `task` must be declared on `broker`: its queue is
-    the message's queue.
+    the message's queue. An unreadable template or an undeclared actor can never be sent:
+    `PermanentDispatchError` (the pump parks the registration).
     """
     where = f"{occurrence.queue}/{occurrence.name}"
     try:
         template = TaskTemplate.read(occurrence.template)
     except ScheduleError as exc:
-        raise DispatchError(f"{where}: {exc}") from exc
+        raise PermanentDispatchError(f"{where}: {exc}") from exc
     actor = broker.actors.get(template.task)
     if actor is None:
-        raise DispatchError(
-            f"{where}: actor {template.task!r} is not declared on this broker; "
-            "import the module that declares it (e.g. emq-bridge pump --dramatiq module:broker)"
-        )
+        raise PermanentDispatchError(f"{where}: {_undeclared(template.task)}")
     options = dict(template.options)
     options.update(
         {
@@ -72,6 +70,13 @@ def build_message(
     )
 
 
+def _undeclared(actor: str) -> str:
+    return (
+        f"actor {actor!r} is not declared on this broker; import the module that declares "
+        "it (e.g. emq-bridge pump --dramatiq module:broker)"
+    )
+
+
 class DramatiqDispatcher:
     """Enqueue each occurrence on `broker` as a Dramatiq message whose id is the occurrence id.
 
@@ -89,8 +94,17 @@ class DramatiqDispatcher:
                 type(broker).__name__,
             )
 
+    def check_task(self, task: str) -> None:
+        """Raise `PermanentDispatchError` unless `task` is an actor declared on the broker.
+
+        What `emq-bridge add --dramatiq SPEC` asks before it writes a schedule.
+        """
+        if task not in self.broker.actors:
+            raise PermanentDispatchError(_undeclared(task))
+
     def dispatch(self, occurrence: Occurrence) -> None:
-        """Enqueue `occurrence`; raise `DispatchError` if it cannot be built or the broker fails."""
+        """Enqueue `occurrence`; raise `DispatchError` if the broker fails, and
+        `PermanentDispatchError` if its message can never be built."""
         message = build_message(self.broker, occurrence)
         try:
             self.broker.enqueue(message)

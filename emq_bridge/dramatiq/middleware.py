@@ -24,7 +24,7 @@ from ..definition import Declaration
 from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
 from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
 from ..pump import Pump
-from ..registry import Repeat
+from ..registry import Repeat, generation_arg
 from ..sync import SyncPlan, sync
 from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
 from .schedule import (
@@ -82,9 +82,12 @@ class RecurringMiddleware(Middleware):
     `source` tags what this app's sync owns: a reboot removes the schedules this source
     declared before and no longer declares, and never touches others; two apps sharing a
     registry need distinct sources. `schedule_file` adds a config file's schedules (synced
-    under the file's own source). With `run_pump`, each worker process runs one pump thread
-    on `pump_queues` (default: every queue the broker declares); `pipelined=True` makes it
-    send through `PipelinedDramatiqDispatcher` (a `RedisBroker` only).
+    under the file's own source). `generation` is the declarations' generation, an int each
+    deploy raises: a worker of an older generation syncs nothing (one WARNING), so workers of
+    two versions booting in turn never flip a schedule back and forth. With `run_pump`, each
+    worker process runs one pump thread on `pump_queues` (default: every queue the broker
+    declares); `pipelined=True` makes it send through `PipelinedDramatiqDispatcher` (a
+    `RedisBroker` only).
 
     A boot that cannot reach Redis, or finds an invalid schedule or an unknown actor,
     raises `BootError` and the worker does not start.
@@ -104,9 +107,15 @@ class RecurringMiddleware(Middleware):
         lease_ms: int = 60_000,
         max_sleep_s: float = 5.0,
         pipelined: bool = False,
+        generation: int | None = None,
     ) -> None:
         self.prefix = validate_prefix(prefix)
         self.source = validate_name(source, "source")
+        try:
+            generation_arg(generation, self.source)
+        except ConfigError as exc:
+            raise ConfigError(f"RecurringMiddleware(generation=...): {exc}") from exc
+        self.generation = generation
         self.schedule_file = os.fspath(schedule_file) if schedule_file is not None else None
         self.run_pump = run_pump
         self.sync_at_boot = sync_at_boot
@@ -211,10 +220,10 @@ class RecurringMiddleware(Middleware):
         self.declarations = tuple(d for _, declared in sources for d in declared)
         self.plans = []
         if self.sync_at_boot:
+            # `sync` logs its plan: changes at WARNING/INFO, unchanged schedules at DEBUG only,
+            # so the processes of a deploy do not log every schedule they find unchanged.
             for source, declared in sources:
-                plan = sync(repeat, declared, source, prune=self.prune)
-                for line in plan.lines():
-                    log.info("emq-bridge sync %s: %s", source, line)
+                plan = sync(repeat, declared, source, prune=self.prune, generation=self.generation)
                 self.plans.append(plan)
         return self.plans
 
@@ -250,13 +259,18 @@ class RecurringMiddleware(Middleware):
         return pump
 
     def stop_pump(self, timeout_s: float = PUMP_JOIN_S) -> None:
-        """Stop the pump thread once it has handed over the batch in hand."""
+        """Stop the pump thread once it has settled the batch in hand (`Pump.stop`: what it
+        has not sent within half a second is handed back to the next pump, same ids)."""
         self._pump_stop.set()
         thread, self._pump_thread = self._pump_thread, None
         if thread is not None:
             thread.join(timeout_s)
-            if thread.is_alive():
-                log.warning("emq-bridge pump thread did not stop within %.0fs", timeout_s)
+            if thread.is_alive():  # a send that hangs: its leases expire as after a crash
+                log.warning(
+                    "emq-bridge pump thread did not stop within %.0fs; what it holds is re-sent "
+                    "when its leases expire",
+                    timeout_s,
+                )
 
     @staticmethod
     def _run_pump(pump: Pump, stop: threading.Event) -> None:

@@ -1,4 +1,4 @@
-"""The Dramatiq target of `emq-bridge pump --dramatiq SPEC`: the broker, its queues, schedules."""
+"""The Dramatiq target of `emq-bridge pump --dramatiq SPEC`: the broker, its queues, registry."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 
 import dramatiq
 from dramatiq import broker as dramatiq_broker
+from dramatiq.brokers.redis import RedisBroker
 
 from ..dispatch import PumpTarget
 from ..errors import ConfigError
+from ..registry import Repeat
 from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
 from .middleware import DEFAULT_SOURCE, RecurringMiddleware
 from .schedule import broker_declarations
@@ -63,20 +65,48 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     `pipelined=True` sends through `PipelinedDramatiqDispatcher` (a `RedisBroker` only).
 
     The module is imported so its decorators run. The declarations are the schedules on
-    the broker's actors; the source and queues follow the broker's `RecurringMiddleware`
-    when it has one (so the standalone pump and the workers agree on ownership), else the
-    source is `"dramatiq"` and the queues are every queue the broker declares.
+    the broker's actors; the source, queues, registry and pump settings follow the broker's
+    `RecurringMiddleware` when it has one (so the standalone pump and the workers agree on
+    ownership and pump the same registry), else the source is `"dramatiq"`, the queues are
+    every queue the broker declares, and the app names no registry.
     """
     broker = import_broker(spec)
     declarations = broker_declarations(broker)
     middleware = _middleware(broker)
-    if middleware is not None:
-        queues = middleware.queues(broker, declarations)
-        source = middleware.source
-    else:
+    if middleware is None:
         queues = tuple(sorted({d.queue for d in declarations} | set(broker.get_declared_queues())))
-        source = DEFAULT_SOURCE
+        if not queues:
+            raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
+        dispatcher = _dispatcher(broker, pipelined)
+        return PumpTarget(dispatcher, queues, declarations, DEFAULT_SOURCE)
+    queues = middleware.queues(broker, declarations)
     if not queues:
         raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
-    dispatcher = PipelinedDramatiqDispatcher(broker) if pipelined else DramatiqDispatcher(broker)
-    return PumpTarget(dispatcher, queues, declarations, source)
+    return PumpTarget(
+        _dispatcher(broker, pipelined),
+        queues,
+        declarations,
+        middleware.source,
+        repeat=_worker_registry(middleware, broker),
+        lease_ms=middleware.lease_ms,
+        max_sleep_s=middleware.max_sleep_s,
+    )
+
+
+def _dispatcher(broker: dramatiq.Broker, pipelined: bool) -> DramatiqDispatcher:
+    return PipelinedDramatiqDispatcher(broker) if pipelined else DramatiqDispatcher(broker)
+
+
+def _worker_registry(middleware: RecurringMiddleware, broker: dramatiq.Broker) -> Repeat | None:
+    """Return the registry the workers' pumps use (`repeat=`, the RedisBroker's, `$REDIS_URL`).
+
+    None when the middleware names none (not a RedisBroker, no `repeat=`, no `$REDIS_URL`):
+    then no worker can boot, and the command's registry is the only one.
+    """
+    named = (
+        middleware._registry_spec is not None
+        or isinstance(broker, RedisBroker)
+        or os.environ.get("REDIS_URL") is not None
+    )
+    # A named registry that is malformed raises here, as it stops the workers' boot.
+    return middleware.registry(broker) if named else None

@@ -3,10 +3,22 @@
 -- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run
 -- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
 -- KEYS[3]  <prefix>:{q}:leases          sorted set: "<name> <due_ms>" -> lease deadline
+-- KEYS[4]  <prefix>:{q}:generations     hash: source -> highest generation synced
 -- ARGV[1]  name
 -- ARGV[2]  owner guard: when not empty, cancel only if the record's `source` equals it
+-- ARGV[3]  generation of that owner's declarations ('' for none: no check)
 --
--- Returns 1 when something was removed, 0 when nothing existed (or the guard refused).
+-- Returns 1 when something was removed, 0 when nothing existed (or the guard refused), and
+-- '!' followed by the stored generation when the queue holds a higher generation of the
+-- owner than ARGV[3] (nothing removed: a sync of older declarations must not prune what a
+-- newer one keeps). Otherwise the stored generation is raised to ARGV[3], in this script.
+if ARGV[3] ~= '' then
+  local live = redis.call('HGET', KEYS[4], ARGV[2])
+  if live and tonumber(live) > tonumber(ARGV[3]) then return '!' .. live end
+  if not live or tonumber(live) < tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
+  end
+end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'source') ~= ARGV[2] then return 0 end
 local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
 local prefix = ARGV[1] .. ' '

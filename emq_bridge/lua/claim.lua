@@ -7,7 +7,8 @@
 -- ARGV[2]  lease deadline, epoch ms
 -- ARGV[3]  JSON array of the n candidates, each [name, score read by scan, next score,
 --          missed, mode], numbers as decimal strings
---          mode 'fire': move the score, lease the occurrence, count it
+--          mode 'fire': move the score, lease the occurrence, note its slot (`last_due_ms`)
+--          and count its missed slots; `fired` is counted when it is acked (ack.lua)
 --          mode 'defer': only move the score (a corrupt record is parked)
 -- ARGV[4]  JSON array of expired lease members to re-lease, as scan read them
 -- (Two JSON arguments rather than thousands of plain ones: the client packs them cheaply.)
@@ -63,8 +64,7 @@ for i, candidate in ipairs(candidates) do
       local record = KEYS[2 + i]
       leases[#leases + 1] = deadline
       leases[#leases + 1] = name .. ' ' .. expected
-      redis.call('HSET', record, 'last_due_ms', expected, 'last_fired_ms', now)
-      count(record, 'fired', 1)
+      redis.call('HSET', record, 'last_due_ms', expected)
       if tonumber(missed) > 0 then count(record, 'missed', missed) end
       claimed[#claimed + 1] = i
     end

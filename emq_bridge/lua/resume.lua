@@ -1,15 +1,34 @@
--- resume: put a paused registration back in the registry at its next run.
+-- resume: put a paused registration back in the registry at its next run, if its record is
+-- still as the caller read it.
 --
 -- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run
 -- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
 -- ARGV[1]  name
--- ARGV[2]  next run, epoch ms (computed by the caller from the record's cadence)
+-- ARGV[2]  next run, epoch ms (computed by the caller from the fields below: cron math is
+--          Python's)
 -- ARGV[3]  wake channel
+-- ARGV[4]  the record's `paused_next_ms` as the caller read it ('' when it had none)
+-- ARGV[5]  its `cadence_digest` as read ('' when none)
+-- ARGV[6]  its `last_due_ms` as read ('' when none): the last fired slot
 --
--- Returns 1 resumed, 0 not paused, -1 no such registration.
+-- The next run was derived from ARGV[4..6]. If one of them changed since the read (another
+-- writer resumed, a pump fired a slot, the registration was paused again or given another
+-- cadence), writing it could re-arm a slot already fired: nothing is written, and the caller
+-- reads again. A next run at or before the last fired slot is refused the same way, so a
+-- resume never moves a score back to a fired slot.
+-- Returns 1 resumed, 0 not paused, -1 no such registration, -2 conflict (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-if redis.call('HGET', KEYS[2], 'paused') ~= '1' then return 0 end
-redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms')
+local cur = redis.call(
+  'HMGET', KEYS[2], 'paused', 'paused_next_ms', 'cadence_digest', 'last_due_ms'
+)
+if cur[1] ~= '1' then return 0 end
+for i = 2, 4 do
+  if (cur[i] or '') ~= ARGV[i + 2] then return -2 end
+end
+local last = tonumber(cur[4])
+if last and tonumber(ARGV[2]) <= last then return -2 end
+-- `parked_reason`/`parked_ms`: a registration park.lua stopped is resumed the same way.
+redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms')
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

@@ -360,6 +360,7 @@ def test_bad_input_stops_beat_at_start_with_a_clear_error_and_nothing_written(
     text = fleet.log(variant)
     assert message in text
     assert "refuses to start" in text
+    assert "Traceback" not in text  # one clear line, not Celery's traceback of it
     client = redis.Redis.from_url(fleet.redis_url)
     assert list(client.scan_iter(match=f"{fleet.stacks[variant].prefix}:*")) == []
     client.close()

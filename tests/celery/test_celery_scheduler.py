@@ -26,6 +26,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate
 
 from emq_bridge import Repeat, occurrence_id
 from emq_bridge.celery import (
+    BeatRefused,
     CeleryDispatcher,
     PipelinedCeleryDispatcher,
     RepeatScheduler,
@@ -331,17 +332,20 @@ def test_bad_input_stops_the_scheduler_at_start_with_nothing_written(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = make_app({"good": {"task": "t.record", "schedule": 5}, "bad": entry})
-    with pytest.raises(ConfigError, match=message), caplog.at_level(logging.ERROR, "emq_bridge"):
+    with pytest.raises(BeatRefused) as refused, caplog.at_level(logging.ERROR, "emq_bridge"):
         RepeatScheduler(app)
+    assert isinstance(refused.value.error, ConfigError) and message in str(refused.value)
+    assert refused.value.code == 1  # a SystemExit: celery beat ends on the one line logged
     assert "refuses to start" in caplog.text
     assert record_keys(client, prefix) == []
 
 
 def test_an_unreachable_registry_stops_the_scheduler_at_start(make_app: Any) -> None:
-    with pytest.raises(RegistryUnavailable):
+    with pytest.raises(BeatRefused) as refused:
         RepeatScheduler(
             make_app({"a": {"task": "t.record", "schedule": 5}}, emq_bridge_redis_url=DEAD_URL)
         )
+    assert isinstance(refused.value.error, RegistryUnavailable)
 
 
 def test_the_registry_defaults_to_a_redis_broker_and_is_required_otherwise(
@@ -482,10 +486,10 @@ def test_recurring_below_app_task_is_refused() -> None:
         recurring(every="1m")(record)
 
 
-def test_a_worker_boot_syncs_the_declared_schedules(
+def test_a_worker_start_syncs_its_decorated_schedules_and_never_the_beat_schedule(
     make_app: Any, prefix: str, client: redis.Redis
 ) -> None:
-    from celery.signals import worker_init
+    from celery.signals import celeryd_after_setup
 
     app = make_app({"a": {"task": "t.record", "schedule": 5}})
 
@@ -494,14 +498,16 @@ def test_a_worker_boot_syncs_the_declared_schedules(
     def hourly() -> None:
         return None
 
-    worker_init.send(sender=type("Worker", (), {"app": app})())
-    assert sorted(Repeat(client, prefix).names(f"{prefix}-q")) == ["a", f"t.{prefix}.hourly"]
+    worker = type("Worker", (), {"app": app})()
+    celeryd_after_setup.send(sender="w@host", instance=worker, conf=app.conf)
+    # `beat_schedule` belongs to the beat: a worker syncs only what its code decorates.
+    assert Repeat(client, prefix).names(f"{prefix}-q") == [f"t.{prefix}.hourly"]
 
 
 def test_a_failed_boot_sync_is_logged_as_an_error_not_swallowed(
     make_app: Any, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from celery.signals import worker_init
+    from celery.signals import celeryd_after_setup
 
     app = make_app({"a": {"task": "t.record", "schedule": 5}}, emq_bridge_redis_url=DEAD_URL)
 
@@ -510,8 +516,9 @@ def test_a_failed_boot_sync_is_logged_as_an_error_not_swallowed(
     def hourly() -> None:
         return None
 
+    worker = type("Worker", (), {"app": app})()
     with caplog.at_level(logging.ERROR, "emq_bridge"):
-        worker_init.send(sender=type("Worker", (), {"app": app})())
+        celeryd_after_setup.send(sender="w@host", instance=worker, conf=app.conf)
     assert "boot-time sync of the schedules FAILED" in caplog.text
 
 

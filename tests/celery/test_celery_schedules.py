@@ -210,7 +210,7 @@ def test_a_relative_interval_is_computed_by_celerys_own_schedule_object() -> Non
 
 
 class EveryOtherMinute(BaseSchedule):
-    """A custom schedule class: fires on even minutes, via its own remaining_estimate."""
+    """A custom schedule class: fires on even minutes (its is_due reads its remaining_estimate)."""
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         nxt = last_run_at.replace(second=0, microsecond=0) + timedelta(minutes=1)
@@ -223,16 +223,22 @@ class EveryOtherMinute(BaseSchedule):
         return schedstate(remaining <= 0, max(remaining, 0))
 
 
-def test_a_custom_schedule_class_drives_the_cadence_through_its_own_remaining_estimate() -> None:
+def test_a_custom_schedule_class_drives_the_cadence_through_its_own_is_due() -> None:
     cadence = convert_schedule(EveryOtherMinute(), make_app(), "x")
     assert isinstance(cadence, CelerySchedule)
+    assert cadence.by_is_due
     start = datetime(2030, 1, 1, 10, 0, 30, tzinfo=timezone.utc)
     fires = [
         datetime.fromtimestamp(ms / 1000, timezone.utc)
         for ms in emq_fires(cadence, start, start + timedelta(minutes=7))
     ]
     assert [f.minute for f in fires] == [2, 4, 6]
-    assert cadence.to_fields() == {"every_ms": "86400000", "anchor": "schedule"}
+    # The placeholder a plain pump would use, and the label: an edit is a cadence change.
+    assert cadence.to_fields() == {
+        "every_ms": "86400000",
+        "anchor": "schedule",
+        "cadence_label": "<test_celery_schedules.EveryOtherMinute object>",
+    }
 
 
 def test_a_solar_schedule_follows_celerys_own_sun_computation() -> None:

@@ -434,18 +434,24 @@ def test_pump_with_an_adapter_that_cannot_load_exits_1_with_one_line(run: Run) -
 # -- demo, help, errors, logging -----------------------------------------------------------
 
 
-def test_demo_runs_the_demo_main_without_touching_the_redis_url(
+def test_demo_runs_on_the_redis_url_given_and_on_an_embedded_server_without_one(
     monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:
     import emq_bridge.demo
 
-    calls: list[str] = []
-    monkeypatch.setattr(emq_bridge.demo, "main", lambda: calls.append("ran"))
-    result = CliRunner().invoke(
-        cli, ["--redis-url", "redis://127.0.0.1:1/0", "demo"], catch_exceptions=False
-    )
-    assert result.exit_code == 0
-    assert calls == ["ran"]
+    calls: list[str | None] = []
+    monkeypatch.setattr(emq_bridge.demo, "main", lambda url=None: calls.append(url))
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    given = CliRunner().invoke(cli, ["--redis-url", redis_url, "demo"], catch_exceptions=False)
+    embedded = CliRunner().invoke(cli, ["demo"], catch_exceptions=False)
+    assert given.exit_code == 0 and embedded.exit_code == 0
+    assert calls == [redis_url, None]
+
+
+def test_demo_on_an_unreachable_redis_url_exits_3_in_one_line() -> None:
+    result = CliRunner().invoke(cli, ["--redis-url", "redis://127.0.0.1:1/0", "demo"])
+    assert result.exit_code == 3
+    assert len(result.output.strip().splitlines()) == 1
 
 
 COMMANDS = [
@@ -573,6 +579,7 @@ def test_pump_once_pipelined_with_a_celery_app_pushes_real_task_messages_in_one_
     (tmp_path / f"{module}.py").write_text(
         "from celery import Celery\n"
         f"app = Celery('cliapp', broker={broker!r})\n"
+        f"app.conf.emq_bridge_prefix = {prefix!r}  # the app's registry is the one pumped\n"
         "@app.task(name='work')\n"
         "def work(n): pass\n"
     )
@@ -607,3 +614,16 @@ def test_pump_pipelined_with_a_broker_that_is_not_redis_exits_1_with_a_clear_err
     assert result.exit_code == 1, result.output
     assert "needs a RedisBroker" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_list_show_and_next_of_a_paused_schedule_say_paused_not_a_next_run(
+    run: Run, repeat: Repeat
+) -> None:
+    repeat.register("q", "held", every="1m", template={"task": "t"})
+    repeat.pause("q", "held")
+    [row] = run("list", "q").stdout.splitlines()[1:]
+    assert "- (paused)" in row and "paused" in row.split()[-1] and " in " not in row
+    shown = run("show", "q", "held").stdout
+    assert "- (paused)" in shown
+    upcoming = run("next", "q", "held", "-n", "2")
+    assert "is paused: nothing fires until `emq-bridge resume q held`" in upcoming.stderr

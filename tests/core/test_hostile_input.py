@@ -29,7 +29,7 @@ from emq_bridge import (
     Repeat,
     ScheduleError,
     define,
-    parse_every_ms,
+    parse_every,
     validate_name,
 )
 from emq_bridge.keys import MAX_NAME_BYTES
@@ -228,7 +228,7 @@ def test_any_interval_string_either_parses_to_a_positive_interval_or_a_schedule_
     every: str,
 ) -> None:
     try:
-        every_ms = parse_every_ms(every)
+        every_ms = parse_every(every)  # what `every=` takes: a bare number is seconds
     except ScheduleError:
         return
     assert every_ms > 0

@@ -363,15 +363,16 @@ def rendered(exc: BaseException) -> str:
 def test_celery_beat_never_shows_the_password(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
-    from emq_bridge.celery import RepeatScheduler
+    from emq_bridge.celery import BeatRefused, RepeatScheduler
 
     caplog.set_level(logging.DEBUG)
     app = celery_app(adapter_failures(tls_server)[what])
-    with pytest.raises(EmqError) as caught:
+    with pytest.raises(BeatRefused) as caught:  # a SystemExit carrying the emq-bridge error
         RepeatScheduler(app)
     app.close()
+    assert isinstance(caught.value.error, EmqError)
     for secret in (PASSWORD, PASSWORD[:6], PASSWORD[6:]):
-        assert secret not in caplog.text + rendered(caught.value)
+        assert secret not in caplog.text + rendered(caught.value.error)
 
 
 @pytest.mark.parametrize("what", ["wrong password", "untrusted certificate"])
@@ -398,14 +399,15 @@ def test_the_dramatiq_middleware_never_shows_the_password(
 def test_celery_beat_never_shows_a_password_that_breaks_the_url(
     tls_server: TlsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from emq_bridge.celery import RepeatScheduler
+    from emq_bridge.celery import BeatRefused, RepeatScheduler
 
     app = celery_app(adapter_failures(tls_server)["password with an unescaped slash"])
-    with pytest.raises(EmqError) as caught:
+    with pytest.raises(BeatRefused) as caught:  # a SystemExit carrying the emq-bridge error
         RepeatScheduler(app)
     app.close()
+    assert isinstance(caught.value.error, EmqError)
     for secret in (PASSWORD, PASSWORD[:6], PASSWORD[6:]):
-        assert secret not in caplog.text + rendered(caught.value)
+        assert secret not in caplog.text + rendered(caught.value.error)
 
 
 def test_the_dramatiq_middleware_never_shows_a_password_that_breaks_the_url(

@@ -1,0 +1,40 @@
+-- park: stop firing a registration whose occurrences can never be sent (a permanent dispatch
+-- failure: an unknown task or actor, a template the framework refuses), say why, and drop
+-- the leases of its failed occurrences.
+--
+-- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run
+-- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
+-- KEYS[3]  <prefix>:{q}:leases          sorted set: lease member -> lease deadline (keys.py)
+-- ARGV[1]  name
+-- ARGV[2]  the lease deadline the pump wrote, epoch ms (the fence of the leases)
+-- ARGV[3]  the record's `template` field as the pump read it, when the failure was seen
+-- ARGV[4]  the reason, one line
+-- ARGV[5]  now, epoch ms
+-- ARGV[6]  wake channel
+-- ARGV[7..] lease members of the failed occurrences
+--
+-- Parked is paused (score +inf, the next run kept in `paused_next_ms`, so `resume` puts it
+-- back) plus `parked_reason` and `parked_ms`, which `resume` clears. The leases still at
+-- ARGV[2] are dropped: nothing of the registration is retried. A record whose template
+-- changed since the read is not parked and keeps its leases (the new template is tried when
+-- they expire). A registration paused by hand is parked too, keeping its next run.
+-- Returns 1 parked now, 0 parked already (only the leases dropped), -1 no such registration,
+-- -2 the template changed (nothing written).
+if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason')
+if cur[1] ~= ARGV[3] then return -2 end
+for i = 7, #ARGV do
+  local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if deadline and tonumber(deadline) == tonumber(ARGV[2]) then
+    redis.call('ZREM', KEYS[3], ARGV[i])
+  end
+end
+if cur[3] then return 0 end
+if cur[2] ~= '1' then
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  redis.call('HSET', KEYS[2], 'paused', '1', 'paused_next_ms', score or '')
+  redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
+end
+redis.call('HSET', KEYS[2], 'parked_reason', ARGV[4], 'parked_ms', ARGV[5])
+redis.call('PUBLISH', ARGV[6], ARGV[1])
+return 1
