@@ -6,7 +6,7 @@ import importlib
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from ..pump import Pump
 from ..registry import Registration, Repeat
 from ..sync import SyncPlan, plan_sync, sync
 from .context import Settings, given_as, pass_settings, redact_url
+from .frameworks import framework_options, given_frameworks, load_target
 from .render import to_json
 
 __all__ = ["COMMANDS"]
@@ -136,31 +137,6 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
 # -- pump -------------------------------------------------------------------------------------
 
 
-def _load_target(framework: str, spec: str, pipelined: bool) -> PumpTarget:
-    """Load the application at `spec` through the adapter registered as `framework`."""
-    try:
-        return targets.load_target(framework, spec, pipelined=pipelined)
-    except ImportError as exc:
-        raise click.ClickException(f"cannot load {spec!r} for {framework}: {exc}") from exc
-
-
-def _target_param(framework: str) -> str:
-    return "target_" + framework.replace("-", "_")
-
-
-def _target_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Add `--<framework> SPEC` for each framework target installed (`emq_bridge.targets`)."""
-    for framework in reversed(list(targets.frameworks())):
-        command = click.option(
-            f"--{framework}",
-            _target_param(framework),
-            metavar="SPEC",
-            help=f"Send through the {framework} adapter; SPEC names the application "
-            "(module or module:attribute).",
-        )(command)
-    return command
-
-
 @contextmanager
 def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """Set `stop` on SIGTERM or SIGINT (a second SIGINT interrupts at once)."""
@@ -191,7 +167,12 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 
 @click.command("pump")
 @click.argument("queues", nargs=-1)
-@_target_options
+@framework_options(
+    lambda framework: (
+        f"Send through the {framework} adapter; SPEC names the application "
+        "(module or module:attribute)."
+    )
+)
 @click.option(
     "--list-key",
     metavar="KEY",
@@ -286,11 +267,10 @@ def pump_command(
       emq-bridge pump reports emails --list-key jobs:incoming
       emq-bridge pump reports --list-key jobs:incoming --once
     """
-    frameworks = {_target_param(name): name for name in targets.frameworks()}
-    given = [(frameworks[param], spec) for param, spec in target_specs.items() if spec]
+    given = given_frameworks(target_specs)
     chosen = [f"--{name}" for name, _ in given] + (["--list-key"] if list_key else [])
     if len(chosen) != 1:
-        options = " SPEC, ".join(f"--{name}" for name in frameworks.values())
+        options = " SPEC, ".join(f"--{name}" for name in targets.frameworks())
         raise click.UsageError(
             f"give exactly one target: {options} SPEC or --list-key KEY"
             + (f" (got {' and '.join(chosen)})" if chosen else "")
@@ -300,7 +280,7 @@ def pump_command(
     if settings.verbosity == 0:  # a long-running pump logs its syncs and outages by default
         logging.getLogger("emq_bridge").setLevel(logging.INFO)
     schedule_files = [load_schedule_file(f) for f in files]  # validate every file before writing
-    target = _load_target(*given[0], pipelined) if given else None
+    target = load_target(*given[0], pipelined) if given else None
     repeat = _registry(settings, target, force_registry)
     # Fail fast (exit 3) on a wrong URL or password; outages after this are retried.
     repeat.server_time_ms()

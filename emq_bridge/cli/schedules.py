@@ -16,7 +16,7 @@ from ..errors import ConfigError, EmqError
 from ..registry import Registration, Repeat
 from ..template import MAX_TEMPLATE_DEPTH
 from .context import Settings, pass_settings
-from .operations import _load_target, _target_param
+from .frameworks import framework_options, framework_params, given_frameworks, load_target
 from .render import (
     absolute,
     cadence_text,
@@ -277,19 +277,6 @@ def _json_value(
     return convert
 
 
-def _check_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Add `--<framework> SPEC` for each framework target installed, to check `--task`."""
-    for framework in reversed(list(targets.frameworks())):
-        command = click.option(
-            f"--{framework}",
-            _target_param(framework),
-            metavar="SPEC",
-            help=f"Check --task against this {framework} application (module or "
-            "module:attribute) before writing.",
-        )(command)
-    return command
-
-
 @click.command("add")
 @click.argument("queue")
 @click.argument("name")
@@ -338,7 +325,12 @@ def _check_options(command: Callable[..., None]) -> Callable[..., None]:
     help="Send options, a JSON object.",
 )
 @click.option("--replace", is_flag=True, help="Overwrite an existing schedule of that name.")
-@_check_options
+@framework_options(
+    lambda framework: (
+        f"Check --task against this {framework} application (module or "
+        "module:attribute) before writing."
+    )
+)
 @pass_settings
 def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **fields: Any) -> None:
     """Add a schedule at runtime.
@@ -359,9 +351,7 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
       emq-bridge add reports nightly --task nightly_report --cron "0 9 * * *" --tz Europe/Paris
       emq-bridge add emails retry --task retry --every 1m --kwargs '{"limit": 100}' --replace
     """
-    frameworks = {_target_param(framework): framework for framework in targets.frameworks()}
-    specs = {param: fields.pop(param, None) for param in frameworks}
-    given = [(frameworks[param], spec) for param, spec in specs.items() if spec]
+    given = given_frameworks(framework_params(fields))
     if len(given) > 1:
         named = " and ".join(f"--{framework}" for framework, _ in given)
         raise click.UsageError(f"give one app to check --task against, not {named}")
@@ -385,7 +375,7 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
             )
         click.echo(f"exists {queue}/{name} (identical; nothing written)")
     if not given:
-        options = " SPEC or ".join(f"--{framework}" for framework in frameworks.values())
+        options = " SPEC or ".join(f"--{framework}" for framework in targets.frameworks())
         hint = f" (give {options} SPEC to check it against the app)" if options else ""
         click.echo(f"note: task {task!r} was not checked{hint}", err=True)
     elif not checked:
@@ -401,7 +391,7 @@ def _check_task(framework: str, spec: str, task: str) -> bool:
     Returns False when the adapter's dispatcher cannot tell (it has no `check_task`); exits
     1 (nothing written) when the app cannot send `task`.
     """
-    target = _load_target(framework, spec, False)
+    target = load_target(framework, spec)
     try:
         check = getattr(target.dispatcher, "check_task", None)
         if check is None:
