@@ -31,6 +31,7 @@ class Model:
     task: str
     next_ms: int
     paused: bool = False
+    last_due: int | None = None  # the last slot fired
 
 
 # What the model says a tick sends: (name, due_ms, task, triggered, redelivered).
@@ -152,6 +153,7 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
                         False,
                         False,
                     )
+                    current.last_due = current.next_ms
                     while current.next_ms <= self.now:  # coalesce
                         current.next_ms += current.every_ms
             # An expired lease is re-sent, paused or not; a pending trigger is sent unless
@@ -190,6 +192,14 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
                 assert scores[name] == (float("inf") if current.paused else current.next_ms)
                 record = client.hgetall(keys.record(name))
                 assert record[b"every_ms"] == str(current.every_ms).encode()
+                # A score never moves to a slot at or before the last fired one, nor does
+                # a paused registration's parked next run (docs/design.md).
+                last = record.get(b"last_due_ms")
+                assert (int(last) if last else None) == current.last_due
+                if last:
+                    parked = record.get(b"paused_next_ms")
+                    next_ms = float(parked) if current.paused and parked else scores[name]
+                    assert next_ms > int(last), f"{name}: next run {next_ms}, fired {last}"
             leases = [(n, t, 0) for n, t in self.pending]
             leases += [(n, t, deadline) for (n, t, _), deadline in self.in_flight.items()]
             assert sorted(self.repeat.leases("q")) == sorted(leases)
