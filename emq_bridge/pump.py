@@ -37,6 +37,8 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
+# The record fields that say when a registration last ran (for a checked cadence).
+LAST_RUN_FIELDS = ("last_fired_ms", "last_due_ms", "created_ms")
 # How often a running pump reads the eviction policy again (it warns once per change).
 EVICTION_CHECK_S = 60.0
 # The first batch of a drain, before batches grow to `batch_size`.
@@ -205,8 +207,12 @@ class Pump:
         records = self.repeat.load_records(queue, names)
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
+        decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
+        last_runs = self._last_runs(queue, decoded)
         for name, score in due:
-            candidate = self._candidate(queue, name, score, records.get(name, {}), now_ms)
+            candidate = self._candidate(
+                queue, name, score, decoded[name], last_runs.get(name, now_ms), now_ms
+            )
             if candidate is None:
                 candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer"))
                 tick.parked.append(name)
@@ -398,27 +404,39 @@ class Pump:
                 corrupt.add(member)
         return parsed, corrupt
 
+    def _last_runs(self, queue: str, decoded: Mapping[str, _Firing | None]) -> dict[str, int]:
+        """Return the last run of each due registration whose cadence is checked (a Celery
+        `is_due`: its score was a check, which needs the last run), in one round trip for the
+        batch; other cadences need none. A record is created before it fires."""
+        checked = [n for n, f in decoded.items() if f is not None and hasattr(f.cadence, "check")]
+        if not checked:
+            return {}
+        runs = self.repeat.load_records(queue, checked, LAST_RUN_FIELDS)
+        return {
+            name: max(int(v) for v in fields.values() if v.isdigit())
+            for name, fields in runs.items()
+            if any(v.isdigit() for v in fields.values())
+        }
+
     def _candidate(
-        self, queue: str, name: str, score: int, fields: Mapping[str, str], now_ms: int
+        self,
+        queue: str,
+        name: str,
+        score: int,
+        firing: _Firing | None,
+        last_run_ms: int,
+        now_ms: int,
     ) -> tuple[_Firing, int, int, str] | None:
         """Return the firing of a due `name`, its next score, its missed slots and the claim's
         mode (`fire`; `defer` when a checked cadence is not due), or None.
 
         None (reported) parks the record: whatever one record does wrong, even in a
-        custom schedule's own code, harms that record only.
+        custom schedule's own code, harms that record only. `last_run_ms` is used by a
+        checked cadence only.
         """
-        firing = self._decode(queue, name, fields)
         if firing is None:
             return None
-        # A CheckedCadence (a Celery `is_due`): its score was a check, which needs its last
-        # run, one read more for such cadences only. A record is created before it fires.
         check = getattr(firing.cadence, "check", None)
-        last_run_ms = now_ms
-        if check is not None:
-            run = self.repeat.load_records(
-                queue, [name], ("last_fired_ms", "last_due_ms", "created_ms")
-            ).get(name, {})
-            last_run_ms = max((int(v) for v in run.values() if v.isdigit()), default=now_ms)
         try:
             if check is not None:
                 due, next_ms = check(last_run_ms, now_ms)
@@ -574,7 +592,6 @@ class Pump:
             self._stop = stop
         wakeups: WakeSubscription | None = None
         while not self._stop.is_set():
-            self._watch_eviction_policy()
             if wakeups is None:
                 wakeups = self._subscribe()
             _, delay = self.step()
@@ -595,6 +612,7 @@ class Pump:
         """
         if stop is not None:
             self._stop = stop
+        self._watch_eviction_policy()  # here, so that beat's loop watches it as `run` does
         try:
             tick, errors = self._tick(None)
         except RegistryUnavailable as exc:
