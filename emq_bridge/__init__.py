@@ -21,8 +21,10 @@ from .errors import (
 from .events import PumpEvents, Tick
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_name
 from .occurrence import Occurrence, occurrence_id
+from .outcome import HistoryEntry, Report
 from .pump import Pump
 from .registry import Registered, Registration, Repeat, Upserted
+from .reporting import Reporter
 from .sync import SyncPlan, plan_sync, sync
 from .template import MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH, TaskTemplate
 
@@ -40,6 +42,7 @@ __all__ = [
     "Dispatcher",
     "EmqError",
     "Every",
+    "HistoryEntry",
     "InvalidName",
     "ListPushDispatcher",
     "Occurrence",
@@ -52,6 +55,8 @@ __all__ = [
     "RegistryError",
     "RegistryUnavailable",
     "Repeat",
+    "Report",
+    "Reporter",
     "Schedule",
     "ScheduleError",
     "SyncPlan",

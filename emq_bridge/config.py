@@ -11,6 +11,8 @@ every = "15m"                    # or every = 900 (s), every_ms = 900000, or cro
 args = [1]
 kwargs = { audience = "staff" }
 options = { priority = 5 }
+overlap = "skip"                 # while one runs: allow (default), skip, buffer_one, replace
+pause_after_failures = 3         # pause after 3 consecutive failures (default: never)
 ```
 
 Each entry becomes a registration whose template follows the adapters' convention,
@@ -31,7 +33,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .cadence import ANCHORS, MISFIRES, Cadence, Cron, Every, parse_every, parse_every_ms
-from .definition import Declaration, Definition
+from .definition import MAX_PAUSE_AFTER, OVERLAPS, Declaration, Definition
 from .errors import ConfigError, ScheduleError
 from .keys import validate_name
 from .registry import Repeat
@@ -70,6 +72,8 @@ ENTRY_FIELDS = (
     "args",
     "kwargs",
     "options",
+    "overlap",
+    "pause_after_failures",
 )
 """Keys allowed in one `[[schedule]]` entry."""
 
@@ -265,6 +269,10 @@ def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration
     misfire = entry.get("misfire", "coalesce")
     if misfire not in MISFIRES:
         raise _FieldError("misfire", f"must be one of {', '.join(MISFIRES)}, got {_shown(misfire)}")
+    overlap = entry.get("overlap", "allow")
+    if overlap not in OVERLAPS:
+        raise _FieldError("overlap", f"must be one of {', '.join(OVERLAPS)}, got {_shown(overlap)}")
+    pause_after = _pause_after(entry.get("pause_after_failures"))
     template = TaskTemplate(
         task,
         _json(entry, "args", list, []),
@@ -272,10 +280,23 @@ def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration
         _json(entry, "options", dict, {}),
     )
     try:
-        definition = Definition(cadence, template.to_dict(), misfire)
+        definition = Definition(cadence, template.to_dict(), misfire, overlap, pause_after)
     except ScheduleError as exc:
         raise _FieldError("args/kwargs/options", str(exc)) from exc
     return Declaration(queue, name, definition)
+
+
+def _pause_after(value: object) -> int | None:
+    """Check `pause_after_failures`: absent (never pause) or a whole number of failures."""
+    if value is None:
+        return None
+    wanted = f"must be a whole number of failures from 1 to {MAX_PAUSE_AFTER}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _FieldError("pause_after_failures", f"{wanted}, got {_kind(value)}")
+    if not 1 <= value <= MAX_PAUSE_AFTER:
+        hint = "; leave it out to never pause" if value <= 0 else ""
+        raise _FieldError("pause_after_failures", f"{wanted}, got {value}{hint}")
+    return value
 
 
 def _cadence(entry: Mapping[str, Any]) -> Cadence:

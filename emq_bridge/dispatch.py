@@ -15,7 +15,8 @@ from .cadence import Cadence
 from .definition import Declaration
 from .errors import DispatchError
 from .occurrence import Occurrence
-from .registry import Repeat, redis_errors
+from .registry import Repeat
+from .replies import redis_errors
 
 __all__ = [
     "BatchDispatcher",
@@ -104,6 +105,9 @@ def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
         "queue": occurrence.queue,
         "name": occurrence.name,
         "due_ms": occurrence.due_ms,
+        "released_ms": occurrence.released_ms,
+        "previous_due_ms": occurrence.previous_due_ms,
+        "last_success_ms": occurrence.last_success_ms,
         "redelivered": occurrence.redelivered,
         "triggered": occurrence.triggered,
         "template": dict(occurrence.template),

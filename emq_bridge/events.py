@@ -83,6 +83,22 @@ class PumpEvents:
         """An expired lease was dropped without a re-send (its registration is gone or it is
         garbage)."""
 
+    def on_skip(self, queue: str, name: str, due_ms: int) -> None:
+        """The slot `due_ms` of `name` was not sent: an occurrence of it is in flight and its
+        overlap policy is `skip` (or `buffer_one` with one kept already). Counted `skipped`."""
+
+    def on_buffer(self, queue: str, name: str, due_ms: int) -> None:
+        """The slot `due_ms` of `name` waits (`buffer_one`): it is sent when the occurrence
+        in flight ends."""
+
+    def on_replace(self, occurrence: Occurrence, previous_id: str, revoked: bool) -> None:
+        """`occurrence` replaces the one in flight, `previous_id` (overlap `replace`);
+        `revoked` says whether the dispatcher could revoke it."""
+
+    def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
+        """The occurrence `occurrence_id` in flight went silent (its worker stopped
+        heartbeating, or no worker reported its start in time): it is marked `lost`."""
+
     def on_outage_begin(self, error: BaseException) -> None:
         """Redis became unreachable; the pump retries with backoff."""
 
@@ -132,6 +148,33 @@ class LoggingEvents(PumpEvents):
             occurrence.queue,
             occurrence.name,
             occurrence.id,
+        )
+
+    def on_skip(self, queue: str, name: str, due_ms: int) -> None:
+        log.info("%s/%s: slot %s skipped: an occurrence is in flight", queue, name, _when(due_ms))
+
+    def on_buffer(self, queue: str, name: str, due_ms: int) -> None:
+        log.info(
+            "%s/%s: slot %s waits for the occurrence in flight to end", queue, name, _when(due_ms)
+        )
+
+    def on_replace(self, occurrence: Occurrence, previous_id: str, revoked: bool) -> None:
+        log.warning(
+            "%s/%s: occurrence %s replaces %s, still in flight%s",
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
+            previous_id,
+            " (revoked)" if revoked else "; this framework cannot revoke it, so it runs on",
+        )
+
+    def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
+        log.warning(
+            "%s/%s: occurrence %s (due %s) is lost: its worker stopped reporting",
+            queue,
+            name,
+            occurrence_id,
+            _when(due_ms),
         )
 
     def on_registration_failed(self, occurrence: Occurrence, error: BaseException) -> None:
@@ -254,6 +297,20 @@ class Broadcast(PumpEvents):
         self._each(
             "on_lease_dropped", lambda listener: listener.on_lease_dropped(queue, member, reason)
         )
+
+    def on_skip(self, queue: str, name: str, due_ms: int) -> None:
+        self._each("on_skip", lambda listener: listener.on_skip(queue, name, due_ms))
+
+    def on_buffer(self, queue: str, name: str, due_ms: int) -> None:
+        self._each("on_buffer", lambda listener: listener.on_buffer(queue, name, due_ms))
+
+    def on_replace(self, occurrence: Occurrence, previous_id: str, revoked: bool) -> None:
+        self._each(
+            "on_replace", lambda listener: listener.on_replace(occurrence, previous_id, revoked)
+        )
+
+    def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
+        self._each("on_lost", lambda listener: listener.on_lost(queue, name, due_ms, occurrence_id))
 
     def on_outage_begin(self, error: BaseException) -> None:
         self._each("on_outage_begin", lambda listener: listener.on_outage_begin(error))

@@ -92,6 +92,16 @@ class QueueKeys:
         return f"{self.tag}:generations"
 
     @property
+    def running(self) -> str:
+        """Sorted set of occurrences in flight on a worker, `"<name> <due_ms>[ triggered]"`,
+        scored by the deadline after which they are `lost` (report.lua, lost.lua)."""
+        return f"{self.tag}:running"
+
+    def history(self, name: str) -> str:
+        """List of one registration's last occurrences, newest first (outcome.HistoryEntry)."""
+        return f"{self.tag}:history:{name}"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel that registry changes publish to, so sleeping pumps wake."""
         return f"{self.tag}:wake"
@@ -105,12 +115,16 @@ class QueueKeys:
 # trigger no pump has claimed yet (`trigger.lua` writes it with score 0, so it is due at once;
 # `claim.lua` turns it into the "triggered" lease). Before "triggered" existed a trigger kept
 # its "manual" member while leased; such a member is read as a trigger not yet sent.
+# `"<name> <due_ms> buffered"` is a slot the `buffer_one` overlap policy kept, released with
+# score 0 when the running occurrence finished; `claim.lua` turns it into the plain lease.
 MANUAL = "manual"
 TRIGGERED = "triggered"
+BUFFERED = "buffered"
 
 
 class Lease(NamedTuple):
-    """A parsed lease member. `pending`: a trigger no pump has claimed (its first send)."""
+    """A parsed lease member. `pending`: a trigger or a buffered slot no pump has claimed
+    (its first send)."""
 
     name: str
     due_ms: int
@@ -128,12 +142,17 @@ def lease_member(name: str, due_ms: int, triggered: bool = False) -> str:
 
 
 def parse_lease_member(member: str) -> Lease:
-    """Parse a lease member; ValueError if it is none of the three forms (edited by hand).
+    """Parse a lease member; ValueError if it is none of the four forms (edited by hand).
 
     Strict, so that a member a pump re-leases is the very member it acks afterwards.
     """
     name, due, *rest = member.split(" ")
     due_ms = int(due)
-    if not name or str(due_ms) != due or rest not in ([], [MANUAL], [TRIGGERED]):
+    if not name or str(due_ms) != due or rest not in ([], [MANUAL], [TRIGGERED], [BUFFERED]):
         raise ValueError(f"not a lease member: {member!r}")
-    return Lease(name, due_ms, triggered=bool(rest), pending=rest == [MANUAL])
+    return Lease(
+        name,
+        due_ms,
+        triggered=rest in ([MANUAL], [TRIGGERED]),
+        pending=rest in ([MANUAL], [BUFFERED]),
+    )

@@ -57,7 +57,10 @@ class Occurrence:
 
     `template` is shared by the occurrences of a registration, so it is read-only (a
     `FrozenDict`; changing it raises `TypeError`): change a copy, `dict(template)`.
-    `released_ms` is when the pump claimed it, on the server's clock.
+    `released_ms` is when the pump claimed it, on the server's clock. `previous_due_ms` is
+    the slot the registration fired before this one and `last_success_ms` when a worker last
+    reported one of its occurrences succeeded (None when unknown): the previous-run context
+    a task sees (Temporal's last completion, sidekiq-cron's date argument).
     """
 
     queue: str
@@ -69,6 +72,8 @@ class Occurrence:
     redelivered: bool = False
     missed: int = 0
     triggered: bool = False
+    previous_due_ms: int | None = None
+    last_success_ms: int | None = None
 
     @property
     def lease_member(self) -> str:

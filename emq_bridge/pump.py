@@ -20,7 +20,9 @@ from .dispatch import BatchDispatcher, Dispatcher, batch_failure
 from .errors import PermanentDispatchError, RegistryError, RegistryUnavailable
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .keys import Lease, lease_member, parse_lease_member, validate_name
+from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
+from .outcome import HISTORY_SIZE
 from .registry import Claim, Repeat, WakeSubscription
 
 __all__ = ["Clock", "Pump", "Tick"]  # Tick lives in events; re-exported for its old path
@@ -39,6 +41,8 @@ CORRUPT_PARK_MS = 60_000
 BROKEN_RETRY_S = 1.0
 # The record fields that say when a registration last ran (for a checked cadence).
 LAST_RUN_FIELDS = ("last_fired_ms", "last_due_ms", "created_ms")
+# What a batch reads of its records: the definition, and the previous-run context.
+RECORD_FIELDS = (*DEFINITION_FIELDS, "last_due_ms", "last_success_ms", "buffered_previous_ms")
 # How often a running pump reads the eviction policy again (it warns once per change).
 EVICTION_CHECK_S = 60.0
 # The first batch of a drain, before batches grow to `batch_size`.
@@ -86,6 +90,7 @@ class _Firing:
     cadence: Cadence
     misfire: Misfire
     template: Mapping[str, Any]
+    overlap: str = "allow"
 
 
 class Pump:
@@ -110,6 +115,8 @@ class Pump:
         max_sleep_s: float = 5.0,
         resolve_cadence: CadenceResolver | None = None,
         listeners: Iterable[PumpEvents] = (),
+        start_timeout_ms: int = START_TIMEOUT_MS,
+        history_size: int = HISTORY_SIZE,
     ) -> None:
         self.repeat = repeat
         self.queues = tuple(validate_name(q, "queue") for q in queues)
@@ -123,6 +130,10 @@ class Pump:
         self.clock = clock
         self.max_sleep_s = max_sleep_s
         self.resolve_cadence = resolve_cadence
+        if start_timeout_ms <= 0:
+            raise ValueError("start_timeout_ms must be positive")
+        self.start_timeout_ms = start_timeout_ms
+        self.history_size = check_history_size(history_size)
         self.events = Broadcast([LoggingEvents(), *listeners])
         self._stop = threading.Event()
         self._decoded: dict[tuple[str | None, ...], _Firing] = {}
@@ -178,18 +189,31 @@ class Pump:
         while True:
             scan = self.repeat.scan(queue, size, now_ms)
             tick.now_ms = scan.now_ms
+            if scan.lost:
+                self._mark_lost(queue, scan.lost)
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
             if scan.due or scan.expired:
                 earliest, earliest_lease = self._fire_batch(
                     queue, scan.now_ms, scan.due, scan.expired, tick
                 )
-            full = len(scan.due) >= size or len(scan.expired) >= size
+            full = max(len(scan.due), len(scan.expired), len(scan.lost)) >= size
             if not full or self._stop.is_set():
                 # After a full batch, look again; otherwise the earliest score says when.
                 tick.wake_at(earliest if not full else scan.now_ms)
                 tick.wake_at(earliest_lease)
+                tick.wake_at(scan.earliest_running_ms)  # so a silent worker is lost on time
                 return
             size = min(size * 4, self.batch_size)
+
+    def _mark_lost(self, queue: str, members: list[str]) -> None:
+        marked = self.repeat.mark_lost(
+            queue,
+            members,
+            history_size=self.history_size,
+            start_timeout_ms=self.start_timeout_ms,
+        )
+        for name, due_ms, ident in marked:
+            self.events.on_lost(queue, name, due_ms, ident)
 
     def _fire_batch(
         self, queue: str, now_ms: int, due: list[tuple[str, int]], expired: list[str], tick: Tick
@@ -204,7 +228,7 @@ class Pump:
         if corrupt:
             expired = [m for m in expired if m not in corrupt]
         names = list(dict.fromkeys([n for n, _ in due] + [lease.name for lease in redeliveries]))
-        records = self.repeat.load_records(queue, names)
+        records = self.repeat.load_records(queue, names, RECORD_FIELDS)
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
         decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
@@ -219,7 +243,19 @@ class Pump:
                 continue
             firings[name], next_ms, missed, mode = candidate
             candidates.append((name, score, next_ms, missed, mode))
-        claim = self.repeat.claim(queue, now_ms, self.lease_ms, candidates, expired)
+        claim = self.repeat.claim(
+            queue,
+            now_ms,
+            self.lease_ms,
+            candidates,
+            expired,
+            start_timeout_ms=self.start_timeout_ms,
+            history_size=self.history_size,
+        )
+        for index in claim.skipped:
+            self.events.on_skip(queue, candidates[index][0], candidates[index][1])
+        for index in claim.buffered:
+            self.events.on_buffer(queue, candidates[index][0], candidates[index][1])
         if corrupt:  # garbage holds no deadline of ours: dropped unfenced
             self.repeat.ack(queue, sorted(corrupt))
         batch: list[Occurrence] = []
@@ -248,10 +284,16 @@ class Pump:
         sending: _Sending,
     ) -> None:
         """Build the occurrences of `claim` into `batch` and send them, outcomes into `sending`."""
+        replaced = dict(claim.replaced)
         for index in claim.claimed:
             name, score, _, missed, _ = candidates[index]
             template = firings[name].template
-            batch.append(self._occurrence(queue, name, score, template, now_ms, missed=missed))
+            occurrence = self._occurrence(
+                queue, name, score, template, now_ms, missed=missed, record=records.get(name)
+            )
+            if index in replaced:
+                self._replace(occurrence, replaced[index])
+            batch.append(occurrence)
         drop: list[str] = []
         for member in claim.released:
             name, due_ms, triggered, pending = parse_lease_member(member)
@@ -270,6 +312,7 @@ class Pump:
                 now_ms,
                 redelivered=not pending,
                 triggered=triggered,
+                record=records.get(name),
             )
             if occurrence.redelivered:
                 self.events.on_redispatch(occurrence)
@@ -279,6 +322,27 @@ class Pump:
         if drop:  # leases this claim just wrote, of registrations gone
             self.repeat.ack(queue, drop, deadline_ms=sending.deadline)
         self._dispatch_all(queue, batch, sending)
+
+    def _replace(self, occurrence: Occurrence, previous: str) -> None:
+        """Revoke the occurrence in flight `previous` that `occurrence` replaces, where the
+        dispatcher can (`revoke(occurrence_id)`); a failure to revoke is reported, not raised."""
+        lease = parse_lease_member(previous)
+        previous_id = occurrence_id(
+            self.repeat.prefix,
+            occurrence.queue,
+            lease.name,
+            lease.due_ms,
+            triggered=lease.triggered,
+        )
+        revoke = getattr(self.dispatcher, "revoke", None)
+        revoked = False
+        if revoke is not None:
+            try:
+                revoke(previous_id)
+                revoked = True
+            except Exception as exc:  # the new one is sent all the same
+                log.warning("%s: revoking %s failed: %s", occurrence.name, previous_id, exc)
+        self.events.on_replace(occurrence, previous_id, revoked)
 
     def _settle(
         self,
@@ -442,7 +506,8 @@ class Pump:
                 due, next_ms = check(last_run_ms, now_ms)
                 if not next_ms > now_ms:
                     raise ValueError(f"its next check {next_ms!r} is not after now ({now_ms})")
-                return firing, int(next_ms), 0, "fire" if due else "defer"
+                mode = ("fire" if firing.overlap == "allow" else firing.overlap) if due else "defer"
+                return firing, int(next_ms), 0, mode
             next_ms, missed = advance(firing.cadence, score, now_ms, firing.misfire)
         except Exception as exc:
             self.events.on_park(
@@ -451,7 +516,7 @@ class Pump:
             return None
         if missed:
             self.events.on_missed(queue, name, missed, score)
-        return firing, next_ms, missed, "fire"
+        return firing, next_ms, missed, "fire" if firing.overlap == "allow" else firing.overlap
 
     def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
         """Return what firing `name` needs, or None (reported) when its record is unusable."""
@@ -471,12 +536,14 @@ class Pump:
         try:
             if firing is None:
                 definition = Definition.from_fields(fields)
-                firing = _Firing(definition.cadence, definition.misfire, definition.template)
+                firing = _Firing(
+                    definition.cadence, definition.misfire, definition.template, definition.overlap
+                )
                 self._remember(key, firing, len(fields.get("template") or ""))
             if self.resolve_cadence is not None:
                 cadence = self.resolve_cadence(queue, name, firing.cadence)
                 if cadence is not firing.cadence:
-                    return _Firing(cadence, firing.misfire, firing.template)
+                    return _Firing(cadence, firing.misfire, firing.template, firing.overlap)
         # Any exception: a record must never stop the pump (a poison pill for its queue).
         except Exception as exc:
             self.events.on_park(queue, name, f"corrupt record: {exc}", CORRUPT_PARK_MS)
@@ -504,7 +571,20 @@ class Pump:
         redelivered: bool = False,
         missed: int = 0,
         triggered: bool = False,
+        record: Mapping[str, str] | None = None,
     ) -> Occurrence:
+        # The previous-run context, from the record as fetched before this claim.
+        previous = last_success = None
+        if record:
+            last_due = record.get("last_due_ms", "")
+            if last_due.isdigit() and int(last_due) < due_ms:
+                previous = int(last_due)
+            elif last_due == str(due_ms) and not redelivered:
+                # A buffered slot released (report.lua): its release noted the one before.
+                before = record.get("buffered_previous_ms", "")
+                previous = int(before) if before.isdigit() else None
+            success = record.get("last_success_ms", "")
+            last_success = int(success) if success.isdigit() else None
         return Occurrence(
             queue=queue,
             name=name,
@@ -515,6 +595,8 @@ class Pump:
             redelivered=redelivered,
             missed=missed,
             triggered=triggered,
+            previous_due_ms=previous,
+            last_success_ms=last_success,
         )
 
     def _dispatch_all(self, queue: str, batch: list[Occurrence], sending: _Sending) -> None:

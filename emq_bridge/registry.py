@@ -13,8 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -22,8 +21,8 @@ import redis
 import redis.cluster
 
 from .cadence import Anchor, Misfire, advance, next_runs
-from .definition import DEFINITION_FIELDS, Definition, define
-from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
+from .definition import DEFINITION_FIELDS, Definition, Overlap, define
+from .errors import ConfigError, RegistryError, ScheduleError
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -31,8 +30,11 @@ from .keys import (
     validate_name,
     validate_prefix,
 )
+from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, LifecycleMoves
 from .occurrence import Occurrence, occurrence_id
+from .outcome import HISTORY_SIZE
 from .overlap import overlapped_calls
+from .replies import redis_errors, text
 from .scripts import Scripts
 from .urls import client_from_url
 
@@ -46,6 +48,8 @@ __all__ = [
     "Upserted",
     "WakeSubscription",
     "occurrence_id",
+    "redis_errors",
+    "text",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,20 @@ class Registration:
     # Set while a permanent dispatch failure holds it paused (`Repeat.park`); resume clears it.
     parked_reason: str | None = None
     parked_ms: int | None = None
+    # What the workers reported (outcome.py): the last occurrence's status and times, the
+    # streak of consecutive failures, and the slots the overlap policy skipped.
+    last_status: str | None = None
+    last_error: str | None = None
+    last_started_ms: int | None = None
+    last_finished_ms: int | None = None
+    last_duration_ms: int | None = None
+    last_success_ms: int | None = None
+    failures: int = 0
+    skipped: int = 0
+    lost: int = 0
+    # The occurrence in flight ("<name> <due_ms>[ triggered]"), and a slot `buffer_one` keeps.
+    inflight: str | None = None
+    buffered_due_ms: int | None = None
 
     def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
         """Return the next `n` runs (epoch ms), starting with the stored next run."""
@@ -102,23 +120,27 @@ class Scan:
     expired: list[str]
     earliest_ms: int | None
     earliest_lease_ms: int | None
+    # Occurrences in flight whose lost deadline passed (`Repeat.mark_lost`), and the earliest
+    # deadline of those still in flight (server clock): when the next may be lost.
+    lost: list[str] = field(default_factory=list)
+    earliest_running_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What a claim took: candidate indexes, re-leased lease members, and what is due next."""
+    """What a claim took: candidate indexes, re-leased lease members, and what is due next.
+
+    `replaced`: (candidate index, the member in flight it replaces) of `replace` policies;
+    `skipped` and `buffered`: candidate indexes the overlap policy did not fire.
+    """
 
     claimed: list[int]
     released: list[str]
     earliest_ms: int | None
     earliest_lease_ms: int | None
-
-
-def text(value: Any) -> str:
-    """Decode a Redis reply item, whatever the client's `decode_responses` is."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+    replaced: list[tuple[int, str]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    buffered: list[int] = field(default_factory=list)
 
 
 def _score(value: Any) -> int | None:
@@ -140,21 +162,6 @@ def _due_ms(value: Any) -> int:
 def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
     raw = fields.get(key)
     return int(raw) if raw not in (None, "") else None
-
-
-@contextmanager
-def redis_errors(action: str) -> Iterator[None]:
-    """Map redis-py's exceptions to ours at this one boundary."""
-    try:
-        yield
-    except redis.AuthenticationError as exc:  # a ConnectionError to redis-py
-        raise RegistryUnavailable(
-            f"{action}: Redis refused the credentials; check the user and password"
-        ) from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RegistryUnavailable(f"{action}: Redis is unreachable ({type(exc).__name__})") from exc
-    except redis.RedisError as exc:
-        raise RegistryError(f"{action}: {exc}") from exc
 
 
 class WakeSubscription:
@@ -217,7 +224,7 @@ def _stale(reply: Any, queue: str, source: str | None, generation: int | None) -
         raise StaleGeneration(queue, source or "", generation or 0, int(value[1:]))
 
 
-class Repeat:
+class Repeat(LifecycleMoves):
     """The Repeat registry on one Redis (or Redis Cluster) client.
 
     Keys are `<prefix>:{<queue>}:repeat` (sorted set) and `<prefix>:{<queue>}:repeat:<name>`
@@ -326,6 +333,8 @@ class Repeat:
         anchor: Anchor = "schedule",
         misfire: Misfire = "coalesce",
         template: Mapping[str, Any] | None = None,
+        overlap: Overlap = "allow",
+        pause_after_failures: int | None = None,
         definition: Definition | None = None,
         now_ms: int | None = None,
     ) -> Registered:
@@ -344,6 +353,8 @@ class Repeat:
                 anchor=anchor,
                 misfire=misfire,
                 template=template,
+                overlap=overlap,
+                pause_after_failures=pause_after_failures,
             )
         now = self._now(now_ms)
         fields = self._record_fields(definition, now, source=None)
@@ -371,6 +382,8 @@ class Repeat:
         anchor: Anchor = "schedule",
         misfire: Misfire = "coalesce",
         template: Mapping[str, Any] | None = None,
+        overlap: Overlap = "allow",
+        pause_after_failures: int | None = None,
         definition: Definition | None = None,
         source: str | None = None,
         now_ms: int | None = None,
@@ -390,6 +403,8 @@ class Repeat:
                 anchor=anchor,
                 misfire=misfire,
                 template=template,
+                overlap=overlap,
+                pause_after_failures=pause_after_failures,
             )
         return self.upsert_many([(queue, name, definition)], source=source, now_ms=now_ms)[0]
 
@@ -495,7 +510,8 @@ class Repeat:
         if_source: str | None = None,
         generation: int | None = None,
     ) -> bool:
-        """Remove `name`, its registry member and its leases; True if anything existed.
+        """Remove `name`, its registry member, leases, occurrences in flight and history;
+        True if anything existed.
 
         With `if_source`, remove it only if the record is owned by that source. With
         `generation` too (a sync's prune), remove nothing and raise `StaleGeneration` when the
@@ -506,7 +522,14 @@ class Repeat:
         gen = generation_arg(generation, if_source)
         with redis_errors(f"cancel {queue}/{name}"):
             removed = self.scripts.cancel(
-                keys=[keys.registry, keys.record(name), keys.leases, keys.generations],
+                keys=[
+                    keys.registry,
+                    keys.record(name),
+                    keys.leases,
+                    keys.generations,
+                    keys.running,
+                    keys.history(name),
+                ],
                 args=[name, if_source or "", gen],
             )
         _stale(removed, queue, if_source, generation)
@@ -730,12 +753,21 @@ class Repeat:
         """Return what is due in `queue` at `now_ms` (default: the server's clock). No writes."""
         keys = self.keys(queue)
         with redis_errors(f"scan {queue}"):
-            now, due, expired, first, first_lease = self.scripts.scan(
-                keys=[keys.registry, keys.leases], args=["" if now_ms is None else now_ms, batch]
+            now, due, expired, first, first_lease, lost, first_running = self.scripts.scan(
+                keys=[keys.registry, keys.leases, keys.running],
+                args=["" if now_ms is None else now_ms, batch],
             )
         due, expired = json.loads(text(due)), json.loads(text(expired))
         pairs = [(due[i], _due_ms(due[i + 1])) for i in range(0, len(due), 2)]
-        return Scan(int(text(now)), pairs, expired, _score(first), _score(first_lease))
+        return Scan(
+            int(text(now)),
+            pairs,
+            expired,
+            _score(first),
+            _score(first_lease),
+            json.loads(text(lost)),
+            _score(first_running),
+        )
 
     def load_records(
         self, queue: str, names: Sequence[str], fields: Sequence[str] = DEFINITION_FIELDS
@@ -768,18 +800,49 @@ class Repeat:
         lease_ms: int,
         candidates: Sequence[tuple[str, int, int, int, str]],
         expired: Sequence[str] = (),
+        *,
+        start_timeout_ms: int = START_TIMEOUT_MS,
+        history_size: int = HISTORY_SIZE,
     ) -> Claim:
         """Compare-and-set claim; see `lua/claim.lua`.
 
-        `candidates` are `(name, score_read, next_score, missed, "fire" | "defer")`.
+        `candidates` are `(name, score_read, next_score, missed, mode)`, the mode `"fire"`,
+        `"defer"`, or the overlap policy (`"skip"`, `"buffer_one"`, `"replace"`) of a guarded
+        registration, which fires only if none of its occurrences is in flight. A guarded
+        occurrence fired is in flight until a worker reports its start, at most
+        `start_timeout_ms`; then it is lost.
         """
         keys = self.keys(queue)
-        # Numbers as strings: Lua would turn a decoded JSON number into a float.
-        items = [[n, str(s), str(nxt), str(m), mode] for n, s, nxt, m, mode in candidates]
-        args = [now_ms, now_ms + lease_ms, json.dumps(items), json.dumps(list(expired))]
+        n = len(candidates)
+        history_keys: builtins.list[str] = []
+        items: builtins.list[builtins.list[str]] = []
+        for name, score, nxt, missed, mode in candidates:
+            # Numbers as strings: Lua would turn a decoded JSON number into a float.
+            item = [name, str(score), str(nxt), str(missed), mode]
+            if mode in GUARDED_MODES:
+                history_keys.append(keys.history(name))
+                item += [
+                    str(n + 3 + len(history_keys)),
+                    occurrence_id(self.prefix, queue, name, score),
+                ]
+            items.append(item)
+        args = [
+            now_ms,
+            now_ms + lease_ms,
+            json.dumps(items),
+            json.dumps(list(expired)),
+            start_timeout_ms,
+            history_size,
+        ]
         with redis_errors(f"claim {queue}"):
-            claimed, released, first, first_lease = self.scripts.claim(
-                keys=[keys.registry, keys.leases, *(keys.record(c[0]) for c in candidates)],
+            claimed, released, first, first_lease, replaced, skipped, buffered = self.scripts.claim(
+                keys=[
+                    keys.registry,
+                    keys.leases,
+                    *(keys.record(c[0]) for c in candidates),
+                    keys.running,
+                    *history_keys,
+                ],
                 args=args,
             )
         return Claim(
@@ -787,6 +850,9 @@ class Repeat:
             [text(m) for m in released],
             _score(first),
             _score(first_lease),
+            [(int(replaced[i]) - 1, text(replaced[i + 1])) for i in range(0, len(replaced), 2)],
+            [int(i) - 1 for i in skipped],
+            [int(i) - 1 for i in buffered],
         )
 
     def ack(
@@ -939,4 +1005,20 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         updated_ms=_optional_int(fields, "updated_ms"),
         parked_reason=fields.get("parked_reason") or None,
         parked_ms=_optional_int(fields, "parked_ms"),
+        last_status=fields.get("last_status") or None,
+        last_error=fields.get("last_error") or None,
+        last_started_ms=_optional_int(fields, "last_started_ms"),
+        last_finished_ms=_optional_int(fields, "last_finished_ms"),
+        last_duration_ms=_optional_int(fields, "last_duration_ms"),
+        last_success_ms=_optional_int(fields, "last_success_ms"),
+        failures=_counter(fields, "failures"),
+        skipped=_counter(fields, "skipped"),
+        lost=_counter(fields, "lost"),
+        inflight=fields.get("inflight") or None,
+        buffered_due_ms=_optional_int(fields, "buffered"),
     )
+
+
+def _counter(fields: Mapping[str, str], key: str) -> int:
+    raw = fields.get(key) or "0"
+    return int(raw) if raw.lstrip("-").isdigit() else 0

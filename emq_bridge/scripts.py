@@ -26,6 +26,8 @@ MOVES = (
     "resume",
     "trigger",
     "park",
+    "report",
+    "lost",
 )
 
 
@@ -51,6 +53,8 @@ class Scripts:
     resume: Any
     trigger: Any
     park: Any
+    report: Any
+    lost: Any
 
     @classmethod
     def load(cls, client: Any) -> Scripts:

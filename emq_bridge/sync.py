@@ -224,7 +224,7 @@ def _described(record: dict[str, str]) -> str:
 
 
 def _changes(record: dict[str, str], declaration: Declaration, source: str) -> str:
-    """Say what an update changes: cadence (old -> new), template, misfire, owner."""
+    """Say what an update changes: cadence (old -> new), template, misfire, policies, owner."""
     new = declaration.definition.to_fields()
     changes = []
     if any(record.get(f) != new.get(f) for f in _CADENCE_FIELDS):
@@ -234,6 +234,15 @@ def _changes(record: dict[str, str], declaration: Declaration, source: str) -> s
         changes.append("template changed")
     if record.get("misfire") != new.get("misfire"):
         changes.append(f"misfire {record.get('misfire')} -> {new.get('misfire')}")
+    if record.get("overlap") != new.get("overlap"):
+        changes.append(
+            f"overlap {record.get('overlap') or 'allow'} -> {new.get('overlap') or 'allow'}"
+        )
+    if record.get("pause_after_failures") != new.get("pause_after_failures"):
+        before = record.get("pause_after_failures") or "never"
+        changes.append(
+            f"pause after failures {before} -> {new.get('pause_after_failures') or 'never'}"
+        )
     if record.get("source") != source:
         changes.append(f"owner {record.get('source') or '(none)'} -> {source}")
     return ", ".join(changes) or "rewritten"

@@ -20,10 +20,21 @@ Settings (all optional, in `app.conf`):
 * `emq_bridge_check_tasks`: refuse unknown task names at boot, default True.
 * `emq_bridge_pipelined`: send through `PipelinedCeleryDispatcher` (the opt-in fast path
   on a Redis broker), default False.
+* `emq_bridge_report`: workers report what became of each task emq-bridge sent (started,
+  succeeded, failed, retrying, revoked) to the registry, default True. The overlap
+  policies and `pause_after_failures` rely on it.
+* `emq_bridge_history_size`: occurrences each registration's history keeps, default 50.
+* `emq_bridge_heartbeat_s`: how often a worker heartbeats its running occurrences, default
+  10; one silent for 3 heartbeats (its worker killed) is marked lost.
 
 Each occurrence is sent as a real task: `task_id` is the occurrence id, the headers carry
 `celery_beat_task` (as Celery's beat sets), `emq_due_ms` (the nominal time, read it with
-`nominal_time(self.request)`) and `emq_schedule` (`"<queue>/<name>"`).
+`nominal_time(self.request)`), `emq_schedule` (`"<queue>/<name>"`), and the previous-run
+context (`previous_nominal_time(self.request)`, `last_success_time(self.request)`).
+
+Reporting is done by Celery signal receivers connected when this package is imported (the
+app module does when it uses `@recurring` or any name of it; otherwise add
+`"emq_bridge.celery"` to `app.conf.imports`); see `emq_bridge.celery.reporting`.
 """
 
 from __future__ import annotations
@@ -35,8 +46,15 @@ except ImportError as exc:  # pragma: no cover - exercised without celery instal
 
 from .beat import BeatRefused, RepeatScheduler
 from .declare import AppSchedule, app_schedule, recurring, registry_url, repeat_for, sync_app
-from .dispatch import CeleryDispatcher, nominal_due_ms, nominal_time
+from .dispatch import (
+    CeleryDispatcher,
+    last_success_time,
+    nominal_due_ms,
+    nominal_time,
+    previous_nominal_time,
+)
 from .pipelined import PipelinedCeleryDispatcher
+from .reporting import reporter_for
 from .target import load_target
 
 __all__ = [
@@ -46,11 +64,14 @@ __all__ = [
     "PipelinedCeleryDispatcher",
     "RepeatScheduler",
     "app_schedule",
+    "last_success_time",
     "load_target",
     "nominal_due_ms",
     "nominal_time",
+    "previous_nominal_time",
     "recurring",
     "registry_url",
     "repeat_for",
+    "reporter_for",
     "sync_app",
 ]

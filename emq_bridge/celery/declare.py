@@ -25,7 +25,7 @@ from celery.schedules import crontab
 from celery.signals import celeryd_after_setup
 
 from ..cadence import Anchor, Cadence, Every, Misfire
-from ..definition import Declaration, Schedule
+from ..definition import Declaration, Overlap, Schedule
 from ..errors import ConfigError, EmqError
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
@@ -43,6 +43,7 @@ __all__ = [
     "AppSchedule",
     "app_schedule",
     "recurring",
+    "registry_prefix",
     "registry_url",
     "repeat_for",
     "sync_app",
@@ -81,11 +82,19 @@ def registry_url(app: Celery) -> str:
     )
 
 
-def repeat_for(app: Celery) -> Repeat:
-    """Return a `Repeat` on the app's registry (`registry_url`, `emq_bridge_prefix`)."""
-    prefix = str(_setting(app, "emq_bridge_prefix", DEFAULT_PREFIX))
+def registry_prefix(app: Celery) -> str:
+    """Return the registry's key prefix: `emq_bridge_prefix`, default `"emq"`."""
+    return str(_setting(app, "emq_bridge_prefix", DEFAULT_PREFIX))
+
+
+def repeat_for(app: Celery, **options: Any) -> Repeat:
+    """Return a `Repeat` on the app's registry (`registry_url`, `emq_bridge_prefix`).
+
+    `options` go to the client (`Repeat.from_url`), over the default timeouts.
+    """
     # Timeouts, so a Redis that hangs surfaces as RegistryUnavailable instead of a stuck beat.
-    return Repeat.from_url(registry_url(app), prefix, socket_connect_timeout=10, socket_timeout=30)
+    options = {"socket_connect_timeout": 10, "socket_timeout": 30, **options}
+    return Repeat.from_url(registry_url(app), registry_prefix(app), **options)
 
 
 def _source(app: Celery) -> str:
@@ -124,12 +133,17 @@ def recurring(
     options: Mapping[str, Any] | None = None,
     anchor: Anchor = "schedule",
     misfire: Misfire = "coalesce",
+    overlap: Overlap = "allow",
+    pause_after_failures: int | None = None,
 ) -> Callable[[T], T]:
     """Declare a recurring Celery task; stack it above `@app.task`.
 
     `cron` is read in `tz`, default the app's `timezone`; `every` is seconds, a `timedelta` or
     `"15m"`. The schedule is synced when a worker or beat of the app starts; `name` defaults
-    to the task name, the queue to the task's routing.
+    to the task name, the queue to the task's routing. `overlap` is what a slot does while a
+    run is in flight ("allow", "skip", "buffer_one", "replace"); `pause_after_failures`
+    pauses the schedule after that many consecutive failed runs. Both need the workers to
+    report (`emq_bridge_report`, on by default). Bad values raise `ScheduleError` here.
     """
     schedule = Schedule(
         every=every,
@@ -141,6 +155,8 @@ def recurring(
         name=name,
         anchor=anchor,
         misfire=misfire,
+        overlap=overlap,
+        pause_after_failures=pause_after_failures,
     )
 
     def wrap(task: T) -> T:

@@ -2,13 +2,17 @@
 
 The task is sent through `apply_async` (or `send_task` for a name the app does not know:
 another service may define it), so Celery's routing, signals and serialisation all apply.
-Its `task_id` is the occurrence id; the headers carry `celery_beat_task` (as Celery's beat
-sets), `emq_due_ms` (the nominal time) and `emq_schedule` (`"<queue>/<name>"`).
+Its `task_id` is the occurrence id; the headers (`occurrence_headers`) carry
+`celery_beat_task` (as Celery's beat sets), `emq_due_ms` (the nominal time), `emq_schedule`
+(`"<queue>/<name>"`), and what the worker reports with and a task may read: `emq_released_ms`
+(when a pump claimed it, server clock), `emq_redelivered`, `emq_triggered`,
+`emq_previous_due_ms` (the slot fired before) and `emq_last_success_ms` (when a run last
+succeeded), the last two null when unknown. Times are epoch ms.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,15 +26,45 @@ from ..template import TaskTemplate
 __all__ = [
     "BEAT_HEADER",
     "DUE_HEADER",
+    "LAST_SUCCESS_HEADER",
+    "PREVIOUS_DUE_HEADER",
+    "REDELIVERED_HEADER",
+    "RELEASED_HEADER",
     "SCHEDULE_HEADER",
+    "TRIGGERED_HEADER",
     "CeleryDispatcher",
+    "header",
+    "last_success_time",
     "nominal_due_ms",
     "nominal_time",
+    "occurrence_headers",
+    "previous_nominal_time",
 ]
 
 DUE_HEADER = "emq_due_ms"
 SCHEDULE_HEADER = "emq_schedule"
 BEAT_HEADER = "celery_beat_task"
+RELEASED_HEADER = "emq_released_ms"
+REDELIVERED_HEADER = "emq_redelivered"
+TRIGGERED_HEADER = "emq_triggered"
+PREVIOUS_DUE_HEADER = "emq_previous_due_ms"
+LAST_SUCCESS_HEADER = "emq_last_success_ms"
+
+
+def occurrence_headers(occurrence: Occurrence) -> dict[str, Any]:
+    """Return the headers emq-bridge sets on the task of `occurrence` (see the module
+    docstring); every key is always present, so each message of a registration has the
+    same shape."""
+    return {
+        BEAT_HEADER: True,
+        DUE_HEADER: occurrence.due_ms,
+        SCHEDULE_HEADER: f"{occurrence.queue}/{occurrence.name}",
+        RELEASED_HEADER: occurrence.released_ms,
+        REDELIVERED_HEADER: occurrence.redelivered,
+        TRIGGERED_HEADER: occurrence.triggered,
+        PREVIOUS_DUE_HEADER: occurrence.previous_due_ms,
+        LAST_SUCCESS_HEADER: occurrence.last_success_ms,
+    }
 
 
 class CeleryDispatcher:
@@ -65,7 +99,20 @@ class CeleryDispatcher:
             )
 
     def dispatch(self, occurrence: Occurrence) -> None:
-        self.send(occurrence, occurrence.id, occurrence.due_ms)
+        self.send(occurrence, occurrence.id, occurrence_headers(occurrence))
+
+    def revoke(self, occurrence_id: str) -> None:
+        """Revoke the task of `occurrence_id`, terminating it if it runs.
+
+        `app.control.revoke(occurrence_id, terminate=True)`: every worker drops the message
+        if it has not started and sends SIGTERM to the pool process running it (a pool that
+        can terminate, such as prefork; on solo or threads a running task runs on). The pump
+        calls it for `overlap="replace"`. Raises `DispatchError` if the broadcast fails.
+        """
+        try:
+            self.app.control.revoke(occurrence_id, terminate=True)
+        except Exception as exc:
+            raise DispatchError(f"revoking task {occurrence_id} failed: {exc}") from exc
 
     def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
         """Send a claimed batch, each through `apply_async`, on one producer.
@@ -98,14 +145,20 @@ class CeleryDispatcher:
     ) -> None:
         for index, occurrence in enumerate(occurrences):
             try:
-                self.send(occurrence, occurrence.id, occurrence.due_ms, producer=producer)
+                headers = occurrence_headers(occurrence)
+                self.send(occurrence, occurrence.id, headers, producer=producer)
             except Exception as exc:
                 errors[index] = exc
 
     def send(
-        self, occurrence: Occurrence, task_id: str, due: int | str, producer: Any = None
+        self,
+        occurrence: Occurrence,
+        task_id: str,
+        emq_headers: Mapping[str, Any],
+        producer: Any = None,
     ) -> None:
-        """Send `occurrence` as task `task_id` with nominal time `due` through `apply_async`.
+        """Send `occurrence` as task `task_id` with `emq_headers` (`occurrence_headers`) over
+        the template's own headers, through `apply_async`.
 
         `PipelinedCeleryDispatcher` calls it with marker values and a capturing producer.
         """
@@ -117,13 +170,7 @@ class CeleryDispatcher:
         name = template.task
         options = dict(template.options)
         headers = dict(options.pop("headers", None) or {})
-        headers.update(
-            {
-                BEAT_HEADER: True,
-                DUE_HEADER: due,
-                SCHEDULE_HEADER: f"{occurrence.queue}/{occurrence.name}",
-            }
-        )
+        headers.update(emq_headers)
         if not {"queue", "exchange", "routing_key"} & options.keys():
             options["queue"] = occurrence.queue
         if producer is not None:
@@ -143,20 +190,52 @@ class CeleryDispatcher:
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
 
 
+def header(request: Any, name: str) -> Any:
+    """Return the header `name` of a task's request (`self.request`, or the task), or None.
+
+    Celery's protocol 2 makes a message's headers attributes of the request; an eager
+    `apply(headers=...)` keeps them in `request.headers`.
+    """
+    if isinstance(request, Task):
+        request = request.request
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
+
+
+def _ms_header(request: Any, name: str) -> int | None:
+    value = header(request, name)
+    return None if value is None else int(value)
+
+
+def _utc(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
 def nominal_due_ms(request: Any) -> int | None:
     """Return the nominal time (epoch ms) of the occurrence a task serves, or None.
 
     Pass `self.request` in a bound task (or the task itself).
     """
-    if isinstance(request, Task):
-        request = request.request
-    value = getattr(request, DUE_HEADER, None)
-    if value is None:
-        value = (getattr(request, "headers", None) or {}).get(DUE_HEADER)
-    return None if value is None else int(value)
+    return _ms_header(request, DUE_HEADER)
 
 
 def nominal_time(request: Any) -> datetime | None:
     """Return the nominal time of the occurrence a task serves (aware, UTC), or None."""
-    due_ms = nominal_due_ms(request)
-    return None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc)
+    return _utc(nominal_due_ms(request))
+
+
+def previous_nominal_time(request: Any) -> datetime | None:
+    """Return the nominal time of the slot the registration fired before this one (aware,
+    UTC), or None when there is none known (its first run; a task emq-bridge did not send).
+
+    A slot the overlap policy skipped was not fired, so it is not the previous one.
+    """
+    return _utc(_ms_header(request, PREVIOUS_DUE_HEADER))
+
+
+def last_success_time(request: Any) -> datetime | None:
+    """Return when a run of the registration last succeeded, as its worker reported it
+    (aware, UTC, the worker's clock), or None if none did (or reports are off)."""
+    return _utc(_ms_header(request, LAST_SUCCESS_HEADER))

@@ -30,7 +30,7 @@ from celery.schedules import BaseSchedule, crontab, schedule
 from kombu.entity import Exchange, Queue
 
 from ..cadence import Cadence, CheckedCadence, Cron, Every
-from ..definition import Declaration, Definition
+from ..definition import Declaration, Definition, Overlap, check_policies
 from ..errors import ConfigError, EmqError
 from ..keys import validate_name
 from ..template import TaskTemplate
@@ -57,6 +57,9 @@ MIN_CHECK_MS = 10
 MAX_CHECK_MS = 366 * 86_400_000
 # The record field that names a custom schedule, so that an edit of it is a cadence change.
 SCHEDULE_FIELD = "cadence_label"  # a definition field (definition.DEFINITION_FIELDS)
+# The `beat_schedule` entry keys that are emq-bridge's, not Celery's (`ScheduleEntry` would
+# refuse them): the registration's overlap and failure policies (`Definition`).
+POLICY_KEYS = ("overlap", "pause_after_failures")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _BAD_NAME_CHARS = re.compile(r"[\s{}\x00-\x1f\x7f]")
 
@@ -276,6 +279,12 @@ def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
     for key, given in options.items():
         if key == "task_id":
             raise ConfigError(f"{label}: options['task_id'] is set by emq-bridge")
+        if key in POLICY_KEYS:
+            raise ConfigError(
+                f"{label}: {key!r} is a policy of the schedule, not a sending option: "
+                "move it out of options (a key of the beat_schedule entry, an argument of "
+                "@recurring)"
+            )
         value = given.name if isinstance(given, (Queue, Exchange)) else given
         if isinstance(value, datetime):
             raise ConfigError(
@@ -312,18 +321,38 @@ def _lazy_free(values: Iterable[Any], label: str) -> None:
             raise ConfigError(f"{label}: BeatLazyFunc arguments are not supported; use values")
 
 
+def _policies(raw: Mapping[str, Any], label: str) -> tuple[Overlap, int | None]:
+    """Return the entry's `overlap` (default "allow") and `pause_after_failures` (default
+    None); raise `ConfigError` if either is unusable."""
+    overlap = raw.get("overlap", "allow")
+    pause_after_failures = raw.get("pause_after_failures")
+    try:
+        check_policies(overlap, pause_after_failures)
+    except EmqError as exc:
+        raise ConfigError(f"{label}: {exc}") from exc
+    return overlap, pause_after_failures
+
+
 def convert_entry(
     app: Celery, key: str, raw: Any, *, check_task: bool = True
 ) -> tuple[Declaration, CelerySchedule | None]:
-    """Return the declaration of one `beat_schedule` entry; raise `ConfigError` if it is bad."""
+    """Return the declaration of one `beat_schedule` entry; raise `ConfigError` if it is bad.
+
+    Besides Celery's keys, a dict entry may hold emq-bridge's `overlap` ("allow", "skip",
+    "buffer_one", "replace") and `pause_after_failures` (a whole number, or None).
+    """
     label = f"beat_schedule[{key!r}]"
+    overlap: Overlap = "allow"
+    pause_after_failures: int | None = None
     if isinstance(raw, ScheduleEntry):
         entry = raw
     elif isinstance(raw, Mapping):
         if "schedule" in raw:  # maybe_schedule fails on a string with an AttributeError
             _check_schedule_value(raw["schedule"], label)
+        overlap, pause_after_failures = _policies(raw, label)
+        celery_keys = {k: v for k, v in raw.items() if k not in POLICY_KEYS}
         try:
-            entry = ScheduleEntry(**dict(raw, name=key, app=app))
+            entry = ScheduleEntry(**dict(celery_keys, name=key, app=app))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{label}: Celery rejects this entry: {exc}") from exc
     else:
@@ -347,7 +376,9 @@ def convert_entry(
         template = TaskTemplate(task, args, kwargs, options).to_dict()
         if custom is not None:  # what the registry's readers (`emq-bridge list`) show
             template["schedule"] = custom.describe()
-        definition = Definition(cadence, template)
+        definition = Definition(
+            cadence, template, overlap=overlap, pause_after_failures=pause_after_failures
+        )
         queue = resolve_queue(app, task, options, args, kwargs)
         declaration = Declaration(queue, registry_name(key), definition)
     except EmqError as exc:

@@ -5,7 +5,9 @@ same for every occurrence of a registration (routing, argument reprs, the kombu 
 This path lets Celery itself do that work once per registration: it sends the task through
 the normal `apply_async` with a kombu channel whose final `_put` is captured instead of
 pushed. The captured envelope is serialised once by kombu's own `dumps`, with marker values
-where an occurrence differs (task id, root id, correlation id, delivery tag, nominal time).
+where an occurrence differs (task id, root id, correlation id, delivery tag, and the
+per-occurrence headers: nominal time, registration name, release time, redelivered,
+triggered, previous slot, last success).
 Each occurrence is then that text with its values spliced in, and a whole claimed batch is
 pushed in one pipeline of `LPUSH`es to the keys kombu would push to.
 
@@ -36,7 +38,16 @@ from kombu.utils import json as kombu_json
 from ..dispatch import batch_failure
 from ..errors import ConfigError, DispatchError
 from ..occurrence import Occurrence
-from .dispatch import CeleryDispatcher
+from .dispatch import (
+    DUE_HEADER,
+    LAST_SUCCESS_HEADER,
+    PREVIOUS_DUE_HEADER,
+    REDELIVERED_HEADER,
+    RELEASED_HEADER,
+    TRIGGERED_HEADER,
+    CeleryDispatcher,
+    occurrence_headers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,17 @@ PLAN_CACHE_SIZE = 10_000
 _SIGNALS = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
 # What kombu's Redis transport serialises an envelope with (`kombu.transport.redis._put`).
 kombu_dumps: Callable[[Any], str] = kombu_json.dumps
+# The values spliced into each message: the quoted ones inside a JSON string, the raw ones
+# (numbers, booleans, null) as JSON values of their own; each header's name for the raw ones.
+QUOTED_VALUES = ("id", "tag", "name")
+RAW_HEADERS = {
+    "due": DUE_HEADER,
+    "released": RELEASED_HEADER,
+    "redelivered": REDELIVERED_HEADER,
+    "triggered": TRIGGERED_HEADER,
+    "previous": PREVIOUS_DUE_HEADER,
+    "last_success": LAST_SUCCESS_HEADER,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +149,11 @@ class PipelinedCeleryDispatcher:
         if error is not None:
             raise error
 
+    def revoke(self, occurrence_id: str) -> None:
+        """Revoke the task of `occurrence_id`, terminating it if it runs (as
+        `CeleryDispatcher.revoke`: a control broadcast, not pipelined)."""
+        self.fallback.revoke(occurrence_id)
+
     def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
         """Send `occurrences` in one pipeline; return None or the error of each."""
         errors: list[BaseException | None] = [None] * len(occurrences)
@@ -145,12 +172,7 @@ class PipelinedCeleryDispatcher:
             if plan is None:
                 errors[index] = self._send_alone(occurrence)
                 continue
-            values = {
-                "id": occurrence.id,
-                "tag": str(uuid.uuid4()),
-                "due": str(occurrence.due_ms),
-                "name": _json_text(occurrence.name),
-            }
+            values = _values(occurrence)
             for key, pieces, names in plan.pushes:
                 pushes.setdefault(key, []).append(_splice(pieces, names, values))
                 members.setdefault(key, []).append(index)
@@ -185,13 +207,15 @@ class PipelinedCeleryDispatcher:
         """Capture what `apply_async` writes for `occurrence`, with markers for what varies."""
         markers = {
             value: f"emq-marker-{value}-{uuid.uuid4().hex}"
-            for value in ("id", "tag", "due", "name")
+            for value in (*QUOTED_VALUES, *RAW_HEADERS)
         }
         capture = self._connect()
         capture.puts, capture.refused = [], None
         # The normal path, through the capturing producer: routing, reprs, envelope.
         marked = dataclasses.replace(occurrence, name=markers["name"])
-        self.fallback.send(marked, markers["id"], markers["due"], producer=self._producer)
+        headers = occurrence_headers(marked)
+        headers.update({header: markers[value] for value, header in RAW_HEADERS.items()})
+        self.fallback.send(marked, markers["id"], headers, producer=self._producer)
         puts, refused = capture.puts, capture.refused
         capture.puts = []
         if refused is not None or not puts:
@@ -215,10 +239,13 @@ class PipelinedCeleryDispatcher:
                 return None
             message["properties"]["delivery_tag"] = markers["tag"]
             text = kombu_dumps(message)
-            # The nominal time is an integer header: its marker is a string until spliced.
-            text = text.replace(f'"{markers["due"]}"', markers["due"])
+            # The raw headers are numbers, booleans or null: their markers are strings until
+            # spliced.
+            for value in RAW_HEADERS:
+                text = text.replace(f'"{markers[value]}"', markers[value])
             pieces, names = _split(text, markers)
-            if names.count("tag") != 1 or "id" not in names or "due" not in names:
+            once = ("tag", *RAW_HEADERS)
+            if any(names.count(value) != 1 for value in once) or "id" not in names:
                 return None  # not the envelope expected: let apply_async send it
             pushes.append((key, pieces, names))
         return _Plan(occurrence.template, tuple(pushes))
@@ -288,6 +315,30 @@ def _split(text: str, markers: dict[str, str]) -> tuple[tuple[str, ...], tuple[s
         pieces.append(rest[:at])
         names.append(by_marker[marker])
         rest = rest[at + len(marker) :]
+
+
+def _values(occurrence: Occurrence) -> dict[str, str]:
+    """The text spliced into the messages of `occurrence`, per value name."""
+    return {
+        "id": occurrence.id,
+        "tag": str(uuid.uuid4()),
+        "name": _json_text(occurrence.name),
+        "due": str(occurrence.due_ms),
+        "released": _json_value(occurrence.released_ms),
+        "redelivered": _json_value(occurrence.redelivered),
+        "triggered": _json_value(occurrence.triggered),
+        "previous": _json_value(occurrence.previous_due_ms),
+        "last_success": _json_value(occurrence.last_success_ms),
+    }
+
+
+def _json_value(value: int | bool | None) -> str:
+    """`value` as kombu's `dumps` writes it: `123`, `true`, `false`, `null`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(int(value))
 
 
 def _json_text(value: str) -> str:

@@ -73,6 +73,7 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, verbose: int, quiet: bo
       emq-bridge sync schedules.toml --dry-run
       emq-bridge add reports digest --task app.send_digest --every 15m
       emq-bridge next reports nightly -n 10
+      emq-bridge history reports digest
       emq-bridge pump --dramatiq app.tasks
       emq-bridge demo
     """

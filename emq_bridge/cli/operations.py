@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 
 def _change(old: Registration | None, new: Declaration, source: str) -> str:
-    """Describe what an update changes: the cadence, the template, the misfire, the owner."""
+    """Describe what an update changes: the cadence, the template, the policies, the owner."""
     cadence = new.definition.cadence.describe()
     if old is None:
         return f"{cadence}  (recreated)"
@@ -50,6 +50,11 @@ def _change(old: Registration | None, new: Declaration, source: str) -> str:
         notes.append("template changed")
     if old.definition.misfire != new.definition.misfire:
         notes.append(f"misfire {old.definition.misfire} -> {new.definition.misfire}")
+    if old.definition.overlap != new.definition.overlap:
+        notes.append(f"overlap {old.definition.overlap} -> {new.definition.overlap}")
+    before, after = old.definition.pause_after_failures, new.definition.pause_after_failures
+    if before != after:
+        notes.append(f"pause after failures {before or 'never'} -> {after or 'never'}")
     if old.source != source:
         notes.append(f"owner {old.source or 'runtime'} -> {source}")
     return ", ".join(notes)

@@ -9,20 +9,27 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from ..cadence import Cadence, Cron, Every
+from ..keys import parse_lease_member
+from ..outcome import HistoryEntry
 from ..registry import Registration
 
 __all__ = [
     "absolute",
     "cadence_text",
     "computed_by",
+    "duration_text",
+    "history_row",
+    "inflight_json",
     "iso",
     "registration_json",
     "relative",
     "state",
     "state_text",
+    "status_text",
     "table",
     "to_json",
     "upcoming",
+    "utc_iso",
     "zone_of",
 ]
 
@@ -46,6 +53,27 @@ def absolute(ms: int, zone: ZoneInfo) -> str:
 def iso(ms: int | None, zone: ZoneInfo) -> str | None:
     """Return `ms` as ISO 8601 in `zone` with its UTC offset, to the millisecond."""
     return None if ms is None else _local(ms, zone).isoformat(timespec="milliseconds")
+
+
+def utc_iso(ms: int | None) -> str:
+    """Return `ms` as ISO 8601 in UTC to the millisecond, `2026-11-30T10:45:00.000Z` ('-': None)."""
+    if ms is None:
+        return "-"
+    return _local(ms, ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def duration_text(ms: int | None) -> str:
+    """Return a duration in ms in words: `250 ms`, `1.5 s`, `2 min 5 s`, `3 h 10 min` ('-')."""
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    seconds = ms // 1000
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def relative(ms: int, now_ms: int) -> str:
@@ -112,6 +140,46 @@ def state_text(registration: Registration, width: int = 72) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def status_text(registration: Registration) -> str:
+    """Return the last status workers reported (`list`'s LAST STATUS), or `-` if none yet.
+
+    A failure streak longer than one shows its length: `failed (3 in a row)`.
+    """
+    status = registration.last_status
+    if status is None:
+        return "-"
+    if status == "failed" and registration.failures > 1:
+        return f"failed ({registration.failures} in a row)"
+    return status
+
+
+def inflight_json(member: str | None) -> dict[str, Any] | None:
+    """Return a record's `inflight` member as `{"member", "due_ms", "triggered"}` (or None)."""
+    if member is None:
+        return None
+    try:
+        lease = parse_lease_member(member)
+    except ValueError:  # edited by hand: show it as stored
+        return {"member": member, "due_ms": None, "triggered": False}
+    return {"member": member, "due_ms": lease.due_ms, "triggered": lease.triggered}
+
+
+def history_row(entry: HistoryEntry) -> list[str]:
+    """Return a history entry as `history`'s table row."""
+    flags = [
+        f for f, on in (("redelivered", entry.redelivered), ("triggered", entry.triggered)) if on
+    ]
+    return [
+        utc_iso(entry.due_ms),
+        entry.status,
+        str(entry.attempt),
+        utc_iso(entry.started_ms),
+        duration_text(entry.duration_ms),
+        ",".join(flags) or "-",
+        entry.error or "",
+    ]
+
+
 def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]:
     """Return everything known about a registration as JSON-ready data (times in epoch ms)."""
     cadence = registration.definition.cadence
@@ -126,6 +194,8 @@ def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]
         "cadence": cadence_text(registration),
         **(cadence_json(cadence) if computed_by(registration) is None else {"kind": "computed"}),
         "misfire": registration.definition.misfire,
+        "overlap": registration.definition.overlap,
+        "pause_after_failures": registration.definition.pause_after_failures,
         "template": dict(registration.definition.template),
         "source": registration.source,
         "next_run_ms": next_ms,
@@ -136,6 +206,17 @@ def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]
         "last_run": iso(registration.last_fired_ms, zone),
         "fired": registration.fired,
         "missed": registration.missed,
+        "last_status": registration.last_status,
+        "last_error": registration.last_error,
+        "last_started_ms": registration.last_started_ms,
+        "last_finished_ms": registration.last_finished_ms,
+        "last_duration_ms": registration.last_duration_ms,
+        "last_success_ms": registration.last_success_ms,
+        "failures": registration.failures,
+        "skipped": registration.skipped,
+        "lost": registration.lost,
+        "inflight": inflight_json(registration.inflight),
+        "buffered_due_ms": registration.buffered_due_ms,
         "created_ms": registration.created_ms,
         "updated_ms": registration.updated_ms,
         "now_ms": now_ms,

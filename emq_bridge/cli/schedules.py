@@ -1,4 +1,4 @@
-"""Commands on registrations: list, show, next, add, remove, pause, resume, trigger."""
+"""Commands on registrations: list, show, history, next, add, remove, pause, resume, trigger."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import click
 from .. import targets
 from ..cadence import ANCHORS, MISFIRES
 from ..config import declaration_from_entry
+from ..definition import MAX_PAUSE_AFTER, OVERLAPS
 from ..errors import ConfigError, EmqError
+from ..keys import parse_lease_member
+from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE
 from ..registry import Registration, Repeat
 from ..template import MAX_TEMPLATE_DEPTH
 from .context import Settings, pass_settings
@@ -20,12 +23,15 @@ from .frameworks import framework_options, framework_params, given_frameworks, l
 from .render import (
     absolute,
     cadence_text,
+    duration_text,
+    history_row,
     iso,
     last_run_text,
     next_run_text,
     registration_json,
     relative,
     state_text,
+    status_text,
     table,
     to_json,
     upcoming,
@@ -73,14 +79,17 @@ def _require(repeat: Repeat, queue: str, name: str) -> Registration:
 def list_command(
     settings: Settings, queue: str | None, as_json: bool, limit: int | None, offset: int
 ) -> None:
-    """List schedules with their cadence, next and last run, and state.
+    """List schedules with their cadence, next and last run, last status, and state.
 
     Without QUEUE, list every queue under the prefix, queue by queue; each queue's schedules
     come in next-run order (paused last). The next run is shown in the schedule's time zone
     (UTC for intervals) and relative to the Redis server's clock. The records are read and
     printed a thousand at a time, so a registry of any size lists in bounded memory.
     The state is active, paused, or parked with the start of its reason: a dispatch that can
-    never work, such as an unknown actor, stopped it until it is resumed.
+    never work, such as an unknown actor, or a streak of failures (--pause-after-failures)
+    stopped it until it is resumed. The last status is what workers reported of the last
+    occurrence (`-` if none reported yet): running, succeeded, failed (with the streak),
+    retrying, skipped, lost or revoked.
 
     \b
     Examples:
@@ -104,6 +113,7 @@ def list_command(
             cadence_text(r),
             next_run_text(r, now_ms),
             last_run_text(r, now_ms),
+            status_text(r),
             state_text(r),
         ]
         for r in registrations
@@ -112,7 +122,8 @@ def list_command(
         where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
         click.echo(f"no schedules in {where}" + (" on this page" if offset else ""), err=True)
         return
-    click.echo(table(["queue", "name", "cadence", "next run", "last run", "state"], rows))
+    header = ["queue", "name", "cadence", "next run", "last run", "last status", "state"]
+    click.echo(table(header, rows))
 
 
 def _page(
@@ -156,8 +167,11 @@ def _json_array(items: Iterator[dict[str, Any]]) -> Iterator[str]:
 def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> None:
     """Show one schedule in full.
 
-    Its cadence, state (for a parked one: since when, and why), next and last run, counters
-    (`fired` counts the occurrences a broker accepted), owner and template.
+    Its cadence, state (for a parked one: since when, and why), next and last run, the last
+    outcome workers reported (status, when, how long, the last error) and the failure
+    streak, counters (`fired` counts the occurrences a broker accepted, `skipped` the slots
+    the overlap policy skipped, `lost` the occurrences whose worker went silent), what is in
+    flight or buffered, its policies, owner and template. `history` lists the occurrences.
 
     \b
     Examples:
@@ -190,15 +204,131 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     lines += [
         ("next run", next_run_text(registration, now_ms)),
         ("last run", last),
+        *_outcome_lines(registration, now_ms),
         ("fired", str(registration.fired)),
         ("missed", str(registration.missed)),
+        ("skipped", str(registration.skipped)),
+        ("lost", str(registration.lost)),
+        *_in_flight_lines(registration, now_ms),
         ("misfire", registration.definition.misfire),
+        *_policy_lines(registration),
         ("source", registration.source or "(added at runtime)"),
         ("template", json.dumps(data["template"], sort_keys=True)),
     ]
     click.echo(f"{queue}/{name}")
     for label, value in lines:
         click.echo(f"  {label:<9} {value}")
+
+
+def _when(ms: int, zone: ZoneInfo, now_ms: int) -> str:
+    return f"{absolute(ms, zone)} ({relative(ms, now_ms)})"
+
+
+def _outcome_lines(registration: Registration, now_ms: int) -> list[tuple[str, str]]:
+    """Return `show`'s lines on the last outcome workers reported, and the failure streak."""
+    zone = zone_of(registration.definition.cadence)
+    status = registration.last_status
+    if status is None:
+        return [("status", "none reported yet (workers report each occurrence's outcome)")]
+    text = status
+    started, finished = registration.last_started_ms, registration.last_finished_ms
+    if status in FINAL_STATUSES:
+        if finished is not None:
+            text += f", finished {_when(finished, zone, now_ms)}"
+        if registration.last_duration_ms is not None:
+            text += f", took {duration_text(registration.last_duration_ms)}"
+    elif status == "lost":
+        text += " (no word from its worker in time)"
+    elif status == "retrying":
+        text += " (in flight until its next attempt)"
+    elif status == "running" and started is not None:
+        text += f" since {_when(started, zone, now_ms)}"
+    lines = [("status", text)]
+    if registration.last_error:
+        earlier = "" if status in ("failed", "retrying") else " (an earlier occurrence's)"
+        lines.append(("error", registration.last_error + earlier))
+    if registration.last_success_ms is not None:
+        lines.append(("last ok", _when(registration.last_success_ms, zone, now_ms)))
+    streak = str(registration.failures)
+    if registration.failures:
+        streak += " in a row"
+    limit = registration.definition.pause_after_failures
+    if limit is not None:
+        streak += f" (pauses at {limit})"
+    lines.append(("failures", streak))
+    return lines
+
+
+def _in_flight_lines(registration: Registration, now_ms: int) -> list[tuple[str, str]]:
+    """Return `show`'s lines on the occurrence in flight and the slot buffered, if any."""
+    zone = zone_of(registration.definition.cadence)
+    lines: list[tuple[str, str]] = []
+    if registration.inflight is not None:
+        try:
+            lease = parse_lease_member(registration.inflight)
+            text = f"slot {_when(lease.due_ms, zone, now_ms)}"
+            text += " (triggered)" if lease.triggered else ""
+        except ValueError:  # edited by hand: show it as stored
+            text = registration.inflight
+        lines.append(("in flight", text))
+    if registration.buffered_due_ms is not None:
+        lines.append(("buffered", f"slot {_when(registration.buffered_due_ms, zone, now_ms)}"))
+    return lines
+
+
+def _policy_lines(registration: Registration) -> list[tuple[str, str]]:
+    """Return `show`'s lines on the overlap and failure policies that are not the default."""
+    lines: list[tuple[str, str]] = []
+    if registration.definition.overlap != "allow":
+        lines.append(("overlap", registration.definition.overlap))
+    limit = registration.definition.pause_after_failures
+    if limit is not None:
+        failures = "failure" if limit == 1 else "consecutive failures"
+        lines.append(("pause", f"after {limit} {failures}"))
+    return lines
+
+
+@click.command("history")
+@click.argument("queue")
+@click.argument("name")
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(1, MAX_HISTORY_SIZE),
+    default=20,
+    show_default=True,
+    help="How many occurrences, newest first (the registry keeps the last 50 by default).",
+)
+@json_option
+@pass_settings
+def history_command(settings: Settings, queue: str, name: str, count: int, as_json: bool) -> None:
+    """Print the last occurrences of a schedule and what became of them, newest first.
+
+    Each row is an occurrence: its nominal time (UTC), its status (running, succeeded,
+    failed, retrying, skipped by the overlap policy, lost by a silent worker, revoked), the
+    attempt, when its worker started it (the worker's clock, UTC), how long it took, its
+    flags (redelivered: sent again after a crash or an expired lease; triggered: by
+    `trigger`) and its error. Only occurrences workers reported, or the pump skipped or
+    marked lost, are kept.
+
+    \b
+    Examples:
+      emq-bridge history reports digest
+      emq-bridge history reports digest -n 5 --json
+    """
+    repeat = settings.repeat()
+    _require(repeat, queue, name)
+    entries = repeat.history(queue, name, count)
+    if as_json:
+        click.echo(to_json([entry.to_dict() for entry in entries]))
+        return
+    if not entries:
+        click.echo(
+            f"no occurrences recorded for {queue}/{name} yet (workers report them)", err=True
+        )
+        return
+    header = ["nominal time", "status", "attempt", "started", "duration", "flags", "error"]
+    click.echo(table(header, [history_row(entry) for entry in entries]))
 
 
 @click.command("next")
@@ -306,6 +436,19 @@ def _json_value(
     "--misfire", type=click.Choice(MISFIRES), help="Missed slots: coalesce (default) or catchup."
 )
 @click.option(
+    "--overlap",
+    type=click.Choice(OVERLAPS),
+    help="A slot due while one runs: allow (default), skip, buffer_one (send it once the "
+    "running one ends) or replace (send it, revoke the running one). Needs workers that "
+    "report their occurrences.",
+)
+@click.option(
+    "--pause-after-failures",
+    type=click.IntRange(1, MAX_PAUSE_AFTER),
+    metavar="N",
+    help="Pause the schedule after N consecutive failed occurrences (default: never).",
+)
+@click.option(
     "--args",
     "args_",
     callback=_json_value("args", list, "array"),
@@ -339,6 +482,8 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
 
     Give one cadence: --every, --every-ms or --cron (with --tz). Without --replace an
     existing schedule of the same name is left alone: exit 0 if it is identical, else 1.
+    --overlap and --pause-after-failures act on what workers report of each occurrence
+    (see `show` and `history`).
 
     With --celery SPEC or --dramatiq SPEC (any installed adapter's option) the app is loaded
     and --task must be one of its tasks or actors, else nothing is written (exit 1).
@@ -350,6 +495,7 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
       emq-bridge add reports digest --task app.send_digest --every 15m --celery proj.celery:app
       emq-bridge add reports nightly --task nightly_report --cron "0 9 * * *" --tz Europe/Paris
       emq-bridge add emails retry --task retry --every 1m --kwargs '{"limit": 100}' --replace
+      emq-bridge add reports sync --task sync --every 5m --overlap skip --pause-after-failures 3
     """
     given = given_frameworks(framework_params(fields))
     if len(given) > 1:
@@ -483,6 +629,7 @@ def trigger_command(settings: Settings, queue: str, name: str) -> None:
 COMMANDS = (
     list_command,
     show_command,
+    history_command,
     next_command,
     add_command,
     remove_command,

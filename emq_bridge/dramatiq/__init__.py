@@ -15,7 +15,9 @@ Declare a schedule on an actor and add the middleware::
     def refresh_reports(): ...
 
 Each occurrence is a real `dramatiq.Message` whose `message_id` is the occurrence id;
-inside the actor, `current_occurrence()` returns its registration name and nominal time.
+inside the actor, `current_occurrence()` returns its registration name, nominal time and
+previous-run context. The middleware reports what becomes of each occurrence (started,
+succeeded, retrying, failed, skipped) to the registry: `repeat.history(queue, name)`.
 This package is the only part of emq-bridge that imports dramatiq.
 """
 
@@ -33,9 +35,12 @@ from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher, build_mes
 from .middleware import DEFAULT_SOURCE, BootError, RecurringMiddleware, RecurringOptionError
 from .schedule import (
     OPTION_DUE_MS,
+    OPTION_LAST_SUCCESS_MS,
     OPTION_NAME,
+    OPTION_PREVIOUS_DUE_MS,
     OPTION_QUEUE,
     OPTION_REDELIVERED,
+    OPTION_RELEASED_MS,
     OPTION_TRIGGERED,
     OccurrenceInfo,
     broker_declarations,
@@ -52,9 +57,12 @@ from .target import import_broker, load_target
 __all__ = [
     "DEFAULT_SOURCE",
     "OPTION_DUE_MS",
+    "OPTION_LAST_SUCCESS_MS",
     "OPTION_NAME",
+    "OPTION_PREVIOUS_DUE_MS",
     "OPTION_QUEUE",
     "OPTION_REDELIVERED",
+    "OPTION_RELEASED_MS",
     "OPTION_TRIGGERED",
     "BootError",
     "DramatiqDispatcher",

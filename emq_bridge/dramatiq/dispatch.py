@@ -2,7 +2,8 @@
 
 Part of `emq_bridge.dramatiq`. The message goes through `broker.enqueue`, so the
 broker's middleware runs, and carries the occurrence id as its `message_id` and the
-registration name and nominal time in its options (see `OccurrenceInfo`).
+registration name, nominal time and previous-run context in its options (see
+`OccurrenceInfo`), which the worker's `RecurringMiddleware` reports from.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from ..occurrence import Occurrence
 from ..template import TaskTemplate
 from .schedule import (
     OPTION_DUE_MS,
+    OPTION_LAST_SUCCESS_MS,
     OPTION_NAME,
+    OPTION_PREVIOUS_DUE_MS,
     OPTION_QUEUE,
     OPTION_REDELIVERED,
+    OPTION_RELEASED_MS,
     OPTION_TRIGGERED,
 )
 
@@ -57,6 +61,9 @@ def build_message(
             OPTION_QUEUE: occurrence.queue,
             OPTION_REDELIVERED: occurrence.redelivered,
             OPTION_TRIGGERED: occurrence.triggered,
+            OPTION_RELEASED_MS: occurrence.released_ms,
+            OPTION_PREVIOUS_DUE_MS: occurrence.previous_due_ms,
+            OPTION_LAST_SUCCESS_MS: occurrence.last_success_ms,
             **extra_options,
         }
     )

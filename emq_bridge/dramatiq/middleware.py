@@ -23,10 +23,14 @@ from ..config import load_schedule_file
 from ..definition import Declaration
 from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
 from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
+from ..lifecycle import check_history_size
+from ..outcome import HISTORY_SIZE
 from ..pump import Pump
 from ..registry import Repeat, generation_arg
+from ..reporting import HEARTBEAT_S, Reporter
 from ..sync import SyncPlan, sync
 from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
+from .outcomes import MessageOutcomes
 from .schedule import (
     RECURRING_OPTION,
     actor_declarations,
@@ -48,6 +52,8 @@ DEFAULT_SOURCE = "dramatiq"
 # After an unexpected pump failure the thread waits this long, then pumps again.
 PUMP_RESTART_S = 1.0
 PUMP_JOIN_S = 10.0
+# At shutdown the reports queued so far are sent within this long (then dropped).
+REPORT_FLUSH_S = 5.0
 
 
 class BootError(EmqError, MiddlewareError):
@@ -89,6 +95,15 @@ class RecurringMiddleware(Middleware):
     declares); `pipelined=True` makes it send through `PipelinedDramatiqDispatcher` (a
     `RedisBroker` only).
 
+    With `report` (the default) each worker process reports what becomes of the occurrences
+    it runs (started, succeeded, retrying, failed, skipped: `outcomes.MessageOutcomes`) to
+    the registry, which keeps the last `history_size` of each registration
+    (`Repeat.history`) and applies the overlap and failure policies from them. A running
+    occurrence is heartbeated every `heartbeat_s`; one not heard of for `3 * heartbeat_s`
+    (its worker was killed) is marked lost by the next pump scan. Reports are sent by a
+    background thread: they never slow or fail an actor, and while Redis is down they are
+    dropped (one WARNING).
+
     A boot that cannot reach Redis, or finds an invalid schedule or an unknown actor,
     raises `BootError` and the worker does not start.
     """
@@ -108,8 +123,24 @@ class RecurringMiddleware(Middleware):
         max_sleep_s: float = 5.0,
         pipelined: bool = False,
         generation: int | None = None,
+        report: bool = True,
+        history_size: int = HISTORY_SIZE,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.prefix = validate_prefix(prefix)
+        try:
+            self.history_size = check_history_size(history_size)
+        except ValueError as exc:
+            raise ConfigError(f"RecurringMiddleware(history_size=...): {exc}") from None
+        if isinstance(heartbeat_s, bool) or not (
+            isinstance(heartbeat_s, (int, float)) and 0 < heartbeat_s < float("inf")
+        ):
+            raise ConfigError(
+                f"RecurringMiddleware(heartbeat_s=...) must be a positive number of seconds, "
+                f"got {heartbeat_s!r}"
+            )
+        self.heartbeat_s = float(heartbeat_s)
+        self.report = report
         self.source = validate_name(source, "source")
         try:
             generation_arg(generation, self.source)
@@ -131,6 +162,8 @@ class RecurringMiddleware(Middleware):
         self.pump: Pump | None = None
         self._pump_thread: threading.Thread | None = None
         self._pump_stop = threading.Event()
+        self._broker: dramatiq.Broker | None = None
+        self.outcomes = MessageOutcomes(self._new_reporter)
 
     @property
     def actor_options(self) -> set[str]:
@@ -149,6 +182,9 @@ class RecurringMiddleware(Middleware):
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         set_current_message(message)
+        if self.report:
+            self._broker = self._broker or broker
+            self.outcomes.started(message)
 
     def after_process_message(
         self,
@@ -159,13 +195,30 @@ class RecurringMiddleware(Middleware):
         exception: BaseException | None = None,
     ) -> None:
         set_current_message(None)
+        if self.report:
+            self.outcomes.processed(message, exception)
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
         set_current_message(None)
+        if self.report:
+            self.outcomes.skipped(message)
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
+        if self.report:  # `Retries` sending the message in hand again: a retry
+            self.outcomes.enqueued(message, delay)
+
+    def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        if self.report:
+            self.outcomes.acked(message)
+
+    def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        if self.report:
+            self.outcomes.nacked(message)
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
         # Dramatiq logs and drops any exception here that is not a MiddlewareError: every
         # failure becomes a BootError, so the worker stops instead of running unscheduled.
+        self._broker = broker
         try:
             self.boot(broker)
         except Exception as exc:
@@ -178,10 +231,23 @@ class RecurringMiddleware(Middleware):
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         self.stop_pump()
+        self.outcomes.flush(REPORT_FLUSH_S)
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        # The actors that ended while the worker stopped reported after the flush above.
+        self.outcomes.close(REPORT_FLUSH_S)
+
+    def _new_reporter(self) -> Reporter:
+        """This process's reporter: it opens the registry in its own thread, on first send."""
+        return Reporter(
+            lambda: self.registry(self._broker),
+            history_size=self.history_size,
+            heartbeat_s=self.heartbeat_s,
+        )
 
     # -- boot ------------------------------------------------------------------------------
 
-    def registry(self, broker: dramatiq.Broker) -> Repeat:
+    def registry(self, broker: dramatiq.Broker | None) -> Repeat:
         """Return the registry: the one given, else the RedisBroker's client, else `$REDIS_URL`."""
         if self.repeat is None:
             spec = self._registry_spec
@@ -218,6 +284,19 @@ class RecurringMiddleware(Middleware):
             check_actors(broker, loaded.declarations, self.schedule_file)
             sources.append((loaded.source, loaded.declarations))
         self.declarations = tuple(d for _, declared in sources for d in declared)
+        if not self.report:
+            guarded = sorted(
+                f"{d.queue}/{d.name}"
+                for d in self.declarations
+                if d.definition.overlap != "allow" or d.definition.pause_after_failures
+            )
+            if guarded:
+                log.warning(
+                    "RecurringMiddleware(report=False): %s declare an overlap or failure policy, "
+                    "which needs the workers' reports; without them a guarded occurrence stays "
+                    "in flight until the pump's start timeout",
+                    ", ".join(guarded),
+                )
         self.plans = []
         if self.sync_at_boot:
             # `sync` logs its plan: changes at WARNING/INFO, unchanged schedules at DEBUG only,
@@ -248,6 +327,7 @@ class RecurringMiddleware(Middleware):
             PipelinedDramatiqDispatcher(broker) if self.pipelined else DramatiqDispatcher(broker),
             lease_ms=self.lease_ms,
             max_sleep_s=self.max_sleep_s,
+            history_size=self.history_size,
         )
         self._pump_stop = threading.Event()
         self._pump_thread = threading.Thread(

@@ -23,23 +23,28 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from ..cadence import Anchor, Misfire
-from ..definition import Declaration, Schedule
+from ..definition import Declaration, Overlap, Schedule
 from ..errors import ConfigError, ScheduleError
 from ..registry import Registered, Repeat
 from ..template import TaskTemplate
 
 __all__ = [
     "OPTION_DUE_MS",
+    "OPTION_LAST_SUCCESS_MS",
     "OPTION_NAME",
+    "OPTION_PREVIOUS_DUE_MS",
     "OPTION_QUEUE",
     "OPTION_REDELIVERED",
+    "OPTION_RELEASED_MS",
     "OPTION_TRIGGERED",
     "RECURRING_OPTION",
     "OccurrenceInfo",
     "Schedule",
     "actor_declarations",
+    "attempt_of",
     "broker_declarations",
     "check_actors",
+    "check_overlap",
     "cron",
     "current_occurrence",
     "every",
@@ -56,6 +61,11 @@ OPTION_NAME = "emq_name"
 OPTION_QUEUE = "emq_queue"
 OPTION_REDELIVERED = "emq_redelivered"
 OPTION_TRIGGERED = "emq_triggered"
+# ... and its previous-run context: when a pump claimed it (server clock), the slot fired
+# before it and when an occurrence of it last succeeded (epoch ms, or None when unknown).
+OPTION_RELEASED_MS = "emq_released_ms"
+OPTION_PREVIOUS_DUE_MS = "emq_previous_due_ms"
+OPTION_LAST_SUCCESS_MS = "emq_last_success_ms"
 
 _DECORATED = "_emq_recurring"  # attribute on an Actor: the schedules its decorators declared
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("emq_bridge_message", default=None)
@@ -72,9 +82,11 @@ def every(
     name: str | None = None,
     anchor: Anchor = "schedule",
     misfire: Misfire = "coalesce",
+    overlap: Overlap = "allow",
+    pause_after_failures: int | None = None,
 ) -> Schedule:
     """Return an interval schedule, e.g. `every("15m")`, for `@dramatiq.actor(recurring=...)`."""
-    return Schedule(
+    return dramatiq_schedule(
         every=interval,
         args=args,
         kwargs=kwargs,
@@ -82,6 +94,8 @@ def every(
         name=name,
         anchor=anchor,
         misfire=misfire,
+        overlap=overlap,
+        pause_after_failures=pause_after_failures,
     )
 
 
@@ -94,9 +108,11 @@ def cron(
     options: Mapping[str, Any] | None = None,
     name: str | None = None,
     misfire: Misfire = "coalesce",
+    overlap: Overlap = "allow",
+    pause_after_failures: int | None = None,
 ) -> Schedule:
     """Return a cron schedule in `tz` (IANA, default UTC), e.g. `cron("0 9 * * 1-5")`."""
-    return Schedule(
+    return dramatiq_schedule(
         cron=expression,
         tz=tz,
         args=args,
@@ -104,7 +120,30 @@ def cron(
         options=options,
         name=name,
         misfire=misfire,
+        overlap=overlap,
+        pause_after_failures=pause_after_failures,
     )
+
+
+def check_overlap(overlap: object, where: str = "") -> None:
+    """Raise `ScheduleError` for `overlap="replace"`, which Dramatiq cannot honour.
+
+    `replace` revokes the occurrence in flight, and Dramatiq has no way to stop a message
+    that runs (nor one another worker holds). The other policies only decide whether a slot
+    is sent, which the registry does on its own.
+    """
+    if overlap == "replace":
+        raise ScheduleError(
+            f"{where}overlap='replace' is not available on Dramatiq: it cannot revoke a message "
+            "that runs; use overlap='skip' (drop the slots that come while one runs) or "
+            "overlap='buffer_one' (keep one to run as soon as it ends)"
+        )
+
+
+def dramatiq_schedule(**fields: Any) -> Schedule:
+    """Return `Schedule(**fields)`, refusing what Dramatiq cannot do (`check_overlap`)."""
+    check_overlap(fields.get("overlap"))
+    return Schedule(**fields)
 
 
 def recurring(
@@ -118,13 +157,19 @@ def recurring(
     name: str | None = None,
     anchor: Anchor = "schedule",
     misfire: Misfire = "coalesce",
+    overlap: Overlap = "allow",
+    pause_after_failures: int | None = None,
 ) -> Callable[[ActorT], ActorT]:
     """Declare a recurring schedule on the actor below: stack it above `@dramatiq.actor`.
 
-    Raises `ScheduleError` at import time for an invalid cadence, non-JSON arguments, a
-    decorator placed below `@dramatiq.actor`, or a name another schedule of the actor holds.
+    `overlap` is `allow`, `skip` or `buffer_one` (not `replace`: Dramatiq cannot revoke a
+    running message); `pause_after_failures=K` pauses the schedule after K consecutive
+    failed occurrences. Both need the workers' reports (`RecurringMiddleware(report=True)`).
+    Raises `ScheduleError` at import time for an invalid cadence or policy, non-JSON
+    arguments, a decorator placed below `@dramatiq.actor`, or a name another schedule of the
+    actor holds.
     """
-    schedule = Schedule(
+    schedule = dramatiq_schedule(
         every=every,
         cron=cron,
         tz=tz,
@@ -134,6 +179,8 @@ def recurring(
         name=name,
         anchor=anchor,
         misfire=misfire,
+        overlap=overlap,
+        pause_after_failures=pause_after_failures,
     )
 
     def attach(actor: ActorT) -> ActorT:
@@ -166,7 +213,7 @@ def parse_option(value: object) -> list[Schedule]:
             schedules.append(item)
         elif isinstance(item, Mapping):
             try:
-                schedules.append(Schedule(**item))
+                schedules.append(dramatiq_schedule(**item))
             except TypeError as exc:
                 raise ScheduleError(f"recurring={dict(item)!r}: {exc}") from exc
         else:
@@ -183,6 +230,7 @@ def actor_declarations(actor: dramatiq.Actor[Any, Any]) -> list[Declaration]:
     schedules += getattr(actor, _DECORATED, ())
     found: dict[str, Declaration] = {}
     for schedule in schedules:
+        check_overlap(schedule.overlap)  # a Schedule built directly
         declaration = schedule.bind(actor.actor_name, actor.queue_name)
         if declaration.name in found:
             raise ScheduleError(
@@ -209,11 +257,17 @@ def broker_declarations(broker: dramatiq.Broker) -> tuple[Declaration, ...]:
 
 @dataclass(frozen=True, slots=True)
 class OccurrenceInfo:
-    """What an actor knows of the occurrence it serves: its id, registration and nominal time.
+    """What an actor knows of the occurrence it serves: its id, registration and nominal time,
+    and the previous-run context.
 
     `redelivered` is true when the occurrence was sent again after its lease expired (the
     pump that claimed it may have enqueued it already); `triggered` is true for a manual
-    `trigger` (a fresh occurrence at the moment of the trigger).
+    `trigger` (a fresh occurrence at the moment of the trigger). `released_ms` is when a pump
+    claimed it (the server's clock); `previous_due_ms` the slot the registration fired before
+    this one (None on its first run and on a re-send); `last_success_ms` when a worker last
+    reported one of its occurrences succeeded (None if none has, or nothing reports). All
+    are epoch ms; the properties without `_ms` are the same instants as aware UTC datetimes.
+    `attempt` counts Dramatiq's retries of this message from 1.
     """
 
     id: str
@@ -223,11 +277,43 @@ class OccurrenceInfo:
     redelivered: bool = False
     triggered: bool = False
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    released_ms: int | None = None
+    previous_due_ms: int | None = None
+    last_success_ms: int | None = None
+    attempt: int = 1
 
     @property
     def due(self) -> datetime:
         """The nominal instant of this occurrence, as an aware UTC datetime."""
-        return datetime.fromtimestamp(self.due_ms / 1000, tz=timezone.utc)
+        return _utc(self.due_ms)
+
+    @property
+    def released(self) -> datetime | None:
+        """When a pump claimed this occurrence, or None if the message does not say."""
+        return None if self.released_ms is None else _utc(self.released_ms)
+
+    @property
+    def previous_due(self) -> datetime | None:
+        """The slot fired before this one, or None (first run, re-send, or not known)."""
+        return None if self.previous_due_ms is None else _utc(self.previous_due_ms)
+
+    @property
+    def last_success(self) -> datetime | None:
+        """When an occurrence of this registration last succeeded, or None."""
+        return None if self.last_success_ms is None else _utc(self.last_success_ms)
+
+
+def _utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def _optional_ms(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def occurrence_of(message: Any) -> OccurrenceInfo | None:
@@ -244,7 +330,19 @@ def occurrence_of(message: Any) -> OccurrenceInfo | None:
         redelivered=bool(options.get(OPTION_REDELIVERED, False)),
         triggered=bool(options.get(OPTION_TRIGGERED, False)),
         options=options,
+        released_ms=_optional_ms(options.get(OPTION_RELEASED_MS)),
+        previous_due_ms=_optional_ms(options.get(OPTION_PREVIOUS_DUE_MS)),
+        last_success_ms=_optional_ms(options.get(OPTION_LAST_SUCCESS_MS)),
+        attempt=attempt_of(options),
     )
+
+
+def attempt_of(options: Mapping[str, Any]) -> int:
+    """Return the attempt a message's options say, from 1: Dramatiq's `retries` plus one."""
+    retries = options.get("retries", 0)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        return 1
+    return retries + 1
 
 
 def current_occurrence() -> OccurrenceInfo | None:
@@ -268,6 +366,10 @@ def check_actors(broker: dramatiq.Broker, declarations: Iterable[Declaration], o
     """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue."""
     for declaration in declarations:
         where = f"{origin}: schedule {declaration.queue}/{declaration.name}"
+        try:
+            check_overlap(declaration.definition.overlap, f"{where}: ")
+        except ScheduleError as exc:
+            raise ConfigError(str(exc)) from None
         task = TaskTemplate.read(declaration.definition.template).task
         actor = broker.actors.get(task)
         if actor is None:
@@ -296,21 +398,24 @@ def register(
     name: str | None = None,
     anchor: Anchor = "schedule",
     misfire: Misfire = "coalesce",
+    overlap: Overlap = "allow",
+    pause_after_failures: int | None = None,
     broker: dramatiq.Broker | None = None,
     now_ms: int | None = None,
 ) -> Registered:
     """Register a schedule for `actor` at runtime: `registered`, or `exists` if the name is taken.
 
     `actor` is an actor or its name on `broker` (default: the global broker); an unknown
-    name raises `ConfigError` here, not at fire time. The registration has no source, so
-    no boot-time sync ever removes it; `repeat.cancel` does. `now_ms` is for injected clocks.
+    name raises `ConfigError` here, not at fire time. `overlap` and `pause_after_failures`
+    are as for `recurring`. The registration has no source, so no boot-time sync ever
+    removes it; `repeat.cancel` does. `now_ms` is for injected clocks.
     """
     if isinstance(actor, str):
         known = (broker or dramatiq.get_broker()).actors.get(actor)
         if known is None:
             raise ConfigError(f"actor {actor!r} is not declared on the broker")
         actor = known
-    schedule = Schedule(
+    schedule = dramatiq_schedule(
         every=every,
         cron=cron,
         tz=tz,
@@ -320,6 +425,8 @@ def register(
         name=name,
         anchor=anchor,
         misfire=misfire,
+        overlap=overlap,
+        pause_after_failures=pause_after_failures,
     )
     declaration = schedule.bind(actor.actor_name, actor.queue_name)
     check_actors(actor.broker, [declaration], "register")

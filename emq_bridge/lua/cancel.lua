@@ -4,6 +4,8 @@
 -- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
 -- KEYS[3]  <prefix>:{q}:leases          sorted set: "<name> <due_ms>" -> lease deadline
 -- KEYS[4]  <prefix>:{q}:generations     hash: source -> highest generation synced
+-- KEYS[5]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
+-- KEYS[6]  <prefix>:{q}:history:<name>  list: the registration's last occurrences
 -- ARGV[1]  name
 -- ARGV[2]  owner guard: when not empty, cancel only if the record's `source` equals it
 -- ARGV[3]  generation of that owner's declarations ('' for none: no check)
@@ -21,10 +23,13 @@ if ARGV[3] ~= '' then
 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'source') ~= ARGV[2] then return 0 end
 local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[6])
 local prefix = ARGV[1] .. ' '
-for _, member in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-  if string.sub(member, 1, #prefix) == prefix then
-    removed = removed + redis.call('ZREM', KEYS[3], member)
+for _, key in ipairs({KEYS[3], KEYS[5]}) do
+  for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    if string.sub(member, 1, #prefix) == prefix then
+      removed = removed + redis.call('ZREM', key, member)
+    end
   end
 end
 if removed > 0 then return 1 end

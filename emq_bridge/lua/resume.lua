@@ -27,8 +27,9 @@ for i = 2, 4 do
 end
 local last = tonumber(cur[4])
 if last and tonumber(ARGV[2]) <= last then return -2 end
--- `parked_reason`/`parked_ms`: a registration park.lua stopped is resumed the same way.
-redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms')
+-- `parked_reason`/`parked_ms`: a registration park.lua (or report.lua, after failures)
+-- stopped is resumed the same way; resuming clears the failure streak.
+redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures')
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

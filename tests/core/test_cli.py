@@ -87,13 +87,16 @@ def test_list_prints_a_table_with_cadence_next_run_in_the_schedule_zone_and_stat
     result = run("list")
     assert result.exit_code == 0, result.output
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["QUEUE", "NAME", "CADENCE", "NEXT", "RUN", "LAST", "RUN", "STATE"]
+    assert header.split() == [
+        *("QUEUE", "NAME", "CADENCE", "NEXT", "RUN", "LAST", "RUN", "LAST", "STATUS", "STATE")
+    ]
     nightly = next(r for r in rows if "nightly" in r)
     assert "cron 0 9 * * * (Europe/Paris)" in nightly
     assert " 09:00:00 CE" in nightly  # CET or CEST, the schedule's own zone
     assert "(in " in nightly
     assert "never" in nightly
     assert nightly.rstrip().endswith("active")
+    assert nightly.split()[-2] == "-"  # no outcome reported yet
     digest = next(r for r in rows if "digest" in r)
     assert "every 15m" in digest
     assert digest.rstrip().endswith("paused")
@@ -627,3 +630,28 @@ def test_list_show_and_next_of_a_paused_schedule_say_paused_not_a_next_run(
     assert "- (paused)" in shown
     upcoming = run("next", "q", "held", "-n", "2")
     assert "is paused: nothing fires until `emq-bridge resume q held`" in upcoming.stderr
+
+
+def test_list_and_show_json_of_a_schedule_no_worker_reported_carry_the_lifecycle_fields(
+    run: Run, repeat: Repeat
+) -> None:
+    repeat.register("q", "fresh", every="1m", template={"task": "t"})
+    (listed,) = json.loads(run("list", "q", "--json").stdout)
+    shown = json.loads(run("show", "q", "fresh", "--json").stdout)
+    lifecycle = {
+        "overlap": "allow",
+        "pause_after_failures": None,
+        "last_status": None,
+        "last_error": None,
+        "last_started_ms": None,
+        "last_finished_ms": None,
+        "last_duration_ms": None,
+        "last_success_ms": None,
+        "failures": 0,
+        "skipped": 0,
+        "lost": 0,
+        "inflight": None,
+        "buffered_due_ms": None,
+    }
+    for data in (listed, shown):
+        assert {key: data[key] for key in lifecycle} == lifecycle

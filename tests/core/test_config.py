@@ -408,3 +408,62 @@ def test_the_shipped_example_schedule_file_is_valid() -> None:
         ("reports", "nightly"),
         ("emails", "retry-bounces"),
     }
+
+
+# -- the occurrence policies: overlap and pause_after_failures ------------------------------
+
+POLICIES = f"""
+[[schedule]]
+{ENTRY}every = "1m"
+overlap = "replace"
+pause_after_failures = 1
+[[schedule]]
+queue = "reports"
+name = "plain"
+task = "t"
+every = "1m"
+"""
+
+
+def test_overlap_and_pause_after_failures_land_in_the_definition_and_the_record(
+    tmp_path: Path, repeat: Repeat
+) -> None:
+    digest, plain = load_schedule_file(write(tmp_path, POLICIES)).declarations
+    assert (digest.definition.overlap, digest.definition.pause_after_failures) == ("replace", 1)
+    assert (plain.definition.overlap, plain.definition.pause_after_failures) == ("allow", None)
+    assert digest.definition.digest != plain.definition.digest  # part of what a sync compares
+    sync_file(repeat, tmp_path / "schedules.toml")
+    record = repeat.client.hgetall(repeat.keys("reports").record("digest"))
+    assert (record[b"overlap"], record[b"pause_after_failures"]) == (b"replace", b"1")
+    plain_record = repeat.client.hgetall(repeat.keys("reports").record("plain"))
+    assert b"overlap" not in plain_record and b"pause_after_failures" not in plain_record
+    for overlap in ("allow", "skip", "buffer_one", "replace"):
+        entry = {"queue": "q", "name": "n", "task": "t", "every": "1h", "overlap": overlap}
+        assert declaration_from_entry(entry).definition.overlap == overlap
+
+
+WHOLE = r"must be a whole number of failures from 1 to 1000000, got"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("overlap", "parallel", r"must be one of allow, skip, buffer_one, replace, got 'parallel'"),
+        ("overlap", 2, r"must be one of allow, skip, buffer_one, replace, got an integer"),
+        ("overlap", {"mode": "skip"}, r"must be one of .*, got a table"),
+        ("pause_after_failures", False, rf"{WHOLE} a boolean"),
+        ("pause_after_failures", 3.0, rf"{WHOLE} a number"),
+        ("pause_after_failures", "3", rf"{WHOLE} a string"),
+        ("pause_after_failures", [3], rf"{WHOLE} an array"),
+        ("pause_after_failures", 0, rf"{WHOLE} 0; leave it out to never pause"),
+        ("pause_after_failures", -5, rf"{WHOLE} -5; leave it out to never pause"),
+        ("pause_after_failures", 10**15, rf"{WHOLE} 1000000000000000"),
+    ],
+)
+def test_a_bad_overlap_or_pause_after_failures_is_one_config_error_naming_the_field(
+    field: str, value: object, reason: str
+) -> None:
+    entry = {"queue": "q", "name": "n", "task": "t", "every": "1h", field: value}
+    with pytest.raises(ConfigError, match=rf"^schedule q/n, field '{field}': {reason}$") as caught:
+        declaration_from_entry(entry)
+    assert "\n" not in str(caught.value)

@@ -1,0 +1,301 @@
+"""Worker-side reports: what became of each task emq-bridge sent, told to the registry.
+
+Part of `emq_bridge.celery`, connected when it is imported. The receivers are process-wide
+Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due_ms` and
+`emq_schedule`) and only for an app whose `emq_bridge_report` is on (the default):
+
+* `task_prerun` (in the pool process): `started`;
+* `task_success`: `succeeded`;
+* `task_failure`: `failed`, with `"Type: message"`; also sent by the main process when a
+  pool process died (`WorkerLostError`), as Celery records that task's result;
+* `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
+* `task_revoked` (in the main process): `revoked`;
+* `task_postrun`: `skipped` for an `Ignore` (what `Task.replace()` raises), `failed` for a
+  `Reject` without requeue.
+
+The attempt is `request.retries + 1`. A worker killed as a whole (SIGKILL, its host gone)
+reports nothing: its occurrences are marked `lost` by the pump once they go
+`3 * emq_bridge_heartbeat_s` without a heartbeat (so is a task killed by its hard time limit,
+whose failure Celery reports without its request). A `Reject(requeue=True)` reports nothing:
+the run of the requeued message does.
+
+Each process has one `emq_bridge.reporting.Reporter` per app, made on first use (in the
+main process when the worker starts, so prefork children inherit it and reset it on their
+first report): reports are queued and sent by its thread, so a task never waits for Redis
+and never fails because of it. Pending reports are flushed on `worker_process_shutdown` and
+`worker_shutdown`, at most `FLUSH_S` each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+from celery import Celery, signals
+
+from ..errors import ConfigError, EmqError
+from ..lifecycle import report_of
+from ..occurrence import occurrence_id
+from ..outcome import HISTORY_SIZE, ReportKind, error_text
+from ..registry import Repeat
+from ..reporting import HEARTBEAT_S, Reporter
+from .declare import registry_prefix, registry_url, repeat_for
+from .dispatch import (
+    DUE_HEADER,
+    REDELIVERED_HEADER,
+    RELEASED_HEADER,
+    SCHEDULE_HEADER,
+    TRIGGERED_HEADER,
+    header,
+)
+
+__all__ = ["FLUSH_S", "occurrence_of", "reporter_for"]
+
+log = logging.getLogger("emq_bridge.celery")
+
+# How long a shutting-down process waits for its pending reports to be sent.
+FLUSH_S = 2.0
+# The reporter's client: short timeouts, since its thread is the only one that waits.
+CONNECT_TIMEOUT_S = 2.0
+SOCKET_TIMEOUT_S = 5.0
+
+
+class _Process:
+    """This process's reporters: id(app) -> (app, its Reporter or None when reports are
+    off), and the ids of those it reported to (only they hold anything of its own to flush)."""
+
+    def __init__(self) -> None:
+        self.reporters: dict[int, tuple[Celery, Reporter | None]] = {}
+        self.used: set[int] = set()
+        self.lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held) and nothing used;
+        the reporters are kept (each resets itself on its first report here)."""
+        self.lock = threading.Lock()
+        self.used = set()
+
+
+_process = _Process()
+os.register_at_fork(after_in_child=_process.after_fork)
+
+
+def _settings(app: Celery) -> tuple[bool, int, float]:
+    """Return `emq_bridge_report`, `emq_bridge_history_size`, `emq_bridge_heartbeat_s`;
+    raise `ConfigError` naming the setting that is unusable."""
+    conf = app.conf
+    report = conf.get("emq_bridge_report")
+    report = True if report is None else report
+    if not isinstance(report, bool):
+        raise ConfigError(f"emq_bridge_report must be True or False, got {report!r}")
+    size = conf.get("emq_bridge_history_size")
+    size = HISTORY_SIZE if size is None else size
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ConfigError(f"emq_bridge_history_size must be a whole number, got {size!r}")
+    beat = conf.get("emq_bridge_heartbeat_s")
+    beat = HEARTBEAT_S if beat is None else beat
+    if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not beat > 0:
+        raise ConfigError(f"emq_bridge_heartbeat_s must be a positive number, got {beat!r}")
+    return report, size, float(beat)
+
+
+def _make_reporter(app: Celery) -> Reporter | None:
+    report, size, heartbeat_s = _settings(app)
+    if not report:
+        return None
+    registry_url(app)  # no registry named: ConfigError now, not one per batch
+
+    def connect() -> Repeat:
+        return repeat_for(
+            app, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
+        )
+
+    try:
+        return Reporter(connect, history_size=size, heartbeat_s=heartbeat_s)
+    except ValueError as exc:  # the history size's bounds
+        raise ConfigError(f"emq_bridge_history_size: {exc}") from exc
+
+
+def reporter_for(app: Celery) -> Reporter | None:
+    """Return this process's `Reporter` for `app`, made on first use; None when reports are
+    off (`emq_bridge_report = False`) or cannot be made (a bad setting, no registry named:
+    logged once, at ERROR)."""
+    found = _process.reporters.get(id(app))
+    if found is not None and found[0] is app:
+        return found[1]
+    with _process.lock:
+        found = _process.reporters.get(id(app))
+        if found is not None and found[0] is app:
+            return found[1]
+        reporter: Reporter | None = None
+        try:
+            reporter = _make_reporter(app)
+        except EmqError as exc:
+            log.error("emq-bridge: occurrence reports are OFF in this worker: %s", exc)
+        _process.reporters[id(app)] = (app, reporter)
+        return reporter
+
+
+# -- what a task request says of its occurrence -------------------------------------------
+
+
+def occurrence_of(request: Any, app: Celery) -> dict[str, Any] | None:
+    """Return the occurrence a task request serves, as `lifecycle.report_of` reads it, or
+    None for a task emq-bridge did not send. ValueError if its headers are garbled."""
+    due = header(request, DUE_HEADER)
+    schedule = header(request, SCHEDULE_HEADER)
+    ident = getattr(request, "id", None)
+    if due is None or schedule is None or not ident:
+        return None
+    if not isinstance(schedule, str):
+        raise ValueError(f"its {SCHEDULE_HEADER} header is not a string: {schedule!r}")
+    due_ms = int(due)
+    triggered = bool(header(request, TRIGGERED_HEADER))
+    queue, name = _split_schedule(app, schedule, str(ident), due_ms, triggered)
+    return {
+        "id": str(ident),
+        "queue": queue,
+        "name": name,
+        "due_ms": due_ms,
+        "released_ms": header(request, RELEASED_HEADER),
+        "redelivered": bool(header(request, REDELIVERED_HEADER)),
+        "triggered": triggered,
+    }
+
+
+def _split_schedule(
+    app: Celery, schedule: str, ident: str, due_ms: int, triggered: bool
+) -> tuple[str, str]:
+    """Cut `"<queue>/<name>"`. Both may hold '/': then the cut whose occurrence id is the
+    task id is the one (else the first '/')."""
+    cuts = [index for index, char in enumerate(schedule) if char == "/"]
+    if not cuts:
+        raise ValueError(f"its {SCHEDULE_HEADER} header is not '<queue>/<name>': {schedule!r}")
+    if len(cuts) > 1:
+        prefix = registry_prefix(app)
+        for cut in cuts:
+            queue, name = schedule[:cut], schedule[cut + 1 :]
+            if occurrence_id(prefix, queue, name, due_ms, triggered=triggered) == ident:
+                return queue, name
+    return schedule[: cuts[0]], schedule[cuts[0] + 1 :]
+
+
+def _report(
+    kind: ReportKind,
+    task: Any,
+    request: Any,
+    *,
+    error: BaseException | str | None = None,
+    hold_ms: int = 0,
+) -> None:
+    """Queue the `kind` report of the task `request` serves, if emq-bridge sent it. Never
+    raises and never waits on Redis: a report that cannot be built is one WARNING line."""
+    try:
+        app = getattr(task, "app", None)
+        if app is None or request is None:
+            return
+        occurrence = occurrence_of(request, app)
+        if occurrence is None:
+            return
+        reporter = reporter_for(app)
+        if reporter is None:
+            return
+        attempt = int(getattr(request, "retries", 0) or 0) + 1
+        item = report_of(kind, occurrence, attempt=attempt, error=error, hold_ms=hold_ms)
+        _process.used.add(id(reporter))
+        reporter.report(item)
+    except Exception as exc:  # a report must never fail the task
+        log.warning(
+            "emq-bridge: the %s report of task %s was not sent: %s",
+            kind,
+            getattr(request, "id", "?"),
+            error_text(exc),
+        )
+
+
+def _hold_ms(reason: Any) -> int:
+    """Return how long a retry waits before its next attempt (`Retry.when`: seconds or an
+    eta), in ms; 0 when unknown."""
+    when = getattr(reason, "when", None)
+    if isinstance(when, (int, float)) and not isinstance(when, bool):
+        return max(0, round(when * 1000))
+    if isinstance(when, datetime):
+        eta = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+        return max(0, round((eta - datetime.now(timezone.utc)).total_seconds() * 1000))
+    return 0
+
+
+# -- the receivers ------------------------------------------------------------------------
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Make the app's reporter in the main process, before the pool forks (a bad setting
+    is logged at start, once)."""
+    app = getattr(sender, "app", None)
+    if isinstance(app, Celery):
+        reporter_for(app)
+
+
+def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    task = task or sender
+    _report("started", task, getattr(task, "request", None))
+
+
+def _on_success(sender: Any = None, **_: Any) -> None:
+    _report("succeeded", sender, getattr(sender, "request", None))
+
+
+def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
+    # In the main process (a pool process died) Celery pushes the request for its receivers;
+    # for a hard time limit it does not, and nothing is reported here (the occurrence is
+    # lost once its heartbeats stop).
+    _report("failed", sender, getattr(sender, "request", None), error=exception)
+
+
+def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+    if reason is None:
+        return  # cancelled on a connection loss: the message is delivered again, same attempt
+    cause = getattr(reason, "exc", None)
+    error = cause if isinstance(cause, BaseException) else reason
+    _report("retrying", sender, request, error=error, hold_ms=_hold_ms(reason))
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    _report("revoked", sender, request)
+
+
+def _on_postrun(
+    sender: Any = None, task: Any = None, retval: Any = None, state: str | None = None, **_: Any
+) -> None:
+    task = task or sender
+    if state == "IGNORED":
+        _report("skipped", task, getattr(task, "request", None), error=retval)
+    elif state == "REJECTED" and not getattr(retval, "requeue", False):
+        reason = getattr(retval, "reason", None)
+        error = f"Reject: {reason}" if reason else "Reject"
+        _report("failed", task, getattr(task, "request", None), error=error)
+
+
+def _on_shutdown(**_: Any) -> None:
+    """Send what this process queued (at most `FLUSH_S` per reporter), then stop."""
+    for _app, reporter in list(_process.reporters.values()):
+        if reporter is not None and id(reporter) in _process.used:
+            reporter.close(FLUSH_S)
+
+
+_RECEIVERS = (
+    (signals.worker_init, _on_worker_init),
+    (signals.task_prerun, _on_prerun),
+    (signals.task_success, _on_success),
+    (signals.task_failure, _on_failure),
+    (signals.task_retry, _on_retry),
+    (signals.task_revoked, _on_revoked),
+    (signals.task_postrun, _on_postrun),
+    (signals.worker_process_shutdown, _on_shutdown),
+    (signals.worker_shutdown, _on_shutdown),
+)
+for _signal, _receiver in _RECEIVERS:
+    _signal.connect(_receiver, weak=False, dispatch_uid=f"emq_bridge.celery.{_receiver.__name__}")

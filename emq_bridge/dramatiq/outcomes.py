@@ -1,0 +1,204 @@
+"""`MessageOutcomes`: what a Dramatiq worker tells the registry of the occurrences it runs.
+
+Part of `emq_bridge.dramatiq`; `RecurringMiddleware` calls it from its hooks. Dramatiq
+decides what becomes of a message after the actor returned: its `Retries` middleware either
+enqueues the message again with a delay (a retry) or fails it (`message.fail()`, the message is
+dead-lettered). Middleware `after_*` hooks run in reverse order, so ours may run before or after
+`Retries`; the outcome is therefore decided when the worker thread acks or nacks the message,
+after every middleware ran:
+
+* nacked: `failed` (retries exhausted, `throws`, or failed by a middleware);
+* acked after the actor raised, with a re-enqueue of the same message seen in between
+  (`before_enqueue`): `retrying`, held in flight for the retry's delay;
+* acked after the actor raised, with no re-enqueue (no `Retries` middleware): `failed`;
+* acked otherwise: `succeeded`;
+* `after_skip_message` (a middleware or the actor raised `SkipMessage`): `skipped`.
+
+`started` is reported in `before_process_message`, with the attempt (`retries + 1`). Every
+report goes through one `emq_bridge.reporting.Reporter` per worker process, which only queues
+it: a report never slows or fails the actor, and is dropped (one log line) while Redis is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..lifecycle import report_of
+from ..outcome import Report, ReportKind
+from ..reporting import Reporter
+from .schedule import (
+    OPTION_DUE_MS,
+    OPTION_NAME,
+    OPTION_QUEUE,
+    OPTION_REDELIVERED,
+    OPTION_RELEASED_MS,
+    OPTION_TRIGGERED,
+    attempt_of,
+)
+
+__all__ = ["MessageOutcomes"]
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def occurrence_fields(message: Any) -> dict[str, Any] | None:
+    """Return what `report_of` reads of the occurrence `message` carries, or None."""
+    options = getattr(message, "options", None) or {}
+    due_ms = options.get(OPTION_DUE_MS)
+    if due_ms is None:
+        return None
+    return {
+        "id": str(message.message_id),
+        "queue": options.get(OPTION_QUEUE) or message.queue_name,
+        "name": options.get(OPTION_NAME, ""),
+        "due_ms": due_ms,
+        "released_ms": options.get(OPTION_RELEASED_MS),
+        "redelivered": options.get(OPTION_REDELIVERED, False),
+        "triggered": options.get(OPTION_TRIGGERED, False),
+    }
+
+
+@dataclass(slots=True)
+class _Run:
+    """The message a worker thread processes, from `before_process_message` to its ack."""
+
+    message_id: str
+    fields: dict[str, Any]
+    attempt: int
+    finished_ms: int | None = None
+    error: BaseException | None = None
+    retry_delay_ms: int | None = None
+    skipped: bool = False  # reported at the skip; its ack or nack reports nothing more
+
+
+class MessageOutcomes:
+    """Report the occurrences a worker process runs (see the module docstring).
+
+    `reporter` is called once, on the first report, to build this process's `Reporter`.
+    Every method is a hook's body and never raises.
+    """
+
+    def __init__(self, reporter: Callable[[], Reporter]) -> None:
+        self._make_reporter = reporter
+        self._reporter: Reporter | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    @property
+    def reporter(self) -> Reporter:
+        if self._reporter is None:
+            with self._lock:
+                if self._reporter is None:
+                    self._reporter = self._make_reporter()
+        return self._reporter
+
+    # -- the hooks -------------------------------------------------------------------------
+
+    def started(self, message: Any) -> None:
+        """`before_process_message`: the occurrence starts (attempt `retries + 1`)."""
+        self._local.run = None
+        run = self._run_of(message, create=True)
+        if run is not None:
+            self._send("started", run, _now_ms())
+
+    def processed(self, message: Any, exception: BaseException | None) -> None:
+        """`after_process_message`: note when the actor ended and how (decided at the ack)."""
+        run = self._run_of(message, create=True)
+        if run is not None:
+            run.finished_ms = _now_ms()
+            run.error = exception
+
+    def enqueued(self, message: Any, delay_ms: int | None) -> None:
+        """`before_enqueue`: the message in hand sent again is a retry (`Retries`)."""
+        run = self._run_of(message)
+        if run is not None:
+            run.retry_delay_ms = delay_ms if isinstance(delay_ms, int) and delay_ms > 0 else 0
+
+    def skipped(self, message: Any) -> None:
+        """`after_skip_message`: the occurrence was skipped, before or inside the actor."""
+        run = self._run_of(message, create=True)
+        if run is not None and not run.skipped:
+            run.skipped = True
+            self._send("skipped", run, _now_ms())
+
+    def acked(self, message: Any) -> None:
+        """`after_ack`: succeeded, or retrying/failed if the actor raised (module docstring)."""
+        run = self._run_of(message)
+        if run is None:  # not ours, or a delayed message moved to its queue (consumer thread)
+            return
+        self._local.run = None
+        if run.skipped:
+            return
+        at_ms = run.finished_ms or _now_ms()
+        if run.error is None:
+            self._send("succeeded", run, at_ms)
+        elif run.retry_delay_ms is not None:
+            self._send("retrying", run, at_ms, run.error, hold_ms=run.retry_delay_ms)
+        else:
+            self._send("failed", run, at_ms, run.error)
+
+    def nacked(self, message: Any) -> None:
+        """`after_nack`: the message failed for good (dead-lettered)."""
+        run = self._run_of(message, create=True)
+        self._local.run = None
+        if run is not None and not run.skipped:
+            error: BaseException | str | None = run.error
+            if error is None:
+                error = "the message failed before its actor ran"
+            self._send("failed", run, run.finished_ms or _now_ms(), error)
+
+    def flush(self, timeout_s: float) -> None:
+        if self._reporter is not None:
+            self._reporter.flush(timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        if self._reporter is not None:
+            self._reporter.close(timeout_s)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _run_of(self, message: Any, *, create: bool = False) -> _Run | None:
+        """Return this thread's run of `message`; with `create`, one made from the message
+        when the start was not seen (a middleware before ours skipped or failed it)."""
+        run: _Run | None = getattr(self._local, "run", None)
+        try:
+            message_id = str(message.message_id)
+            if run is not None and run.message_id == message_id:
+                return run
+            if not create:
+                return None
+            fields = occurrence_fields(message)
+            if fields is None:
+                return None
+            run = _Run(message_id, fields, attempt_of(message.options))
+        except Exception as exc:  # a message that is not one: never into the worker
+            log.warning("a message's occurrence could not be read; not reported: %s", exc)
+            return None
+        self._local.run = run
+        return run
+
+    def _send(
+        self,
+        kind: ReportKind,
+        run: _Run,
+        at_ms: int,
+        error: BaseException | str | None = None,
+        *,
+        hold_ms: int = 0,
+    ) -> None:
+        try:
+            item: Report = report_of(
+                kind, run.fields, attempt=run.attempt, at_ms=at_ms, error=error, hold_ms=hold_ms
+            )
+            self.reporter.report(item)
+        except Exception as exc:  # a malformed occurrence, or a bug: never into the actor
+            log.warning("the %s report of occurrence %s was dropped: %s", kind, run.message_id, exc)

@@ -1,0 +1,264 @@
+"""The registry's lifecycle moves: what workers report of occurrences, and what it keeps.
+
+Part of `Repeat` (a base class of it, so `registry.py` stays one responsibility a module):
+`report` applies a batch of `outcome.Report`s (one `report.lua` call per queue),
+`started`/`finished` report one occurrence from what its message carries and never raise,
+`history` reads a registration's last occurrences, and `mark_lost` is the pump's move for
+occurrences whose worker went silent.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import EmqError
+from .keys import QueueKeys, parse_lease_member, validate_name
+from .occurrence import Occurrence, occurrence_id
+from .outcome import (
+    HISTORY_SIZE,
+    MAX_HISTORY_SIZE,
+    HistoryEntry,
+    Report,
+    ReportKind,
+    error_text,
+)
+from .replies import redis_errors, text
+from .scripts import Scripts
+
+__all__ = [
+    "GUARDED_MODES",
+    "HEARTBEAT_TTL_MS",
+    "START_TIMEOUT_MS",
+    "LifecycleMoves",
+    "report_of",
+]
+
+log = logging.getLogger("emq_bridge.registry")
+
+# The claim modes of registrations whose overlap policy is not `allow` (claim.lua).
+GUARDED_MODES = frozenset({"skip", "buffer_one", "replace"})
+# A guarded occurrence sent is in flight until a worker reports its start, at most this long.
+START_TIMEOUT_MS = 600_000
+# A running occurrence whose worker did not heartbeat for this long is lost.
+HEARTBEAT_TTL_MS = 30_000
+
+
+def check_history_size(history_size: int) -> int:
+    if isinstance(history_size, bool) or not 1 <= history_size <= MAX_HISTORY_SIZE:
+        raise ValueError(f"history_size must be from 1 to {MAX_HISTORY_SIZE}, got {history_size!r}")
+    return history_size
+
+
+# Names already checked by `report_of`: a worker reports the same few registrations over
+# and over, so each is validated once (bounded: emptied when it grows past this).
+_CHECKED_NAMES: set[str] = set()
+_MAX_CHECKED_NAMES = 10_000
+
+
+def _checked(value: Any, what: str) -> str:
+    if isinstance(value, str) and value in _CHECKED_NAMES:
+        return value
+    name = validate_name(value, what)
+    if len(_CHECKED_NAMES) >= _MAX_CHECKED_NAMES:
+        _CHECKED_NAMES.clear()
+    _CHECKED_NAMES.add(name)
+    return name
+
+
+def report_of(
+    kind: ReportKind,
+    occurrence: Occurrence | Mapping[str, Any],
+    *,
+    attempt: int = 1,
+    at_ms: int | None = None,
+    error: BaseException | str | None = None,
+    hold_ms: int = 0,
+) -> Report:
+    """Build the `Report` of `occurrence`: an `Occurrence`, or the message the list target
+    pushed (`dispatch.occurrence_message`: id, queue, name, due_ms, released_ms,
+    redelivered, triggered). ValueError if the message lacks them."""
+    if isinstance(occurrence, Occurrence):
+        queue, name, ident, due = (
+            occurrence.queue,
+            occurrence.name,
+            occurrence.id,
+            occurrence.due_ms,
+        )
+        released: Any = occurrence.released_ms
+        redelivered, triggered = occurrence.redelivered, occurrence.triggered
+    else:
+        try:
+            queue, name, ident = occurrence["queue"], occurrence["name"], occurrence["id"]
+            due = int(occurrence["due_ms"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"not an occurrence message (needs id, queue, name, due_ms): {exc}"
+            ) from None
+        released = occurrence.get("released_ms")
+        redelivered = bool(occurrence.get("redelivered"))
+        triggered = bool(occurrence.get("triggered"))
+    return Report(
+        kind=kind,
+        queue=_checked(queue, "queue"),
+        name=_checked(name, "registration name"),
+        id=str(ident),
+        due_ms=due,
+        at_ms=int(time.time() * 1000) if at_ms is None else at_ms,
+        attempt=attempt,
+        released_ms=None if released in (None, "") else int(released),
+        redelivered=redelivered,
+        triggered=triggered,
+        error=error if isinstance(error, str) else error_text(error),
+        hold_ms=hold_ms,
+    )
+
+
+class LifecycleMoves:
+    """The lifecycle moves of `Repeat` (see the module docstring)."""
+
+    client: Any
+    prefix: str
+    scripts: Scripts
+
+    def keys(self, queue: str) -> QueueKeys:  # pragma: no cover - Repeat's
+        raise NotImplementedError
+
+    def report(
+        self,
+        reports: Sequence[Report],
+        *,
+        history_size: int = HISTORY_SIZE,
+        heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
+        start_timeout_ms: int = START_TIMEOUT_MS,
+    ) -> int:
+        """Apply `reports` (see `lua/report.lua`), one script call per queue; return how many
+        changed something (a repeated report changes nothing).
+
+        A running occurrence stays in flight `heartbeat_ttl_ms` after its last report or
+        heartbeat; the history keeps the last `history_size` occurrences. Raises
+        `RegistryUnavailable`/`RegistryError`; `started`/`finished` are the forms that never
+        raise.
+        """
+        check_history_size(history_size)
+        by_queue: dict[str, builtins.list[Report]] = {}
+        for item in reports:
+            by_queue.setdefault(item.queue, []).append(item)
+        applied = 0
+        for queue, items in by_queue.items():
+            keys = self.keys(queue)
+            report_keys = []
+            for item in items:
+                report_keys += [keys.record(item.name), keys.history(item.name)]
+            with redis_errors(f"report {queue}"):
+                applied += int(
+                    self.scripts.report(
+                        keys=[keys.registry, keys.leases, keys.running, *report_keys],
+                        args=[
+                            json.dumps([item.to_json_item() for item in items]),
+                            history_size,
+                            heartbeat_ttl_ms,
+                            start_timeout_ms,
+                            keys.wake_channel,
+                        ],
+                    )
+                )
+        return applied
+
+    def started(
+        self, occurrence: Occurrence | Mapping[str, Any], *, attempt: int = 1, **options: Any
+    ) -> bool:
+        """Report that a worker started `occurrence` (an `Occurrence` or the list target's
+        message); True if it was recorded. Never raises: a failure is one log line.
+
+        `options` go to `report` (`history_size`, `heartbeat_ttl_ms`). Heartbeat a long run
+        with `heartbeat` at least every `heartbeat_ttl_ms`, or it is marked lost.
+        """
+        return self._report_safely("started", occurrence, attempt, None, options)
+
+    def heartbeat(self, occurrence: Occurrence | Mapping[str, Any], **options: Any) -> bool:
+        """Keep a running `occurrence` in flight (see `started`). Never raises."""
+        return self._report_safely("heartbeat", occurrence, 1, None, options)
+
+    def finished(
+        self,
+        occurrence: Occurrence | Mapping[str, Any],
+        *,
+        ok: bool,
+        error: BaseException | str | None = None,
+        attempt: int = 1,
+        **options: Any,
+    ) -> bool:
+        """Report that `occurrence` ended, succeeded (`ok=True`) or failed with `error`; True
+        if it was recorded. Never raises: a failure is one log line."""
+        kind: ReportKind = "succeeded" if ok else "failed"
+        return self._report_safely(kind, occurrence, attempt, error, options)
+
+    def _report_safely(
+        self,
+        kind: ReportKind,
+        occurrence: Occurrence | Mapping[str, Any],
+        attempt: int,
+        error: BaseException | str | None,
+        options: Mapping[str, Any],
+    ) -> bool:
+        try:
+            item = report_of(kind, occurrence, attempt=attempt, error=error)
+            return self.report([item], **options) > 0
+        except (EmqError, ValueError, TypeError) as exc:
+            log.warning("the %s report of an occurrence was dropped: %s", kind, exc)
+            return False
+
+    def history(self, queue: str, name: str, n: int = HISTORY_SIZE) -> builtins.list[HistoryEntry]:
+        """Return the last `n` occurrences of `name`, newest first (what workers reported and
+        what the overlap policy and the lost check decided). An entry edited into garbage is
+        left out (logged)."""
+        validate_name(name, "registration name")
+        if n <= 0:
+            return []
+        with redis_errors(f"history {queue}/{name}"):
+            raw = self.client.lrange(self.keys(queue).history(name), 0, n - 1)
+        entries = []
+        for item in raw:
+            try:
+                entries.append(HistoryEntry.from_json(text(item)))
+            except (ValueError, TypeError, KeyError) as exc:
+                log.error("%s/%s: a history entry is unreadable, skipped: %s", queue, name, exc)
+        return entries
+
+    def mark_lost(
+        self,
+        queue: str,
+        members: Sequence[str],
+        *,
+        history_size: int = HISTORY_SIZE,
+        start_timeout_ms: int = START_TIMEOUT_MS,
+    ) -> builtins.list[tuple[str, int, str]]:
+        """Mark the occurrences in flight `members` lost if their deadline passed on the
+        server's clock (see `lua/lost.lua`); return `(name, due_ms, id)` of those this call
+        marked. A member that is not an occurrence's (edited by hand) is marked without a
+        history entry."""
+        keys = self.keys(queue)
+        items, record_keys, out = [], [], []
+        for member in members:
+            try:
+                lease = parse_lease_member(member)
+                ident = occurrence_id(
+                    self.prefix, queue, lease.name, lease.due_ms, triggered=lease.triggered
+                )
+                name, due = lease.name, lease.due_ms
+            except ValueError:
+                name, due, ident = member.split(" ")[0] or "?", 0, ""
+            items.append([member, ident, str(due)])
+            record_keys += [keys.record(name), keys.history(name)]
+            out.append((name, due, ident))
+        with redis_errors(f"mark lost {queue}"):
+            marked = self.scripts.lost(
+                keys=[keys.leases, keys.running, *record_keys],
+                args=["", history_size, start_timeout_ms, keys.wake_channel, json.dumps(items)],
+            )
+        return [out[int(i) - 1] for i in marked]

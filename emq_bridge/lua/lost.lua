@@ -1,0 +1,83 @@
+-- lost: mark the occurrences whose lost deadline passed as `lost`: their worker stopped
+-- heartbeating (killed, its host gone) or, for a guarded registration, no worker reported
+-- their start in time.
+--
+-- KEYS[1]  <prefix>:{q}:leases          sorted set: lease member -> deadline (buffered slots)
+-- KEYS[2]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
+-- KEYS[1 + 2i], KEYS[2 + 2i]  the record and the history list of member i
+-- ARGV[1]  unused (was the pump's now: deadlines are on this server's clock, TIME)
+-- ARGV[2]  the history's length cap
+-- ARGV[3]  the lost deadline, from now, of a buffered slot released to be sent, ms
+-- ARGV[4]  wake channel
+-- ARGV[5]  JSON array of [member, occurrence id, due_ms], as scan read them
+--
+-- A member is marked only if it is still in `running` and its deadline passed, so two pumps
+-- never mark one twice. Its history entry becomes `lost` (created if the worker never
+-- reported), the record counts `lost` and says `last_status` lost unless a later occurrence
+-- was reported since;
+-- if it was the registration's `inflight` occurrence, a `buffered` slot is released
+-- (report.lua). A later report (a final one, or the start of a redelivery) still replaces
+-- `lost` (report.lua's ranks).
+-- Returns the 1-based indexes of the members marked.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap, start_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local leases, running = KEYS[1], KEYS[2]
+local marked = {}
+for i, item in ipairs(cjson.decode(ARGV[5])) do
+  local member, id, due = unpack(item)
+  local record, history = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
+  local deadline = redis.call('ZSCORE', running, member)
+  if deadline and tonumber(deadline) <= now then
+    redis.call('ZREM', running, member)
+    marked[#marked + 1] = i
+    if redis.call('EXISTS', record) == 1 then
+      local name = string.match(member, '^(%S+)')
+      local prefix = '["' .. id .. '"'
+      local found = false
+      for index, raw in ipairs(redis.call('LRANGE', history, 0, -1)) do
+        if string.sub(raw, 1, #prefix) == prefix then
+          local entry = cjson.decode(raw)
+          if entry[6] == 'running' or entry[6] == 'retrying' then
+            entry[6] = 'lost'
+            redis.call('LSET', history, index - 1, cjson.encode(entry))
+          end
+          found = true
+          break
+        end
+      end
+      if not found then
+        local triggered = 0
+        if string.sub(member, -10) == ' triggered' then triggered = 1 end
+        redis.call('LPUSH', history, cjson.encode({id, due, '', '', '', 'lost', 1, 0, triggered, ''}))
+        redis.call('LTRIM', history, 0, cap - 1)
+        -- report.lua searches the history only for occurrences not after `history_due`.
+        local newest = tonumber(redis.call('HGET', record, 'history_due'))
+        if not newest or tonumber(due) > newest then
+          redis.call('HSET', record, 'history_due', due)
+        end
+      end
+      local result = redis.pcall('HINCRBY', record, 'lost', 1)
+      if type(result) == 'table' and result.err then redis.call('HSET', record, 'lost', 1) end
+      local last = tonumber(redis.call('HGET', record, 'last_due'))
+      if not last or tonumber(due) >= last then
+        redis.call('HSET', record, 'last_status', 'lost', 'last_id', id, 'last_due', due)
+      end
+      if redis.call('HGET', record, 'inflight') == member then
+        redis.call('HDEL', record, 'inflight')
+        local slot = redis.call('HGET', record, 'buffered')
+        if slot then
+          local next_member = name .. ' ' .. slot
+          redis.call('HDEL', record, 'buffered')
+          local previous = redis.call('HGET', record, 'last_due_ms') or ''
+          redis.call('HSET', record, 'inflight', next_member, 'last_due_ms', slot,
+                     'buffered_previous_ms', previous)
+          redis.call('ZADD', running, now + start_ttl, next_member)
+          redis.call('ZADD', leases, 'NX', 0, next_member .. ' buffered')
+          redis.call('PUBLISH', ARGV[4], name)
+        end
+      end
+    end
+  end
+end
+return marked

@@ -1,0 +1,182 @@
+-- report: apply what workers tell of occurrences (outcome.Report): started, succeeded,
+-- failed, retrying, skipped, revoked, heartbeat. One call per queue for a batch of reports.
+--
+-- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run (pause on failures)
+-- KEYS[2]  <prefix>:{q}:leases          sorted set: lease member -> deadline (buffered slots)
+-- KEYS[3]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
+-- KEYS[2 + 2i], KEYS[3 + 2i]  the record and the history list of report i
+-- ARGV[1]  JSON array of reports, each [kind, member, id, due_ms, attempt, at_ms,
+--          released_ms or '', redelivered 0|1, triggered 0|1, error, hold_ms, started_ms
+--          or ''] (`started_ms`: a final report that carries its own start)
+--          (`member` is the occurrence's "<name> <due_ms>[ triggered]"; `at_ms` the
+--          worker's clock, used for durations; deadlines use this server's clock)
+-- ARGV[2]  the history's length cap
+-- ARGV[3]  heartbeat TTL, ms: a running occurrence not heard of for that long is lost
+-- ARGV[4]  the lost deadline, from now, of a buffered slot released to be sent, ms
+-- ARGV[5]  wake channel
+--
+-- Idempotent: an occurrence's entry (found by id in its history) is changed only by a report
+-- that outranks it: a later attempt, or in the same attempt lost < running < retrying < a
+-- final status (succeeded, failed, skipped, revoked): an attempt a framework retried without
+-- counting it (a requeue) still ends on its final report. A repeated report changes nothing; so
+-- do a report of a registration gone (nothing is created) and a heartbeat of an occurrence
+-- no longer in flight.
+-- On a final status: the occurrence leaves `running`; if it was the registration's
+-- `inflight` one, a `buffered` slot is released (as the pending lease "<name> <due>
+-- buffered", score 0, and is in flight at once); `failed` adds 1 to `failures` (`succeeded`
+-- clears it) and pauses the registration once `failures` reaches `pause_after_failures`.
+-- Returns the number of reports applied.
+-- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
+-- (a redelivery after its heartbeats stopped) has it in flight again.
+local RANK = {lost = 0, running = 1, retrying = 3, succeeded = 4, failed = 4, skipped = 4,
+              revoked = 4}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local reports = cjson.decode(ARGV[1])
+local cap, ttl, start_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local registry, leases, running = KEYS[1], KEYS[2], KEYS[3]
+
+-- Find the history entry of `id`: its 0-based index and its decoded array, or nil. The
+-- entry of a report is nearly always among the newest, so those are read first.
+local function find(history, id)
+  local prefix = '["' .. id .. '"'
+  local offset = 0
+  for _, range in ipairs({{0, 7}, {8, -1}}) do
+    for index, raw in ipairs(redis.call('LRANGE', history, range[1], range[2])) do
+      if string.sub(raw, 1, #prefix) == prefix then
+        return offset + index - 1, cjson.decode(raw)
+      end
+    end
+    offset = 8
+  end
+  return nil, nil
+end
+
+local function release_buffered(record, name)
+  local slot = redis.call('HGET', record, 'buffered')
+  if not slot then return end
+  local member = name .. ' ' .. slot
+  redis.call('HDEL', record, 'buffered')
+  -- Released is fired: its slot is the last fired one, and the one before is its previous.
+  local previous = redis.call('HGET', record, 'last_due_ms') or ''
+  redis.call('HSET', record, 'inflight', member, 'last_due_ms', slot,
+             'buffered_previous_ms', previous)
+  redis.call('ZADD', running, now + start_ttl, member)
+  redis.call('ZADD', leases, 'NX', 0, member .. ' buffered')
+  redis.call('PUBLISH', ARGV[5], name)
+end
+
+local function pause_after_failures(record, name, failures, error)
+  local limit = tonumber(redis.call('HGET', record, 'pause_after_failures'))
+  if not limit or failures < limit or redis.call('HGET', record, 'paused') == '1' then return end
+  local score = redis.call('ZSCORE', registry, name)
+  local reason = 'paused after ' .. failures .. ' consecutive failures'
+  if error ~= '' then reason = reason .. '; last: ' .. error end
+  redis.call('HSET', record, 'paused', '1', 'paused_next_ms', score or '',
+             'parked_reason', reason, 'parked_ms', now)
+  redis.call('ZADD', registry, '+inf', name)
+  redis.call('PUBLISH', ARGV[5], name)
+end
+
+local applied = 0
+for i, report in ipairs(reports) do
+  local kind, member, id, due, attempt, at, released, redelivered, triggered, error, hold,
+        started_at = unpack(report)
+  local record, history = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
+  local name = string.match(member, '^(%S+)')
+  -- One read of what the record says: whether it exists, the newest nominal time its history
+  -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), and
+  -- the occurrence in flight.
+  local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight')
+  if type(cur) == 'table' and not cur.err and cur[1] then
+    if kind == 'heartbeat' then
+      if redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
+        applied = applied + 1
+      end
+    else
+      local status = kind
+      if kind == 'started' then status = 'running' end
+      local index, entry
+      local newest = tonumber(cur[2])
+      if newest and tonumber(due) <= newest then index, entry = find(history, id) end
+      local fresh = entry == nil
+      if fresh then
+        entry = {id, due, released, '', '', status, attempt, redelivered, triggered, ''}
+      end
+      local old_attempt, old_rank = tonumber(entry[7]), RANK[entry[6]] or 0
+      if fresh or attempt > old_attempt or (attempt == old_attempt and RANK[status] > old_rank) then
+        applied = applied + 1
+        -- A folded start counts where a `started` report alone would have applied.
+        local take_start = fresh or attempt > old_attempt or old_rank < RANK.running
+        entry[6], entry[7] = status, attempt
+        if released ~= '' then entry[3] = released end
+        if redelivered == 1 then entry[8] = 1 end
+        if kind == 'started' then
+          entry[4], entry[5], entry[10] = at, '', ''
+        else
+          -- A start the reporter folded into this report (both were in one batch).
+          if started_at and started_at ~= '' and take_start then entry[4] = started_at end
+          entry[5], entry[10] = at, error
+        end
+        local encoded = cjson.encode(entry)
+        local sets = {'last_status', status, 'last_id', id, 'last_due', due}
+        local function set(field, value)
+          sets[#sets + 1] = field
+          sets[#sets + 1] = value
+        end
+        if index then
+          redis.call('LSET', history, index, encoded)
+        else
+          redis.call('LPUSH', history, encoded)
+          redis.call('LTRIM', history, 0, cap - 1)
+          if not newest or tonumber(due) > newest then set('history_due', due) end
+        end
+        local inflight = cur[3]
+        if kind == 'started' then
+          set('last_started_ms', at)
+          redis.call('ZADD', running, now + ttl, member)
+          local live = inflight and inflight ~= member and redis.call('ZSCORE', running, inflight)
+          if not live or tonumber(live) <= now then set('inflight', member) end
+          redis.call('HSET', record, unpack(sets))
+        elseif kind == 'retrying' then
+          -- In flight until its next attempt starts (the retry's countdown), then heartbeats.
+          redis.call('ZADD', running, now + tonumber(hold) + ttl, member)
+          if error ~= '' then set('last_error', error) end
+          redis.call('HSET', record, unpack(sets))
+        else
+          redis.call('ZREM', running, member)
+          set('last_finished_ms', at)
+          local drop = {}
+          local started = tonumber(entry[4])
+          if started then
+            if started_at and started_at ~= '' and take_start then
+              set('last_started_ms', started)
+            end
+            set('last_duration_ms', math.max(0, tonumber(at) - started))
+          else  -- never reported started: no duration, not the one of an earlier occurrence
+            drop[#drop + 1] = 'last_duration_ms'
+          end
+          local failures = 0
+          if status == 'succeeded' then
+            set('last_success_ms', at)
+            set('last_success_due_ms', due)
+            drop[#drop + 1] = 'failures'
+          elseif status == 'failed' then
+            local counted = redis.pcall('HINCRBY', record, 'failures', 1)
+            if type(counted) == 'table' and counted.err then counted = 1 end
+            failures = counted
+            set('failures', failures)
+            set('last_error', error)
+            set('last_failure_ms', at)
+          end
+          if inflight == member then drop[#drop + 1] = 'inflight' end
+          redis.call('HSET', record, unpack(sets))
+          if #drop > 0 then redis.call('HDEL', record, unpack(drop)) end
+          if failures > 0 then pause_after_failures(record, name, failures, error) end
+          if inflight == member then release_buffered(record, name) end
+        end
+      end
+    end
+  end
+end
+return applied

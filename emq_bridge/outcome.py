@@ -1,0 +1,190 @@
+"""What happened to an occurrence: the reports workers send and the history the registry keeps.
+
+Inert values, importable without the registry: the adapters build `Report`s from what a
+message carries, `report.lua` applies them, and `HistoryEntry` reads them back.
+
+A report is keyed by the occurrence id and ranked, so applying one twice changes nothing:
+within one attempt `running` < `retrying` < a final status; a later attempt outranks an
+earlier one. `lost` (the pump's, not a worker's) is outranked by any report: a final status
+that arrives after it (the worker was only slow to heartbeat), or the start of a
+redelivery, puts the occurrence back in its real state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .keys import lease_member
+
+__all__ = [
+    "FINAL_STATUSES",
+    "HISTORY_SIZE",
+    "MAX_ERROR_CHARS",
+    "MAX_HISTORY_SIZE",
+    "STATUSES",
+    "HistoryEntry",
+    "Report",
+    "ReportKind",
+    "Status",
+    "error_text",
+]
+
+# What the registry says of an occurrence. `running` until a worker reports its end;
+# `retrying` between attempts; `skipped` by the overlap policy (or a worker that skipped it);
+# `lost` when its worker stopped heartbeating; `revoked` when the framework revoked it.
+Status = Literal["running", "succeeded", "failed", "retrying", "skipped", "lost", "revoked"]
+STATUSES: tuple[Status, ...] = (
+    "running",
+    "succeeded",
+    "failed",
+    "retrying",
+    "skipped",
+    "lost",
+    "revoked",
+)
+FINAL_STATUSES = frozenset({"succeeded", "failed", "skipped", "revoked"})
+# What a worker reports: a status it reached, or a heartbeat of a running occurrence.
+ReportKind = Literal[
+    "started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat"
+]
+REPORT_KINDS = frozenset(
+    {"started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat"}
+)
+
+# The history keeps the last HISTORY_SIZE occurrences of a registration (newest first).
+HISTORY_SIZE = 50
+MAX_HISTORY_SIZE = 10_000
+# An error is kept as "<Type>: <message>", cut to this many characters (bounded memory).
+MAX_ERROR_CHARS = 200
+
+
+def error_text(error: BaseException | None) -> str:
+    """Return `error` as one bounded line, `"<Type>: <message>"` ('' for None)."""
+    if error is None:
+        return ""
+    message = " ".join(str(error).split())
+    line = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One thing a worker tells of an occurrence, with what its message carried.
+
+    `at_ms` is the worker's clock (a duration is measured on one host). `hold_ms`, for a
+    `retrying` report, is how long the occurrence stays in flight before its next attempt
+    starts (the retry's countdown); a running occurrence stays in flight as long as its worker
+    heartbeats.
+    """
+
+    kind: ReportKind
+    queue: str
+    name: str
+    id: str
+    due_ms: int
+    at_ms: int
+    attempt: int = 1
+    released_ms: int | None = None
+    redelivered: bool = False
+    triggered: bool = False
+    error: str = ""
+    hold_ms: int = 0
+    # A final report may carry its occurrence's start (`Reporter` folds a `started` report
+    # into the final one when both wait in one batch: one update instead of two).
+    started_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in REPORT_KINDS:
+            raise ValueError(
+                f"report kind must be one of {sorted(REPORT_KINDS)}, got {self.kind!r}"
+            )
+
+    @property
+    def member(self) -> str:
+        """The occurrence's lease member form, `"<name> <due_ms>[ triggered]"`."""
+        return lease_member(self.name, self.due_ms, self.triggered)
+
+    def to_json_item(self) -> list[Any]:
+        """The report as report.lua reads it (one array per report)."""
+        return [
+            self.kind,
+            self.member,
+            self.id,
+            str(self.due_ms),
+            self.attempt,
+            str(self.at_ms),
+            "" if self.released_ms is None else str(self.released_ms),
+            1 if self.redelivered else 0,
+            1 if self.triggered else 0,
+            self.error[:MAX_ERROR_CHARS],
+            str(max(0, self.hold_ms)),
+            "" if self.started_ms is None else str(self.started_ms),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One occurrence in a registration's history, as the registry keeps it.
+
+    Times are epoch ms: `due_ms` nominal, `released_ms` when a pump claimed it (server clock),
+    `started_ms`/`finished_ms` on the worker's clock. `attempt` counts from 1.
+    """
+
+    id: str
+    due_ms: int
+    status: Status
+    attempt: int
+    released_ms: int | None
+    started_ms: int | None
+    finished_ms: int | None
+    redelivered: bool
+    triggered: bool
+    error: str | None
+
+    @property
+    def duration_ms(self) -> int | None:
+        if self.started_ms is None or self.finished_ms is None:
+            return None
+        return max(0, self.finished_ms - self.started_ms)
+
+    @classmethod
+    def from_json(cls, raw: str) -> HistoryEntry:
+        """Read one stored entry (report.lua's array); ValueError if it is not one."""
+        item = json.loads(raw)
+        if not isinstance(item, list) or len(item) < 10:
+            raise ValueError(f"not a history entry: {raw[:80]!r}")
+        ident, due, released, started, finished, status, attempt, redelivered, triggered = item[:9]
+        return cls(
+            id=str(ident),
+            due_ms=int(due),
+            status=status,
+            attempt=int(attempt),
+            released_ms=_ms(released),
+            started_ms=_ms(started),
+            finished_ms=_ms(finished),
+            redelivered=bool(redelivered),
+            triggered=bool(triggered),
+            error=str(item[9]) or None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what `emq-bridge history --json` prints)."""
+        return {
+            "id": self.id,
+            "due_ms": self.due_ms,
+            "status": self.status,
+            "attempt": self.attempt,
+            "released_ms": self.released_ms,
+            "started_ms": self.started_ms,
+            "finished_ms": self.finished_ms,
+            "duration_ms": self.duration_ms,
+            "redelivered": self.redelivered,
+            "triggered": self.triggered,
+            "error": self.error,
+        }
+
+
+def _ms(value: Any) -> int | None:
+    return None if value in (None, "", False) else int(value)

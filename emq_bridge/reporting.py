@@ -1,0 +1,260 @@
+"""`Reporter`: sends what a worker process tells of its occurrences, off the task's path.
+
+The adapters' signal handlers and middleware hooks call `Reporter.report`, which only
+queues the report: a task never waits for Redis and never fails because of it. One
+background thread per process sends what is queued, one `report.lua` call per queue per
+batch (`Repeat.report`), and heartbeats the occurrences this process is running, so an
+occurrence whose worker is killed is marked lost once its heartbeats stop.
+
+If Redis cannot be reached, reports are dropped: one WARNING when that begins, one INFO with
+the count when reports go through again. A forked child (Celery's prefork pool) gets a
+thread of its own on its first report; what the parent had queued stays the parent's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from .lifecycle import check_history_size
+from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report
+from .registry import Repeat
+
+__all__ = ["HEARTBEAT_S", "Reporter"]
+
+log = logging.getLogger("emq_bridge.reporting")
+
+# A running occurrence is heartbeated this often; it is lost after three missed heartbeats.
+HEARTBEAT_S = 10.0
+# Reports per `Repeat.report` call: one script call stays short on the server.
+BATCH = 500
+# Reports queued at most; past it new reports are dropped (Redis too slow or gone).
+MAX_PENDING = 100_000
+# How long the thread lets reports gather before it sends them: a batch, not a call per
+# task, is what keeps the reports' cost a small part of a short task's.
+LINGER_S = 0.05
+
+
+class Reporter:
+    """Queue reports and send them from a background thread (see the module docstring).
+
+    `repeat` is a `Repeat` or a callable returning one (called in the sending thread the
+    first time, so a forked child connects on its own). `history_size` is the number of
+    occurrences each registration's history keeps; `heartbeat_s` how often running
+    occurrences are heartbeated (they are lost after `3 * heartbeat_s` without one);
+    `linger_s` how long reports gather before they are sent (at most `BATCH` a call). A
+    `started` report still waiting when its occurrence's final report comes is folded into
+    it, so a short task costs the registry one update.
+    """
+
+    def __init__(
+        self,
+        repeat: Repeat | Callable[[], Repeat],
+        *,
+        history_size: int = HISTORY_SIZE,
+        heartbeat_s: float = HEARTBEAT_S,
+        max_pending: int = MAX_PENDING,
+        linger_s: float = LINGER_S,
+    ) -> None:
+        if heartbeat_s <= 0:
+            raise ValueError("heartbeat_s must be positive")
+        if not 0 <= linger_s < heartbeat_s:
+            raise ValueError("linger_s must be from 0 to less than heartbeat_s")
+        self.linger_s = linger_s
+        self._repeat_source = repeat
+        self.history_size = check_history_size(history_size)
+        self.heartbeat_s = heartbeat_s
+        self.max_pending = max_pending
+        self._reset()
+
+    @property
+    def heartbeat_ttl_ms(self) -> int:
+        return int(self.heartbeat_s * 3000)
+
+    def _reset(self) -> None:
+        """Fresh state for this process (at construction and in a forked child)."""
+        self._pid = os.getpid()
+        self._lock = threading.Condition()
+        # Set to wake the thread (the first report of a batch, a full batch, a flush, a
+        # close): `report` appends without the lock, so a task pays no lock per report.
+        self._wake = threading.Event()
+        self._idle = False  # the thread waits for a first report (only then is `_wake` set)
+        self._pending: deque[Report] = deque()
+        self._running: dict[tuple[str, str], Report] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._sending = 0
+        self._flushing = 0
+        self._dropped = 0
+        self._failing = False
+        self._repeat: Repeat | None = None
+
+    def report(self, item: Report) -> None:
+        """Queue `item`; never blocks on Redis and never raises."""
+        if self._pid != os.getpid():
+            self._reset()
+        if self._closed:
+            return
+        # Single dict and deque operations are atomic under the GIL: no lock on this path.
+        key = (item.queue, item.id)
+        if item.kind == "started":
+            self._running[key] = item
+        elif item.kind != "heartbeat":
+            self._running.pop(key, None)
+        pending = self._pending
+        if len(pending) >= self.max_pending:
+            with self._lock:
+                self._drop(1, "the report queue is full")
+            return
+        pending.append(item)
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="emq-bridge-reporter", daemon=True
+                    )
+                    self._thread.start()
+        # Wake the thread only when it waits for a first report, or when a batch is full:
+        # an Event.set per report would cost more than the rest of `report`.
+        if self._idle or len(pending) >= BATCH:
+            self._idle = False
+            self._wake.set()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every report queued so far was sent or dropped; False on timeout."""
+        if self._pid != os.getpid():
+            self._reset()  # a forked child: the parent's lock may have been held at the fork
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._flushing += 1  # no lingering while someone waits
+            self._wake.set()
+            try:
+                while self._pending or self._sending:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._thread is None or self._pid != os.getpid():
+                        return False
+                    self._lock.wait(min(left, 0.05))
+            finally:
+                self._flushing -= 1
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued (waiting at most `timeout_s`), then stop the thread."""
+        self.flush(timeout_s)
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+
+    # -- the sending thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + self.heartbeat_s
+        pending, wake = self._pending, self._wake
+        while True:
+            # `_idle` before the check: a report appended after it sees it and wakes us.
+            self._idle = True
+            if not pending and not self._closed:
+                wake.wait(max(0.0, next_beat - time.monotonic()))
+            self._idle = False
+            wake.clear()
+            if self._closed and not pending:
+                return
+            # Let a batch gather (a full one, a flush or a close sends at once).
+            gather_until = time.monotonic() + self.linger_s
+            while (
+                0 < len(pending) < BATCH
+                and not (self._closed or self._flushing)
+                and (left := gather_until - time.monotonic()) > 0
+            ):
+                wake.wait(left)
+                wake.clear()
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.heartbeat_s
+                pending.extend(
+                    Report(
+                        "heartbeat",
+                        r.queue,
+                        r.name,
+                        r.id,
+                        r.due_ms,
+                        r.at_ms,
+                        r.attempt,
+                        triggered=r.triggered,
+                    )
+                    for r in list(self._running.values())
+                )
+            with self._lock:
+                batch = [pending.popleft() for _ in range(min(BATCH, len(pending)))]
+                self._sending = len(batch)
+            try:
+                if batch:
+                    self._send(fold_starts(batch))
+            finally:
+                with self._lock:
+                    self._sending = 0
+                    self._lock.notify_all()
+
+    def _send(self, batch: list[Report]) -> None:
+        try:
+            if self._repeat is None:
+                source = self._repeat_source
+                self._repeat = source if isinstance(source, Repeat) else source()
+            self._repeat.report(
+                batch, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
+            )
+        except Exception as exc:  # never into the tasks: the reports are dropped
+            with self._lock:
+                self._drop(len(batch), f"{type(exc).__name__}: {exc}")
+            return
+        if self._failing:
+            with self._lock:
+                log.info(
+                    "occurrence reports reach Redis again; %d were dropped meanwhile", self._dropped
+                )
+                self._failing, self._dropped = False, 0
+
+    def _drop(self, count: int, reason: str) -> None:
+        """Count `count` dropped reports; the first drop of a failure is logged (lock held)."""
+        self._dropped += count
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "occurrence reports are dropped until Redis takes them again (%s); "
+                "the tasks are not affected",
+                reason,
+            )
+
+
+def fold_starts(batch: list[Report]) -> list[Report]:
+    """Fold a `started` report into its occurrence's final report when no other report of its
+    registration came between them (but heartbeats and repeats of that start): the final
+    then carries `started_ms`, and the registry ends exactly as after both, in one update
+    instead of two. Reports of other registrations may come between: they touch other keys
+    (and their own members of `running`), so the order among registrations changes nothing.
+    What a short task reports, start and end, costs one update."""
+    out: list[Report | None] = []
+    starts: dict[tuple[str, str], int] = {}  # registration -> index in `out` of its open start
+    for item in batch:
+        registration = (item.queue, item.name)
+        at = starts.get(registration)
+        start = out[at] if at is not None else None
+        same = start is not None and (item.id, item.attempt) == (start.id, start.attempt)
+        if same and item.kind in ("heartbeat", "started"):
+            continue  # changes nothing after that start
+        if same and start is not None and at is not None and item.kind in FINAL_STATUSES:
+            released = item.released_ms if item.released_ms is not None else start.released_ms
+            out[at] = None
+            out.append(replace(item, started_ms=start.at_ms, released_ms=released))
+            del starts[registration]
+            continue
+        out.append(item)
+        if item.kind == "started":
+            starts[registration] = len(out) - 1
+        else:
+            starts.pop(registration, None)
+    return [item for item in out if item is not None]

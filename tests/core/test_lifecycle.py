@@ -1,0 +1,378 @@
+"""The occurrence lifecycle in the registry: reports, history, overlap, lost, pause on failures.
+
+Real Lua on a real server (and fakeredis where it runs the same scripts). The pump's clock is
+the server's (`server_time_ms`) plus offsets smaller than any deadline, so the deadlines
+report.lua writes from the server clock mean what they do in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from emq_bridge import Occurrence, Pump, PumpEvents, Repeat
+from emq_bridge.embedded import EmbeddedServer
+from emq_bridge.errors import ScheduleError
+from emq_bridge.lifecycle import report_of
+from emq_bridge.outcome import MAX_ERROR_CHARS, Report, error_text
+from emq_bridge.reporting import Reporter
+from emq_bridge.testing import RecordingDispatcher
+
+TEMPLATE = {"task": "reports.digest"}
+
+
+class Heard(PumpEvents):
+    def __init__(self) -> None:
+        self.skips: list[tuple[str, int]] = []
+        self.buffers: list[tuple[str, int]] = []
+        self.replaced: list[tuple[str, str, bool]] = []
+        self.lost: list[tuple[str, int, str]] = []
+
+    def on_skip(self, queue: str, name: str, due_ms: int) -> None:
+        self.skips.append((name, due_ms))
+
+    def on_buffer(self, queue: str, name: str, due_ms: int) -> None:
+        self.buffers.append((name, due_ms))
+
+    def on_replace(self, occurrence: Occurrence, previous_id: str, revoked: bool) -> None:
+        self.replaced.append((occurrence.id, previous_id, revoked))
+
+    def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
+        self.lost.append((name, due_ms, occurrence_id))
+
+
+class Revoking(RecordingDispatcher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.revoked: list[str] = []
+
+    def revoke(self, occurrence_id: str) -> None:
+        self.revoked.append(occurrence_id)
+
+
+def _start(repeat: Repeat) -> int:
+    """A registration time on a whole second of the server clock, a little in the past."""
+    return (repeat.server_time_ms() // 1000) * 1000 - 10_000
+
+
+def _fire(pump: Pump, now_ms: int) -> list[Occurrence]:
+    return pump.run_once(now_ms=now_ms).dispatched
+
+
+def test_reports_are_idempotent_per_id_and_attempt(any_repeat: Repeat) -> None:
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    (occurrence,) = _fire(Pump(any_repeat, ["q"], RecordingDispatcher()), t0 + 1000)
+
+    def report(kind: str, attempt: int, at: int, **extra: object) -> int:
+        item = report_of(kind, occurrence, attempt=attempt, at_ms=at, **extra)  # type: ignore[arg-type]
+        return any_repeat.report([item])
+
+    assert report("started", 1, t0 + 1100) == 1
+    assert report("started", 1, t0 + 1100) == 0  # a duplicate changes nothing
+    assert report("retrying", 1, t0 + 1200, error="OSError: flaky", hold_ms=500) == 1
+    assert report("retrying", 1, t0 + 1200, error="OSError: flaky") == 0
+    assert report("started", 2, t0 + 1700) == 1
+    assert report("started", 1, t0 + 1100) == 0  # an earlier attempt, late
+    assert report("succeeded", 2, t0 + 1900) == 1
+    assert report("succeeded", 2, t0 + 1900) == 0
+    assert report("failed", 2, t0 + 2000, error="late") == 0  # a final status is final
+    (entry,) = any_repeat.history("q", "job")
+    assert (entry.id, entry.status, entry.attempt) == (occurrence.id, "succeeded", 2)
+    assert (entry.started_ms, entry.finished_ms, entry.duration_ms) == (t0 + 1700, t0 + 1900, 200)
+    assert entry.released_ms == t0 + 1000 and entry.due_ms == t0 + 1000
+    registration = any_repeat.get("q", "job")
+    assert registration is not None
+    assert registration.last_status == "succeeded" and registration.failures == 0
+    assert registration.last_duration_ms == 200 and registration.last_success_ms == t0 + 1900
+    assert registration.fired == 1  # reports never count firings
+
+
+def test_a_report_of_a_registration_gone_creates_nothing(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    (occurrence,) = _fire(Pump(repeat, ["q"], RecordingDispatcher()), t0 + 1000)
+    assert repeat.cancel("q", "job")
+    assert repeat.finished(occurrence, ok=True) is False
+    assert repeat.client.keys(f"{repeat.prefix}:*") == []
+
+
+def test_cancel_removes_history_and_in_flight(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    (occurrence,) = _fire(Pump(repeat, ["q"], RecordingDispatcher()), t0 + 1000)
+    assert repeat.started(occurrence)
+    keys = repeat.keys("q")
+    assert repeat.client.exists(keys.history("job"), keys.running) == 2
+    assert repeat.cancel("q", "job")
+    assert repeat.client.keys(f"{repeat.prefix}:*") == []
+
+
+def test_history_stays_capped_under_ten_thousand_occurrences(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    reports = []
+    for i in range(10_000):
+        due = t0 + i
+        ident = f"00000000-0000-5000-8000-{i:012d}"
+        for kind in ("started", "succeeded" if i % 7 else "failed"):
+            reports.append(Report(kind, "q", "job", ident, due, due + 5, error="boom"))  # type: ignore[arg-type]
+    for start in range(0, len(reports), 1000):
+        repeat.report(reports[start : start + 1000], history_size=50)
+    keys = repeat.keys("q")
+    assert repeat.client.llen(keys.history("job")) == 50
+    entries = repeat.history("q", "job", 100)
+    assert [e.due_ms for e in entries] == [t0 + i for i in range(9_999, 9_949, -1)]
+    assert all(e.status in ("succeeded", "failed") for e in entries)
+
+
+def test_skip_sends_nothing_while_one_is_in_flight(any_repeat: Repeat) -> None:
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    heard = Heard()
+    pumps = [Pump(any_repeat, ["q"], RecordingDispatcher(), listeners=[heard]) for _ in range(3)]
+    (first,) = _fire(pumps[0], t0 + 1000)
+    assert any_repeat.started(first)
+    # Three pumps, three slots: all skipped while the first runs.
+    for i, pump in enumerate(pumps):
+        assert _fire(pump, t0 + 2000 + 1000 * i) == []
+    assert heard.skips == [("job", t0 + 2000), ("job", t0 + 3000), ("job", t0 + 4000)]
+    assert any_repeat.finished(first, ok=True)
+    (second,) = _fire(pumps[1], t0 + 5000)
+    assert second.due_ms == t0 + 5000 and second.previous_due_ms == t0 + 1000
+    registration = any_repeat.get("q", "job")
+    assert registration is not None
+    assert registration.skipped == 3 and registration.inflight == f"job {t0 + 5000}"
+    statuses = [(e.due_ms, e.status) for e in any_repeat.history("q", "job")]
+    assert statuses == [
+        (t0 + 4000, "skipped"),
+        (t0 + 3000, "skipped"),
+        (t0 + 2000, "skipped"),
+        (t0 + 1000, "succeeded"),
+    ]
+
+
+def test_skip_counts_a_sent_but_unstarted_occurrence_as_in_flight(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    assert len(_fire(pump, t0 + 1000)) == 1
+    assert _fire(pump, t0 + 2000) == []  # sent, not started yet: still in flight
+
+
+def test_allow_sends_every_slot(any_repeat: Repeat) -> None:
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    pump = Pump(any_repeat, ["q"], RecordingDispatcher())
+    (first,) = _fire(pump, t0 + 1000)
+    assert any_repeat.started(first)
+    assert [o.due_ms for o in _fire(pump, t0 + 2000)] == [t0 + 2000]
+
+
+def test_buffer_one_keeps_one_and_sends_it_when_the_running_one_ends(any_repeat: Repeat) -> None:
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="buffer_one", now_ms=t0)
+    heard = Heard()
+    pump = Pump(any_repeat, ["q"], RecordingDispatcher(), listeners=[heard])
+    (first,) = _fire(pump, t0 + 1000)
+    assert any_repeat.started(first)
+    assert _fire(pump, t0 + 2000) == []  # kept
+    assert _fire(pump, t0 + 3000) == []  # one is kept already: skipped
+    assert heard.buffers == [("job", t0 + 2000)] and heard.skips == [("job", t0 + 3000)]
+    registration = any_repeat.get("q", "job")
+    assert registration is not None and registration.buffered_due_ms == t0 + 2000
+    assert any_repeat.finished(first, ok=False, error=RuntimeError("boom"))
+    (kept,) = _fire(pump, t0 + 3100)  # released by the finish: sent at once
+    assert (kept.due_ms, kept.redelivered, kept.triggered) == (t0 + 2000, False, False)
+    assert kept.previous_due_ms == t0 + 1000  # the run before it, not the one before that
+    assert _fire(pump, t0 + 3200) == []  # the kept one is in flight now
+    registration = any_repeat.get("q", "job")
+    assert registration is not None
+    assert registration.buffered_due_ms is None and registration.inflight == f"job {t0 + 2000}"
+    assert any_repeat.finished(kept, ok=True)
+    (after,) = _fire(pump, t0 + 4000)
+    assert after.previous_due_ms == t0 + 2000
+
+
+def test_replace_revokes_the_one_in_flight(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="replace", now_ms=t0)
+    heard = Heard()
+    dispatcher = Revoking()
+    pump = Pump(repeat, ["q"], dispatcher, listeners=[heard])
+    (first,) = _fire(pump, t0 + 1000)
+    assert repeat.started(first)
+    (second,) = _fire(pump, t0 + 2000)
+    assert dispatcher.revoked == [first.id]
+    assert heard.replaced == [(second.id, first.id, True)]
+    # A dispatcher that cannot revoke: the new one is sent, and the event says so.
+    plain = Pump(repeat, ["q"], RecordingDispatcher(), listeners=[heard])
+    (third,) = _fire(plain, t0 + 3000)
+    assert heard.replaced[-1] == (third.id, second.id, False)
+
+
+def test_a_silent_worker_is_lost_and_blocks_nothing(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    heard = Heard()
+    pump = Pump(repeat, ["q"], RecordingDispatcher(), listeners=[heard])
+    (first,) = _fire(pump, t0 + 1000)
+    repeat.report([report_of("started", first)], heartbeat_ttl_ms=200)
+    assert _fire(pump, t0 + 2000) == []  # in flight: skipped
+    time.sleep(0.3)  # no heartbeat: lost after 200 ms of the server clock
+    now = repeat.server_time_ms()
+    (second,) = _fire(pump, now)
+    assert heard.lost == [("job", t0 + 1000, first.id)]
+    assert second.due_ms > t0 + 2000
+    lost = [e for e in repeat.history("q", "job") if e.id == first.id]
+    assert [e.status for e in lost] == ["lost"]
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.lost == 1
+    # The worker was only slow: its final report still counts.
+    assert repeat.finished(first, ok=True)
+    assert [e.status for e in repeat.history("q", "job") if e.id == first.id] == ["succeeded"]
+
+
+def test_heartbeats_keep_a_long_run_in_flight(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    (first,) = _fire(pump, t0 + 1000)
+    repeat.report([report_of("started", first)], heartbeat_ttl_ms=300)
+    for _ in range(4):
+        time.sleep(0.15)
+        repeat.report([report_of("heartbeat", first)], heartbeat_ttl_ms=300)
+    assert _fire(pump, repeat.server_time_ms()) == []
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.lost == 0
+
+
+def test_a_guarded_occurrence_no_worker_starts_is_lost_after_the_start_timeout(
+    repeat: Repeat,
+) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    heard = Heard()
+    pump = Pump(repeat, ["q"], RecordingDispatcher(), listeners=[heard], start_timeout_ms=300)
+    (first,) = _fire(pump, t0 + 1000)
+    assert _fire(pump, t0 + 2000) == []
+    time.sleep(0.4)  # on the server's clock: the first never started, so it is lost
+    (second,) = _fire(pump, t0 + 3000)
+    assert heard.lost == [("job", t0 + 1000, first.id)] and second.due_ms == t0 + 3000
+
+
+def test_pause_after_failures_pauses_on_the_third_not_before(any_repeat: Repeat) -> None:
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, pause_after_failures=3, now_ms=t0)
+    pump = Pump(any_repeat, ["q"], RecordingDispatcher())
+    for i in range(1, 4):
+        (occurrence,) = _fire(pump, t0 + 1000 * i)
+        any_repeat.started(occurrence)
+        any_repeat.finished(occurrence, ok=False, error=ValueError(f"bad {i}"))
+        registration = any_repeat.get("q", "job")
+        assert registration is not None
+        assert registration.failures == i and registration.paused is (i == 3)
+    assert (
+        registration.parked_reason == "paused after 3 consecutive failures; last: ValueError: bad 3"
+    )
+    assert _fire(pump, t0 + 5000) == []
+    assert any_repeat.resume("q", "job", now_ms=t0 + 5000)
+    registration = any_repeat.get("q", "job")
+    assert registration is not None and registration.failures == 0 and not registration.paused
+
+
+def test_a_success_ends_the_failure_streak(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, pause_after_failures=2, now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    for i, ok in enumerate([False, True, False], start=1):
+        (occurrence,) = _fire(pump, t0 + 1000 * i)
+        repeat.finished(occurrence, ok=ok, error=None if ok else "E: x")
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.failures == 1 and not registration.paused
+
+
+def test_occurrences_carry_the_previous_run_context(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    (first,) = _fire(pump, t0 + 1000)
+    assert (first.previous_due_ms, first.last_success_ms) == (None, None)
+    repeat.report([report_of("succeeded", first, at_ms=t0 + 1500)])
+    (second,) = _fire(pump, t0 + 2000)
+    assert (second.previous_due_ms, second.last_success_ms) == (t0 + 1000, t0 + 1500)
+
+
+def test_the_list_message_is_reported_as_it_is(repeat: Repeat, client: redis.Redis) -> None:
+    import json
+
+    from emq_bridge.dispatch import ListPushDispatcher
+
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    key = f"{repeat.prefix}:out"
+    Pump(repeat, ["q"], ListPushDispatcher(client, key)).run_once(now_ms=t0 + 1000)
+    message = json.loads(client.lpop(key) or b"{}")
+    assert repeat.started(message) and repeat.finished(message, ok=True)
+    (entry,) = repeat.history("q", "job")
+    assert (entry.id, entry.status, entry.released_ms) == (message["id"], "succeeded", t0 + 1000)
+    assert repeat.started({"queue": "q"}) is False  # not a message: one log line, no raise
+
+
+def test_policies_are_checked_before_anything_is_written(repeat: Repeat) -> None:
+    for bad in (
+        {"overlap": "sometimes"},
+        {"pause_after_failures": 0},
+        {"pause_after_failures": True},
+    ):
+        with pytest.raises(ScheduleError):
+            repeat.upsert("q", "job", every="1s", template=TEMPLATE, **bad)  # type: ignore[arg-type]
+    assert repeat.client.keys(f"{repeat.prefix}:*") == []
+
+
+def test_default_policies_keep_the_digest_of_older_records(repeat: Repeat) -> None:
+    from emq_bridge.definition import define
+
+    plain = define(every="1s", template=TEMPLATE)
+    assert "overlap" not in plain.to_fields() and "pause_after_failures" not in plain.to_fields()
+    assert define(every="1s", template=TEMPLATE, overlap="allow").digest == plain.digest
+    assert define(every="1s", template=TEMPLATE, overlap="skip").digest != plain.digest
+
+
+def test_error_text_is_one_bounded_line() -> None:
+    line = error_text(ValueError("a\nb " + "x" * 1000))
+    assert line.startswith("ValueError: a b x") and "\n" not in line
+    assert len(line) == MAX_ERROR_CHARS
+
+
+@pytest.fixture
+def lone_server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer() as server:
+        yield server
+
+
+def test_the_reporter_drops_reports_with_one_line_when_redis_is_gone(
+    lone_server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    repeat = Repeat(redis.Redis.from_url(lone_server.url, socket_timeout=1), "lone")
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    (occurrence,) = _fire(Pump(repeat, ["q"], RecordingDispatcher()), t0 + 1000)
+    reporter = Reporter(repeat, heartbeat_s=0.2)
+    reporter.report(report_of("started", occurrence))
+    assert reporter.flush(5)
+    lone_server.stop()
+    caplog.set_level(logging.INFO, logger="emq_bridge.reporting")
+    started = time.monotonic()
+    for attempt in range(2, 50):
+        reporter.report(report_of("started", occurrence, attempt=attempt))  # never raises
+    assert time.monotonic() - started < 0.5  # queued, not sent on the caller's thread
+    assert reporter.flush(10)
+    time.sleep(0.5)  # heartbeats fail too, silently
+    drops = [r for r in caplog.records if "dropped until Redis" in r.getMessage()]
+    assert len(drops) == 1
+    reporter.close()
