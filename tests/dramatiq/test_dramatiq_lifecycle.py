@@ -533,7 +533,10 @@ def test_a_sigkilled_workers_running_occurrence_is_lost_within_the_bound_and_ski
         def entry() -> HistoryEntry | None:
             return next((e for e in repeat.history(app.queue, "hangs") if e.id == hung["id"]), None)
 
-        # Heartbeats keep it running past 3 heartbeats: only a dead worker is lost.
+        # Its start reaches the registry once the reporter's batch is sent (it gathers
+        # reports for up to 50 ms), then heartbeats keep it running past 3 heartbeats: only
+        # a dead worker is lost.
+        wait_for(entry, app, what="the hung run's start in the registry")
         started = time.monotonic()
         while time.monotonic() - started < 2 * 3 * HEARTBEAT_S:
             current = entry()
