@@ -41,8 +41,12 @@ CORRUPT_PARK_MS = 60_000
 BROKEN_RETRY_S = 1.0
 # The record fields that say when a registration last ran (for a checked cadence).
 LAST_RUN_FIELDS = ("last_fired_ms", "last_due_ms", "created_ms")
-# What a batch reads of its records: the definition, and the previous-run context.
-RECORD_FIELDS = (*DEFINITION_FIELDS, "last_due_ms", "last_success_ms", "buffered_previous_ms")
+# What a batch reads of its records, in its one fetch: the definition, the last run (for a
+# checked cadence) and the previous-run context.
+RECORD_FIELDS = (
+    *DEFINITION_FIELDS,
+    *dict.fromkeys((*LAST_RUN_FIELDS, "last_success_ms", "buffered_previous_ms")),
+)
 # How often a running pump reads the eviction policy again (it warns once per change).
 EVICTION_CHECK_S = 60.0
 # The first batch of a drain, before batches grow to `batch_size`.
@@ -232,7 +236,7 @@ class Pump:
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str]] = []
         decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
-        last_runs = self._last_runs(queue, decoded)
+        last_runs = _last_runs(decoded, records)
         for name, score in due:
             candidate = self._candidate(
                 queue, name, score, decoded[name], last_runs.get(name, now_ms), now_ms
@@ -467,20 +471,6 @@ class Pump:
                 )
                 corrupt.add(member)
         return parsed, corrupt
-
-    def _last_runs(self, queue: str, decoded: Mapping[str, _Firing | None]) -> dict[str, int]:
-        """Return the last run of each due registration whose cadence is checked (a Celery
-        `is_due`: its score was a check, which needs the last run), in one round trip for the
-        batch; other cadences need none. A record is created before it fires."""
-        checked = [n for n, f in decoded.items() if f is not None and hasattr(f.cadence, "check")]
-        if not checked:
-            return {}
-        runs = self.repeat.load_records(queue, checked, LAST_RUN_FIELDS)
-        return {
-            name: max(int(v) for v in fields.values() if v.isdigit())
-            for name, fields in runs.items()
-            if any(v.isdigit() for v in fields.values())
-        }
 
     def _candidate(
         self,
@@ -766,3 +756,20 @@ class Pump:
         read_at = self._policy_read_at
         if read_at is None or time.monotonic() - read_at >= self.eviction_check_s:
             self.check_eviction_policy()
+
+
+def _last_runs(
+    decoded: Mapping[str, _Firing | None], records: Mapping[str, Mapping[str, str]]
+) -> dict[str, int]:
+    """Return the last run of each due registration whose cadence is checked (a Celery
+    `is_due`: its score was a check, which needs the last run), from the batch's records;
+    other cadences need none. A record is created before it fires."""
+    runs: dict[str, int] = {}
+    for name, firing in decoded.items():
+        if firing is None or not hasattr(firing.cadence, "check"):
+            continue
+        fields = records.get(name, {})
+        known = [int(v) for f in LAST_RUN_FIELDS if (v := fields.get(f, "")).isdigit()]
+        if known:
+            runs[name] = max(known)
+    return runs

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from registry_state import snapshot
 
 from emq_bridge import Every, Repeat, occurrence_id
 from emq_bridge.cli import cli
@@ -51,20 +52,6 @@ def run(redis_url: str, prefix: str) -> Run:
         )
 
     return invoke
-
-
-def snapshot(repeat: Repeat) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for raw in repeat.client.scan_iter(match=f"{repeat.prefix}:*"):
-        key = raw.decode()
-        kind = repeat.client.type(key).decode()
-        if kind == "zset":
-            state[key] = repeat.client.zrange(key, 0, -1, withscores=True)
-        elif kind == "hash":
-            state[key] = repeat.client.hgetall(key)
-        else:
-            state[key] = repeat.client.lrange(key, 0, -1) if kind == "list" else kind
-    return state
 
 
 def unused_port() -> int:

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from registry_state import snapshot
 
 from emq_bridge import Occurrence, Pump, Repeat
 from emq_bridge.cli import cli
@@ -44,23 +44,6 @@ def run(redis_url: str, prefix: str) -> Run:
         )
 
     return invoke
-
-
-def snapshot(repeat: Repeat) -> dict[str, Any]:
-    """Every key under the test's prefix with its full value."""
-    state: dict[str, Any] = {}
-    for raw in repeat.client.scan_iter(match=f"{repeat.prefix}:*"):
-        key = raw.decode()
-        kind = repeat.client.type(key).decode()
-        if kind == "zset":
-            state[key] = repeat.client.zrange(key, 0, -1, withscores=True)
-        elif kind == "hash":
-            state[key] = repeat.client.hgetall(key)
-        elif kind == "list":
-            state[key] = repeat.client.lrange(key, 0, -1)
-        else:
-            state[key] = kind
-    return state
 
 
 def utc(ms: int) -> str:
