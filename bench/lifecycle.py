@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,8 @@ def fill_histories(
 
 def register(repeat: Repeat, queue: str, n: int, now_ms: int) -> int:
     """Register schedules 0..n-1 hourly with the bench's template; return the first slot."""
-    definition = define(every_ms=HOUR_MS, template=TEMPLATE)
+    # Anchored on `now_ms` (not the hour grid), so the first slot is `now_ms + 1 h`.
+    definition = define(every_ms=HOUR_MS, anchor="schedule", template=TEMPLATE)
     repeat.upsert_many([(queue, name_of(i), definition) for i in range(n)], now_ms=now_ms)
     return now_ms + HOUR_MS
 
@@ -791,6 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run (N = 1,000, 1 pair)")
     parser.add_argument("--out", type=Path, metavar="PATH", help="write PATH.json and PATH.md")
+    parser.add_argument(
+        "--pairs", type=int, metavar="N", help="repetitions of each arm (default 3; 1 quick)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures here")
     parser.add_argument("--table", type=Path, metavar="PATH", help="write the table here")
     args = parser.parse_args(argv)
@@ -798,6 +802,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("celery").setLevel(logging.ERROR)
 
     plan = plan_for(args.quick)
+    if args.pairs is not None:
+        if args.pairs < 1:
+            parser.error("--pairs must be at least 1")
+        plan = replace(plan, pairs=args.pairs)
     started = time.time()
     out = args.out
     if out is None:

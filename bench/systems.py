@@ -127,9 +127,15 @@ class Emq(System):
         return tick
 
     def add_runtime(self, name: str, due_ms: int) -> None:
-        # An hourly schedule registered "an hour minus 100 ms ago": its first slot is due_ms.
+        # An hourly schedule registered "an hour minus 100 ms ago", anchored on that instant
+        # (not the hour grid): its first slot is due_ms.
         self.repeat.register(
-            QUEUE, name, every_ms=EVERY_S * 1000, template=TEMPLATE, now_ms=due_ms - EVERY_S * 1000
+            QUEUE,
+            name,
+            every_ms=EVERY_S * 1000,
+            anchor="schedule",
+            template=TEMPLATE,
+            now_ms=due_ms - EVERY_S * 1000,
         )
 
 

@@ -4,7 +4,21 @@ The store is EchoMQ's Repeat registry: one sorted-set member per registration, s
 its next run in epoch ms, and one hash per registration holding `every_ms` and `template`.
 """
 
-from .cadence import Cadence, Cron, Every, advance, next_runs, parse_every, parse_every_ms
+from .backfill import Backfill
+from .bounds import Bounds
+from .cadence import (
+    At,
+    Cadence,
+    CatchUp,
+    Cron,
+    Every,
+    advance,
+    catch_up,
+    next_runs,
+    parse_every,
+    parse_every_ms,
+)
+from .calendars import Calendar
 from .definition import Declaration, Definition, Schedule, define
 from .dispatch import Dispatcher, ListPushDispatcher
 from .errors import (
@@ -32,7 +46,12 @@ __all__ = [
     "DEFAULT_PREFIX",
     "MAX_TEMPLATE_BYTES",
     "MAX_TEMPLATE_DEPTH",
+    "At",
+    "Backfill",
+    "Bounds",
     "Cadence",
+    "Calendar",
+    "CatchUp",
     "ConfigError",
     "CorruptRecord",
     "Cron",
@@ -64,6 +83,7 @@ __all__ = [
     "Tick",
     "Upserted",
     "advance",
+    "catch_up",
     "define",
     "next_runs",
     "occurrence_id",

@@ -2,9 +2,12 @@
 
 Two kinds reduce to one epoch-ms score:
 
-* `Every`: an interval. `anchor="schedule"` (the default) gives `next = due + every`, which
-  is drift-free: a 15-minute job stays on :00/:15/:30/:45. `anchor="release"` gives
-  `next = now + every`, EchoMQ's `advance/4` literally.
+* `Every`: an interval. `anchor="grid"` (the default) fires on the epoch grid shifted by
+  `offset_ms`: the instants `offset + k * every` (k whole), whenever it was registered, so a
+  15-minute job fires at :00/:15/:30/:45 UTC. `anchor="release"` gives `next = now + every`,
+  EchoMQ's `advance/4` literally. `anchor="schedule"` is the phase of the registration
+  instant (`next = due + every`), what records written before the grid existed hold.
+* `At`: one-off instants (a one-off date trigger); after the last one there is no next run.
 * `Cron`: a 5-field cron expression (or an `@alias`) evaluated in an IANA time zone.
 
 Cron fields are matched by cronsim on naive wall times, and the DST rule below is applied
@@ -17,18 +20,26 @@ Debian cron:
 * a fixed wall-clock time in a spring-forward gap fires once, at the first valid instant
   after the gap;
 * a fixed wall-clock time that repeats at fall-back fires once, at its first occurrence;
-* expressions whose minute or hour field starts with `*` (`*/15 * * * *`, `0 */2 * * *`)
-  follow elapsed time through both transitions, so they neither stall nor double.
+* an expression whose minute or hour field starts with `*` (`*/15 * * * *`, `0 */2 * * *`)
+  fires each matching wall time at every instant it exists: not at all for wall times a
+  spring-forward gap skips, twice (an hour apart) for wall times repeated at fall-back.
+  For an expression that matches every hour (`*/15 * * * *`, `0 * * * *`) that is elapsed
+  time: no stall, no double. For one that does not, it stalls and doubles by design:
+  Paris `0 */2 * * *` runs 00:00 then 04:00 (3 h) at spring-forward, and 02:00 CEST then
+  02:00 CET (1 h apart) at fall-back.
 
-Missed slots (the pump was down) follow the registration's misfire policy, see `advance`.
+Missed slots (the pump was down) follow the registration's misfire policy, see `catch_up`.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import re
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -36,26 +47,43 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from .errors import ScheduleError
+from .hashed import resolve_hashed, uses_hash
 
 __all__ = [
     "MAX_CRON_CHARS",
+    "NEVER_MS",
     "Anchor",
+    "At",
     "Cadence",
+    "CatchUp",
     "CheckedCadence",
     "Cron",
     "Every",
     "Misfire",
     "advance",
     "cadence_from_fields",
+    "catch_up",
+    "misfire_policy",
     "next_runs",
     "parse_every",
     "parse_every_ms",
 ]
 
-Anchor = Literal["schedule", "release"]
-Misfire = Literal["coalesce", "catchup"]
-ANCHORS: tuple[Anchor, ...] = ("schedule", "release")
-MISFIRES: tuple[Misfire, ...] = ("coalesce", "catchup")
+Anchor = Literal["grid", "schedule", "release"]
+# Misfire policies (see `catch_up`). `coalesce` and `catchup` are version 1's names of
+# `latest` and `all`, kept: records and files that use them load, keep their digest, and
+# behave as `latest` / `all`.
+Misfire = Literal["latest", "earliest", "skip", "all", "coalesce", "catchup"]
+ANCHORS: tuple[Anchor, ...] = ("grid", "schedule", "release")
+MISFIRES: tuple[Misfire, ...] = ("latest", "earliest", "skip", "all", "coalesce", "catchup")
+MISFIRE_ALIASES: dict[str, str] = {"coalesce": "latest", "catchup": "all"}
+# `skip`'s catch-up window when none is given: a slot released later than this is missed,
+# one released sooner is on time (Quartz's default misfire threshold).
+SKIP_GRACE_MS = 60_000
+# `all` fires at most this many missed slots per catch-up unless `catchup_max` is given
+# (version 1's `catchup` had no bound: a 1 s schedule after a day's outage sent 86,400).
+DEFAULT_CATCHUP_MAX = 100
+MAX_CATCHUP_MAX = 10_000
 
 # Counting missed cron slots after a very long outage is capped; past the cap the
 # count is a lower bound and the cadence jumps straight to the next future slot.
@@ -81,6 +109,11 @@ _EVERY_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)", re.ASCII)
 _SECONDS_RE = re.compile(r"\d{1,20}(\.\d{1,20})?", re.ASCII)
 # Scores are epoch ms held in a double, exact up to 2**53: an interval stays far below that.
 MAX_EVERY_MS = 1000 * 365 * 86_400_000
+# What `At.next_after` returns past its last instant: no slot. Never written as a score: the
+# moves complete a registration whose next score is past its last instant (bounds.py).
+NEVER_MS = 2**53 - 1
+# One-off instants per registration (`At`): the record holds them all.
+MAX_AT = 1000
 
 
 class Cadence(Protocol):
@@ -196,10 +229,18 @@ def _words_ms(ms: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Every:
-    """A fixed interval, start-to-start."""
+    """A fixed interval, start-to-start.
+
+    `anchor="grid"`: the slots are `offset_ms + k * every_ms` from the Unix epoch (UTC), so
+    they do not depend on when the schedule was registered or changed. An interval that
+    divides a day (1m, 15m, 1h, 6h, 1d) lands on the same UTC times every day; one that does
+    not (7m, 5h, 7d) follows the epoch grid, so its times of day shift from day to day (7d
+    fires on Thursdays 00:00 UTC, the epoch's weekday, plus `offset_ms`).
+    """
 
     every_ms: int
-    anchor: Anchor = "schedule"
+    anchor: Anchor = "grid"
+    offset_ms: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.every_ms, bool) or not isinstance(self.every_ms, int):
@@ -212,24 +253,95 @@ class Every:
             )
         if self.anchor not in ANCHORS:
             raise ScheduleError(f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
+        if isinstance(self.offset_ms, bool) or not isinstance(self.offset_ms, int):
+            raise ScheduleError(f"offset must be a whole number of ms, got {self.offset_ms!r}")
+        if self.offset_ms and self.anchor != "grid":
+            raise ScheduleError(f"offset needs anchor='grid'; anchor={self.anchor!r} has no grid")
+        if not 0 <= self.offset_ms < self.every_ms:
+            raise ScheduleError(
+                f"offset must be from 0 to less than the interval ({self.every_ms} ms), "
+                f"got {self.offset_ms} ms"
+            )
 
     @property
     def kind(self) -> str:
         return "every"
 
     def first_run(self, now_ms: int) -> int:
+        if self.anchor == "grid":
+            return self.next_after(now_ms)
         return now_ms + self.every_ms
 
     def next_after(self, after_ms: int) -> int:
+        if self.anchor == "grid":
+            return after_ms - (after_ms - self.offset_ms) % self.every_ms + self.every_ms
         return after_ms + self.every_ms
 
     def to_fields(self) -> dict[str, str]:
-        return {"every_ms": str(self.every_ms), "anchor": self.anchor}
+        fields = {"every_ms": str(self.every_ms), "anchor": self.anchor}
+        if self.offset_ms:
+            fields["offset_ms"] = str(self.offset_ms)
+        return fields
 
     def describe(self) -> str:
-        return f"every {_words_ms(self.every_ms)}" + (
-            " (from release)" if self.anchor == "release" else ""
-        )
+        words = f"every {_words_ms(self.every_ms)}"
+        if self.offset_ms:
+            words += f" offset {_words_ms(self.offset_ms)}"
+        if self.anchor == "release":
+            words += " (from release)"
+        elif self.anchor == "schedule":
+            words += " (from registration)"
+        return words
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """One-off instants, epoch ms, sorted and distinct: a date trigger. No slot after the last."""
+
+    instants_ms: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        instants = self.instants_ms
+        if not isinstance(instants, tuple) or not instants:
+            raise ScheduleError("at needs at least one instant")
+        if len(instants) > MAX_AT:
+            raise ScheduleError(f"at takes at most {MAX_AT} instants, got {len(instants)}")
+        for value in instants:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < NEVER_MS:
+                raise ScheduleError(f"an at instant must be epoch ms from 0, got {value!r}")
+        if any(a >= b for a, b in itertools.pairwise(instants)):
+            raise ScheduleError("at instants must be sorted and distinct")
+
+    @property
+    def kind(self) -> str:
+        return "at"
+
+    @property
+    def last_ms(self) -> int:
+        return self.instants_ms[-1]
+
+    def first_run(self, now_ms: int) -> int:
+        return self.next_after(now_ms)
+
+    def next_after(self, after_ms: int) -> int:
+        index = bisect.bisect_right(self.instants_ms, after_ms)
+        return self.instants_ms[index] if index < len(self.instants_ms) else NEVER_MS
+
+    def to_fields(self) -> dict[str, str]:
+        return {"at": ",".join(map(str, self.instants_ms))}
+
+    def describe(self) -> str:
+        first = _iso(self.instants_ms[0])
+        if len(self.instants_ms) == 1:
+            return f"at {first}"
+        return f"at {first} and {len(self.instants_ms) - 1} more"
+
+
+def _iso(ms: int) -> str:
+    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return instant.isoformat(timespec="milliseconds" if ms % 1000 else "seconds").replace(
+        "+00:00", "Z"
+    )
 
 
 def _zone(tz: str) -> ZoneInfo:
@@ -248,8 +360,12 @@ def _zone(tz: str) -> ZoneInfo:
 
 @dataclass(frozen=True, slots=True)
 class Cron:
-    """A 5-field cron expression in an IANA time zone (default UTC).
+    """A cron expression in an IANA time zone (default UTC).
 
+    5 fields (minute hour day month weekday), or 6 with seconds first (APScheduler's and
+    Quartz's sub-minute crons), or an `@alias`. cronsim's `L` (day of month `L`, `LW`;
+    weekday `5L`), `#` (`1#2`, the second Monday) and Jenkins' `H` (`emq_bridge.hashed`,
+    one value per `seed`, the registration name) are accepted.
     `day_and=True` makes a restricted day-of-month and day-of-week both have to match, as
     Celery's `crontab` does; the default follows cron, where either may match.
     """
@@ -257,6 +373,9 @@ class Cron:
     expr: str
     tz: str = "UTC"
     day_and: bool = False
+    seed: str | None = None
+    # The expression handed to cronsim: the alias expanded, `H` resolved (set once).
+    resolved: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.expr, str):
@@ -266,15 +385,22 @@ class Cron:
             raise ScheduleError(
                 f"cron expression is {len(self.expr)} characters; the limit is {MAX_CRON_CHARS}"
             )
-        expanded = CRON_ALIASES.get(self.expr.strip().lower(), self.expr)
-        if len(expanded.split()) != 5:
+        if self.seed is not None and not isinstance(self.seed, str):
+            raise ScheduleError(f"cron seed must be a string, got {type(self.seed).__name__}")
+        fields = CRON_ALIASES.get(self.expr.strip().lower(), self.expr).split()
+        if len(fields) not in (5, 6):
             raise ScheduleError(
-                f"cron {self.expr!r} must have 5 fields (minute hour day month weekday) "
-                f"or be one of {sorted(CRON_ALIASES)}"
+                f"cron {self.expr!r} must have 5 fields (minute hour day month weekday), "
+                f"6 with seconds first, or be one of {sorted(CRON_ALIASES)}"
             )
+        try:
+            resolved = " ".join(resolve_hashed(fields, self.seed or ""))
+        except ScheduleError as exc:
+            raise ScheduleError(f"invalid cron {self.expr!r}: {exc}") from None
+        object.__setattr__(self, "resolved", resolved)
         _zone(self.tz)
         try:
-            CronSim(expanded, datetime(2000, 1, 1))
+            CronSim(resolved, datetime(2000, 1, 1))
         except (CronSimError, ValueError, KeyError, IndexError) as exc:
             raise ScheduleError(f"invalid cron {self.expr!r}: {exc}") from exc
         # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
@@ -294,12 +420,15 @@ class Cron:
 
     @property
     def follows_elapsed_time(self) -> bool:
-        """True when the minute or hour field starts with `*` (Debian cron's wildcard jobs)."""
-        minute, hour = self.expanded.split()[:2]
+        """True when the minute or hour field starts with `*` (Debian cron's wildcard jobs).
+
+        A 6-field expression follows the same rule on its minute and hour fields.
+        """
+        minute, hour = self.resolved.split()[-5:-3]
         return minute.startswith("*") or hour.startswith("*")
 
     def _walls(self, start: datetime) -> Iterator[datetime]:
-        sim = CronSim(self.expanded, start)
+        sim = CronSim(self.resolved, start)
         if self.day_and:
             # cronsim ORs two restricted day fields as cron does; Celery ANDs them.
             sim.day_and = True
@@ -332,19 +461,23 @@ class Cron:
         # fall-back, which tests/test_cadence.py's oracle caught.
         zone = ZoneInfo(self.tz)
         after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
-        # Near a transition, start 3 hours of wall time early: in a repeated hour, a wall
-        # time "before" the local time of `after` can still fire after it.
+        # Near a transition, start as much wall time early as the clock moves there: in a
+        # repeated hour, a wall time "before" the local time of `after` can still fire after
+        # it. (The shift, not a fixed 3 hours: a seconds cron walks 3 walls a minute.)
         start = after.astimezone(zone).replace(tzinfo=None)
-        if not _no_transition_near(zone, after, after):
-            start -= _DST_SPAN
+        span = _shift_near(zone, after)
+        start -= span
         walls = self._walls(start)
         best: datetime | None = None
+        limit: datetime | None = None
         for wall in walls:
-            if best is not None and wall > best.astimezone(zone).replace(tzinfo=None) + _DST_SPAN:
+            if limit is not None and wall > limit:
                 break
             for instant in self._instants(wall, zone):
                 if instant > after and (best is None or instant < best):
                     best = instant
+                    wall_of_best = best.astimezone(zone).replace(tzinfo=None)
+                    limit = wall_of_best + max(span, _shift_near(zone, best))
             if best is not None and _no_transition_near(zone, after, best):
                 break  # wall order is instant order away from transitions
         if best is None:  # pragma: no cover - cronsim stops only after 50 years
@@ -358,13 +491,30 @@ class Cron:
         fields = {"cron": self.expr, "tz": self.tz}
         if self.day_and:
             fields["day_and"] = "1"
+        if self.seed is not None and uses_hash(self.expr):
+            fields["seed"] = self.seed  # only an expression with H depends on it
         return fields
 
     def describe(self) -> str:
+        if uses_hash(self.expr):  # what its H stands for, for this name
+            return f"cron {self.expr} = {self.resolved} ({self.tz})"
         return f"cron {self.expr} ({self.tz})"
 
 
 _DST_SPAN = timedelta(hours=3)  # larger than any DST shift (Troll's is 2 h)
+
+
+def _shift_near(zone: ZoneInfo, at: datetime) -> timedelta:
+    """How far `zone`'s clock moves between `at - 3h` and `at + 3h` (zero away from DST);
+    3 hours when it moves and comes back within that span, which no zone does."""
+    before = (at - _DST_SPAN).astimezone(zone).utcoffset()
+    after = (at + _DST_SPAN).astimezone(zone).utcoffset()
+    assert before is not None and after is not None  # a ZoneInfo always has an offset
+    if before != after:
+        return abs(after - before) + timedelta(seconds=1)
+    if (at.astimezone(zone).utcoffset()) != before:
+        return _DST_SPAN
+    return timedelta(0)
 
 
 def _no_transition_near(zone: ZoneInfo, start: datetime, end: datetime) -> bool:
@@ -379,7 +529,17 @@ def _no_transition_near(zone: ZoneInfo, start: datetime, end: datetime) -> bool:
 def cadence_from_fields(fields: dict[str, str]) -> Cadence:
     """Rebuild a cadence from record fields; raise `ScheduleError` if they are inconsistent."""
     if fields.get("cron"):
-        return Cron(fields["cron"], fields.get("tz") or "UTC", fields.get("day_and") == "1")
+        return Cron(
+            fields["cron"],
+            fields.get("tz") or "UTC",
+            fields.get("day_and") == "1",
+            fields.get("seed") or None,
+        )
+    if fields.get("at"):
+        try:
+            return At(tuple(int(v) for v in fields["at"].split(",")))
+        except ValueError as exc:
+            raise ScheduleError(f"at {fields['at'][:80]!r} is not a list of epoch ms") from exc
     raw = fields.get("every_ms")
     if not raw:
         raise ScheduleError("record has neither every_ms nor cron")
@@ -387,44 +547,161 @@ def cadence_from_fields(fields: dict[str, str]) -> Cadence:
         every_ms = int(raw)
     except ValueError as exc:
         raise ScheduleError(f"every_ms {raw!r} is not an integer") from exc
+    # A record without `anchor` (EchoMQ's own, or older) keeps the phase it has: "schedule".
     anchor = fields.get("anchor") or "schedule"
     if anchor not in ANCHORS:
         raise ScheduleError(f"anchor {anchor!r} is not one of {ANCHORS}")
-    return Every(every_ms, anchor)
+    try:
+        offset_ms = int(fields.get("offset_ms") or 0)
+    except ValueError as exc:
+        raise ScheduleError(f"offset_ms {fields['offset_ms']!r} is not an integer") from exc
+    return Every(every_ms, anchor, offset_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """What the claim of one due registration does under its misfire policy (`catch_up`).
+
+    `fire_ms`: the slot that fires now (its nominal time, the occurrence's `due_ms`), or None
+    when none does. `next_ms`: the score to write, in the past while `all` catches up.
+    `missed`: the slots this step drops, counted in the record's `missed` and logged.
+    `passed`: the slots that had passed, the held one included (`first_ms` to `last_ms`);
+    for a cron past `MAX_COUNTED_MISSES` of them, `passed` and `missed` are lower bounds.
+    """
+
+    fire_ms: int | None
+    next_ms: int
+    missed: int
+    passed: int
+    first_ms: int
+    last_ms: int
+    policy: str = "latest"
+
+
+def misfire_policy(misfire: str) -> str:
+    """Return the policy a misfire name means (`coalesce` -> `latest`, `catchup` -> `all`)."""
+    if misfire not in MISFIRES:
+        raise ScheduleError(f"misfire must be one of {MISFIRES}, got {misfire!r}")
+    return MISFIRE_ALIASES.get(misfire, misfire)
+
+
+def catch_up(
+    cadence: Cadence,
+    due_ms: int,
+    now_ms: int,
+    misfire: Misfire = "latest",
+    *,
+    window_ms: int | None = None,
+    max_runs: int | None = None,
+) -> CatchUp:
+    """Decide what fires for the slot `due_ms` (the score a pump holds) released at `now_ms`.
+
+    The slots that passed are `due_ms` and every slot of `cadence` after it up to `now_ms`.
+    Those older than the catch-up window (`now - window_ms`; no bound by default, 60 s for
+    `skip`) are missed. Of the others:
+
+    * `latest` (`coalesce`, the default): the newest fires, for its own nominal time;
+    * `earliest`: the oldest fires (version 1's `coalesce`);
+    * `skip`: as `latest`, with a 60 s window by default: a slot that late is missed, so
+      after an outage nothing fires and the registration goes on at the next future slot;
+    * `all` (`catchup`): each fires, one per claim, the newest `max_runs` (default 100).
+
+    Every slot not fired is dropped and counted in `missed`, all at the claim that sees them,
+    so one outage is one count and one log line per registration. The next run is the first
+    future slot, except while `all` catches up (the next slot to fire, in the past).
+    An `Every` with `anchor="release"` has no grid to catch up on: the held slot fires (if
+    within the window), the next run is `now + every`, and the intervals that passed count.
+    """
+    policy = misfire_policy(misfire)
+    if window_ms is None and policy == "skip":
+        window_ms = SKIP_GRACE_MS
+    low = None if window_ms is None else now_ms - window_ms
+    keep = 1
+    if policy == "all":
+        keep = DEFAULT_CATCHUP_MAX if max_runs is None else max_runs
+    if isinstance(cadence, Every) and cadence.anchor == "release":
+        passed = 1 + max(0, now_ms - due_ms) // cadence.every_ms
+        fire = due_ms if low is None or due_ms >= low else None
+        missed = passed - (fire is not None)
+        return CatchUp(fire, now_ms + cadence.every_ms, missed, passed, due_ms, due_ms, policy)
+    if due_ms <= now_ms and (after := cadence.next_after(due_ms)) > now_ms:
+        # On time, the common case: only the held slot passed (what `_passed_slots` finds).
+        held = due_ms if low is None or due_ms >= low else None
+        return CatchUp(held, after, 0 if held is not None else 1, 1, due_ms, due_ms, policy)
+    passed, first_in, newest, last, future = _passed_slots(cadence, due_ms, now_ms, low, keep)
+    fires = ([] if first_in is None else [first_in]) if policy == "earliest" else newest
+    next_ms = fires[1] if len(fires) > 1 else future
+    fire = fires[0] if fires else None
+    return CatchUp(fire, next_ms, passed - len(fires), passed, due_ms, last, policy)
+
+
+def _passed_slots(
+    cadence: Cadence, due_ms: int, now_ms: int, low: int | None, keep: int
+) -> tuple[int, int | None, list[int], int, int]:
+    """Walk the slots from `due_ms` (held; off the cadence's grid after a cadence change or
+    an `immediately`) to `now_ms`.
+
+    Return how many passed, the oldest at or after `low` (None if none), the newest `keep`
+    at or after `low` (ascending), the newest that passed, and the first after `now_ms`.
+    """
+    if due_ms > now_ms:  # not due yet: treated as on time
+        return 1, due_ms, [due_ms], due_ms, cadence.next_after(due_ms)
+    held_in = low is None or due_ms >= low
+    if isinstance(cadence, Every):  # arithmetic: exact counts whatever the outage
+        every, after = cadence.every_ms, cadence.next_after(due_ms)
+        later = 0 if after > now_ms else (now_ms - after) // every + 1
+        skip_to = 0 if low is None or after >= low else -(-(low - after) // every)
+        grid = [after + i * every for i in range(max(skip_to, later - keep), later)]
+        newest = ([due_ms] if held_in and len(grid) < keep else []) + grid
+        if held_in:
+            first_in: int | None = due_ms
+        else:
+            first_in = after + skip_to * every if skip_to < later else None
+        last = after + (later - 1) * every if later else due_ms
+        return 1 + later, first_in, newest, last, after + later * every
+    window: deque[int] = deque(maxlen=keep)
+    passed, first_in, slot, last = 0, None, due_ms, due_ms
+    while slot <= now_ms:
+        passed, last = passed + 1, slot
+        if low is None or slot >= low:
+            first_in = slot if first_in is None else first_in
+            window.append(slot)
+        if passed >= MAX_COUNTED_MISSES:
+            # A very long outage: the count stops (a lower bound); the newest slots are
+            # found walking back from `now` in growing spans, not slot by slot.
+            tail = _newest_before(cadence, slot, now_ms, low, keep)
+            if tail and first_in is None:
+                first_in = tail[0]
+            window.extend(tail)
+            last = tail[-1] if tail else last
+            return passed + len(tail), first_in, list(window), last, cadence.next_after(now_ms)
+        slot = cadence.next_after(slot)
+    return passed, first_in, list(window), last, slot
+
+
+def _newest_before(
+    cadence: Cadence, after_ms: int, now_ms: int, low: int | None, keep: int
+) -> list[int]:
+    """Return up to the newest `keep` slots in (after_ms, now_ms], at or after `low`."""
+    floor = after_ms if low is None else max(after_ms, low - 1)
+    span = 60_000
+    while True:
+        start = max(floor, now_ms - span)
+        slots, slot = [], cadence.next_after(start)
+        while slot <= now_ms:
+            slots.append(slot)
+            slot = cadence.next_after(slot)
+        if len(slots) >= keep or start == floor:
+            return slots[-keep:]
+        span *= 4
 
 
 def advance(
-    cadence: Cadence, due_ms: int, now_ms: int, misfire: Misfire = "coalesce"
+    cadence: Cadence, due_ms: int, now_ms: int, misfire: Misfire = "latest"
 ) -> tuple[int, int]:
-    """Return `(next_ms, missed)` for an occurrence due at `due_ms` released at `now_ms`.
-
-    * `coalesce` (default): the occurrence at `due_ms` fires; every later slot that is
-      already past is dropped and counted in `missed`; the next run is the first future slot.
-    * `catchup`: nothing is dropped; the next run is the slot after `due_ms`, even if it
-      is past, so the pump fires the missed slots one by one.
-
-    An `Every` with `anchor="release"` always resumes at `now + every`; the slots it skips
-    are counted as missed.
-    """
-    if isinstance(cadence, Every):
-        every = cadence.every_ms
-        late = max(0, now_ms - due_ms)
-        if cadence.anchor == "release":
-            return now_ms + every, late // every
-        if misfire == "catchup":
-            return due_ms + every, 0
-        missed = late // every
-        return due_ms + (missed + 1) * every, missed
-    next_ms = cadence.next_after(due_ms)
-    if misfire == "catchup":
-        return next_ms, 0
-    missed = 0
-    while next_ms <= now_ms:
-        missed += 1
-        if missed >= MAX_COUNTED_MISSES:
-            return cadence.next_after(now_ms), missed
-        next_ms = cadence.next_after(next_ms)
-    return next_ms, missed
+    """Return `(next_ms, missed)` of `catch_up` with no window (version 1's signature)."""
+    step = catch_up(cadence, due_ms, now_ms, misfire)
+    return step.next_ms, step.missed
 
 
 def next_runs(cadence: Cadence, after_ms: int, n: int) -> list[int]:

@@ -13,7 +13,23 @@ kwargs = { audience = "staff" }
 options = { priority = 5 }
 overlap = "skip"                 # while one runs: allow (default), skip, buffer_one, replace
 pause_after_failures = 3         # pause after 3 consecutive failures (default: never)
+offset = "5m"                    # the interval's grid shifted by 5 minutes (default: none)
+start_at = 2026-03-29T09:00:00+02:00   # no run before (a TOML date-time with an offset)
+end_at = "2026-12-31T18:00:00Z"        # no run after (inclusive)
+limit = 10                       # at most 10 runs, then `completed`
+misfire = "latest"               # after an outage: latest (default), earliest, skip, all
+catchup_window = "1h"            # slots later than this are missed (default: no bound)
+labels = { team = "billing" }    # tags (str -> str) to filter by; never change when it runs
 ```
+
+`at = 2026-04-01T09:00:00+02:00` (or an array of them) instead of a cadence is a one-off;
+`immediately = true` fires once when the schedule is created.
+
+`jitter = "2m"` sends each slot up to 2 minutes late, by an offset hashed from the name
+(jitter.py); `exclude = ["2026-12-25", "@holidays", "cron:* * * * 0,6"]` skips those slots in
+the schedule's zone, where `@holidays` names a calendar of the file's `[calendars]` table,
+`holidays = ["2026-12-25", "2026-12-31..2027-01-01"]`, which several schedules share
+(calendars.py).
 
 Each entry becomes a registration whose template follows the adapters' convention,
 `{"task": ..., "args": [...], "kwargs": {...}, "options": {...}}`. The whole file is
@@ -28,14 +44,27 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .cadence import ANCHORS, MISFIRES, Cadence, Cron, Every, parse_every, parse_every_ms
-from .definition import MAX_PAUSE_AFTER, OVERLAPS, Declaration, Definition
+from .bounds import Bounds, epoch_ms, instants_ms
+from .cadence import ANCHORS, MISFIRES, At, Cadence, Cron, Every, parse_every, parse_every_ms
+from .calendars import Calendar, resolve_exclude
+from .definition import (
+    MAX_PAUSE_AFTER,
+    OVERLAPS,
+    Declaration,
+    Definition,
+    catchup_window_ms,
+    check_misfire,
+    offset_ms,
+)
 from .errors import ConfigError, ScheduleError
+from .jitter import parse_jitter, shape
 from .keys import validate_name
+from .labels import check_labels
 from .registry import Repeat
 from .sync import SyncPlan, sync
 from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure
@@ -49,13 +78,14 @@ __all__ = [
     "ENTRY_FIELDS",
     "FILE_FIELDS",
     "ScheduleFile",
+    "calendars_from_table",
     "declaration_from_entry",
     "default_source",
     "load_schedule_file",
     "sync_file",
 ]
 
-FILE_FIELDS = ("source", "queue", "schedule")
+FILE_FIELDS = ("source", "queue", "calendars", "schedule")
 """Keys allowed at the top level of a schedule file."""
 
 ENTRY_FIELDS = (
@@ -69,11 +99,22 @@ ENTRY_FIELDS = (
     "day_and",
     "anchor",
     "misfire",
+    "catchup_window",
+    "catchup_max",
     "args",
     "kwargs",
     "options",
     "overlap",
     "pause_after_failures",
+    "offset",
+    "at",
+    "start_at",
+    "end_at",
+    "limit",
+    "immediately",
+    "jitter",
+    "exclude",
+    "labels",
 )
 """Keys allowed in one `[[schedule]]` entry."""
 
@@ -117,7 +158,10 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     file_path = Path(path)
     try:
         with file_path.open("rb") as handle:
-            data = tomllib.load(handle)
+            # The same document as JSON (`emq-bridge export --format json` writes one).
+            data = json.load(handle) if file_path.suffix == ".json" else tomllib.load(handle)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{file_path}: not valid JSON: {exc}") from exc
     except OSError as exc:
         raise ConfigError(
             f"{file_path}: cannot read the schedule file: {exc.strerror or exc}"
@@ -129,6 +173,8 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
             f"{file_path}: nested too deeply to read; a template holds arrays and tables "
             f"nested at most {MAX_TEMPLATE_DEPTH} levels deep"
         ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file_path}: a schedule file is one JSON object, got {_kind(data)}")
     return _parse(data, file_path)
 
 
@@ -147,15 +193,19 @@ def sync_file(
 
 
 def declaration_from_entry(
-    entry: Mapping[str, Any], *, default_queue: str | None = None
+    entry: Mapping[str, Any],
+    *,
+    default_queue: str | None = None,
+    calendars: Mapping[str, Calendar] | None = None,
 ) -> Declaration:
     """Validate one schedule entry (the keys of a `[[schedule]]` table) into a `Declaration`.
 
     Raises `ConfigError` naming the entry and the field. The CLI's `add` uses this, so a
-    schedule added by hand obeys the file's schema.
+    schedule added by hand obeys the file's schema. `calendars` are what `@name` in
+    `exclude` refers to.
     """
     try:
-        return _declaration(entry, default_queue)
+        return _declaration(entry, default_queue, calendars)
     except _FieldError as exc:
         queue, name = entry.get("queue", default_queue), entry.get("name")
         label = (
@@ -187,6 +237,7 @@ def _parse(data: Mapping[str, Any], path: Path) -> ScheduleFile:
             _name(default_queue, "queue")
         except _FieldError as exc:
             raise ConfigError(f"{path}: top-level {exc}") from exc
+    calendars = _calendars(data.get("calendars", {}), path)
     entries = data.get("schedule", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ConfigError(f"{path}: 'schedule' must be an array of tables, written [[schedule]]")
@@ -197,7 +248,7 @@ def _parse(data: Mapping[str, Any], path: Path) -> ScheduleFile:
     for number, entry in enumerate(entries, start=1):
         label = _label(number, entry, default_queue)
         try:
-            declaration = _declaration(entry, default_queue)
+            declaration = _declaration(entry, default_queue, calendars)
         except _FieldError as exc:
             errors.append(f"{label}, {exc}")
             continue
@@ -248,7 +299,58 @@ def _name(value: object, field: str) -> str:
         raise _FieldError(field, str(exc)) from exc
 
 
-def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration:
+def calendars_from_table(table: object) -> dict[str, Calendar]:
+    """Return the calendars of a `[calendars]` table (name -> list of exclusion rules);
+    raise `ScheduleError` naming the calendar that is not one."""
+    if not isinstance(table, dict):
+        raise ScheduleError(f"[calendars] must be a table of name = [rules], got {_kind(table)}")
+    found: dict[str, Calendar] = {}
+    for name, rules in table.items():
+        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+            raise ScheduleError(f"calendar {name!r} must be an array of rule strings")
+        try:
+            found[name] = Calendar(name, rules)
+        except ScheduleError as exc:
+            raise ScheduleError(f"calendar {name!r}: {exc}") from None
+    return found
+
+
+def _calendars(table: object, path: Path) -> dict[str, Calendar]:
+    try:
+        return calendars_from_table(table)
+    except ScheduleError as exc:
+        raise ConfigError(f"{path}: field 'calendars': {exc}") from exc
+
+
+def _shaped(
+    entry: Mapping[str, Any], cadence: Cadence, calendars: Mapping[str, Calendar] | None
+) -> Cadence:
+    """The cadence less what `exclude` lists, jittered by `jitter` (calendars.py, jitter.py)."""
+    raw = entry.get("exclude", [])
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
+        raise _FieldError("exclude", f"must be an array of rule strings, got {_kind(raw)}")
+    try:
+        rules, names = resolve_exclude(raw, calendars)
+    except ScheduleError as exc:
+        raise _FieldError("exclude", str(exc)) from exc
+    value = entry.get("jitter")
+    if isinstance(value, bool) or not isinstance(value, int | float | str | None):
+        raise _FieldError("jitter", f"must be seconds or a string like '2m', got {_kind(value)}")
+    try:
+        jitter_ms = parse_jitter(value)
+        tz = cadence.tz if isinstance(cadence, Cron) else "UTC"
+        return shape(cadence, tz=tz, exclude=rules, calendars=names, jitter_ms=jitter_ms)
+    except ScheduleError as exc:
+        raise _FieldError("jitter" if "jitter" in str(exc) else "exclude", str(exc)) from exc
+
+
+def _declaration(
+    entry: Mapping[str, Any],
+    default_queue: object,
+    calendars: Mapping[str, Calendar] | None = None,
+) -> Declaration:
     unknown = sorted(set(entry) - set(ENTRY_FIELDS))
     if unknown:
         field = unknown[0]
@@ -265,14 +367,17 @@ def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration
         raise _FieldError("task", "missing; give the Celery task name or the Dramatiq actor name")
     if not isinstance(task, str) or not task.strip():
         raise _FieldError("task", f"must be a non-empty string, got {_kind(task)}")
-    cadence = _cadence(entry)
+    cadence = _shaped(entry, _cadence(entry), calendars)
+    bounds = _bounds(entry, cadence)
     misfire = entry.get("misfire", "coalesce")
     if misfire not in MISFIRES:
         raise _FieldError("misfire", f"must be one of {', '.join(MISFIRES)}, got {_shown(misfire)}")
+    window, most = _catchup(entry, misfire)
     overlap = entry.get("overlap", "allow")
     if overlap not in OVERLAPS:
         raise _FieldError("overlap", f"must be one of {', '.join(OVERLAPS)}, got {_shown(overlap)}")
     pause_after = _pause_after(entry.get("pause_after_failures"))
+    labels = _labels(entry.get("labels"))
     template = TaskTemplate(
         task,
         _json(entry, "args", list, []),
@@ -280,10 +385,39 @@ def _declaration(entry: Mapping[str, Any], default_queue: object) -> Declaration
         _json(entry, "options", dict, {}),
     )
     try:
-        definition = Definition(cadence, template.to_dict(), misfire, overlap, pause_after)
+        definition = Definition(
+            cadence,
+            template.to_dict(),
+            misfire,
+            overlap,
+            pause_after,
+            bounds=bounds,
+            catchup_window_ms=window,
+            catchup_max=most,
+            labels=labels,
+        )
     except ScheduleError as exc:
         raise _FieldError("args/kwargs/options", str(exc)) from exc
     return Declaration(queue, name, definition)
+
+
+def _catchup(entry: Mapping[str, Any], misfire: str) -> tuple[int | None, int | None]:
+    """Check `catchup_window` (seconds or a string like "10m") and `catchup_max` (a whole
+    number, with misfire = "all")."""
+    raw = entry.get("catchup_window")
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str | None):
+        wanted = 'must be seconds or a string like "10m"'
+        raise _FieldError("catchup_window", f"{wanted}, got {_kind(raw)}")
+    try:
+        window = catchup_window_ms(raw)
+    except ScheduleError as exc:
+        raise _FieldError("catchup_window", str(exc)) from exc
+    most = entry.get("catchup_max")
+    try:
+        check_misfire(misfire, window, most)
+    except ScheduleError as exc:
+        raise _FieldError("catchup_max", str(exc)) from exc
+    return window, most
 
 
 def _pause_after(value: object) -> int | None:
@@ -299,23 +433,96 @@ def _pause_after(value: object) -> int | None:
     return value
 
 
+def _labels(value: object) -> dict[str, str]:
+    """Check `labels`: absent, or a table of string keys to string values (labels.py)."""
+    if value is not None and not isinstance(value, dict):
+        wanted = 'must be a table like { team = "billing" }'
+        raise _FieldError("labels", f"{wanted}, got {_kind(value)}")
+    try:
+        return check_labels(value)
+    except ScheduleError as exc:
+        raise _FieldError("labels", str(exc)) from exc
+
+
+def _instant(entry: Mapping[str, Any], field: str) -> int | None:
+    """An instant field: a TOML offset date-time, or an ISO 8601 string with an offset."""
+    if field not in entry:
+        return None
+    value = entry[field]
+    if not isinstance(value, datetime | str):
+        raise _FieldError(field, f"must be a date-time with an offset, got {_kind(value)}")
+    try:
+        return epoch_ms(value, field)
+    except ScheduleError as exc:
+        raise _FieldError(field, str(exc)) from exc
+
+
+def _bounds(entry: Mapping[str, Any], cadence: Cadence) -> Bounds:
+    limit = entry.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise _FieldError("limit", f"must be a whole number of runs, got {_kind(limit)}")
+    immediately = entry.get("immediately", False)
+    if not isinstance(immediately, bool):
+        raise _FieldError("immediately", f"must be true or false, got {_kind(immediately)}")
+    start, end = _instant(entry, "start_at"), _instant(entry, "end_at")
+    try:
+        bounds = Bounds(start, end, limit, immediately)
+        bounds.check(cadence)
+    except ScheduleError as exc:
+        field = "limit" if "limit" in str(exc) else "immediately" if immediately else "end_at"
+        raise _FieldError(field, str(exc)) from exc
+    return bounds
+
+
+def _at(entry: Mapping[str, Any]) -> Cadence:
+    value = entry["at"]
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        if not isinstance(item, datetime | str):
+            raise _FieldError("at", f"must be date-times with an offset, got {_kind(item)}")
+    try:
+        return At(instants_ms(values))
+    except ScheduleError as exc:
+        raise _FieldError("at", str(exc)) from exc
+
+
+def _offset(entry: Mapping[str, Any], every_ms: int) -> int:
+    value = entry.get("offset")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float | str | datetime):
+        raise _FieldError("offset", f"must be seconds or a string like '5m', got {_kind(value)}")
+    try:
+        return offset_ms(value, every_ms)
+    except ScheduleError as exc:
+        raise _FieldError("offset", str(exc)) from exc
+
+
 def _cadence(entry: Mapping[str, Any]) -> Cadence:
-    given = [k for k in ("every", "every_ms", "cron") if k in entry]
+    given = [k for k in ("every", "every_ms", "cron", "at") if k in entry]
     if not given:
         raise _FieldError(
-            "every", 'no cadence; give one of every = "15m", every_ms = 900000, or cron = "..."'
+            "every",
+            'no cadence; give one of every = "15m", every_ms = 900000, cron = "..." or at = ...',
         )
     if len(given) > 1:
         raise _FieldError(
-            given[1], f"give only one of every, every_ms and cron (got {' and '.join(given)})"
+            given[1], f"give only one of every, every_ms, cron and at (got {' and '.join(given)})"
         )
+    if "offset" in entry and given[0] not in ("every", "every_ms"):
+        raise _FieldError("offset", "applies to interval schedules (every) only")
+    if given[0] == "at":
+        for field in ("tz", "day_and", "anchor"):
+            if field in entry:
+                raise _FieldError(field, "does not apply to at (one-off instants)")
+        return _at(entry)
     if "cron" not in entry:
         for field in ("tz", "day_and"):
             if field in entry:
                 raise _FieldError(
                     field, "applies to cron schedules only; an interval has no time zone"
                 )
-        anchor = entry.get("anchor", "schedule")
+        anchor = entry.get("anchor", "grid")
         if anchor not in ANCHORS:
             raise _FieldError(
                 "anchor", f"must be one of {', '.join(ANCHORS)}, got {_shown(anchor)}"
@@ -333,9 +540,12 @@ def _cadence(entry: Mapping[str, Any]) -> Cadence:
         try:
             # A bare number is seconds for `every`, as in Celery; milliseconds for `every_ms`.
             every_ms = parse_every(value) if field == "every" else parse_every_ms(int(value))
-            return Every(every_ms, anchor)
         except ScheduleError as exc:
             raise _FieldError(field, str(exc)) from exc
+        try:
+            return Every(every_ms, anchor, _offset(entry, every_ms))
+        except ScheduleError as exc:
+            raise _FieldError("offset", str(exc)) from exc
     if "anchor" in entry:
         raise _FieldError(
             "anchor", "applies to interval schedules only; a cron is a wall-clock position"

@@ -11,24 +11,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
 
+from .bounds import Bounds, Instant, epoch_ms, instants_ms
 from .cadence import (
+    MAX_CATCHUP_MAX,
+    MAX_EVERY_MS,
     MISFIRES,
     Anchor,
+    At,
     Cadence,
     Cron,
     Every,
     Misfire,
-    cadence_from_fields,
+    misfire_policy,
     parse_every,
     parse_every_ms,
 )
+from .calendars import Calendar, ExcludeItem, resolve_exclude
 from .errors import ScheduleError
+from .jitter import parse_jitter, reseed, shape, shaped_from_fields
 from .keys import validate_name
+from .labels import Labels, check_labels, decode_labels, encode_labels
 from .template import (
     MAX_TEMPLATE_BYTES,
     TaskTemplate,
@@ -46,6 +53,8 @@ __all__ = [
     "Definition",
     "Overlap",
     "Schedule",
+    "catchup_window_ms",
+    "check_misfire",
     "define",
     "misfire_from_fields",
 ]
@@ -72,13 +81,36 @@ DEFINITION_FIELDS = (
     "cadence_label",
     "overlap",
     "pause_after_failures",
+    # Aligned intervals, bounds and one-offs (bounds.py); `remaining`, `completed` and
+    # `completed_ms` are state, outside the digest.
+    "offset_ms",
+    "at",
+    "start_ms",
+    "end_ms",
+    "limit",
+    "immediately",
+    # The misfire policy's catch-up window (ms) and `all`'s bound per catch-up (cadence.py).
+    "catchup_window",
+    "catchup_max",
+    # Calendars (calendars.py: the rules and the names of the calendars they came from),
+    # jitter (jitter.py) and the seed of jitter and a cron's H (the registration's name).
+    "exclude",
+    "calendars",
+    "jitter_ms",
+    "seed",
+    # Labels (labels.py): canonical JSON of str -> str, in the digest, not the cadence digest.
+    "labels",
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Definition:
     """What a registration does and when: a cadence, a JSON template, a misfire policy, an
-    overlap policy and an optional pause after `pause_after_failures` consecutive failures.
+    overlap policy, an optional pause after `pause_after_failures` consecutive failures, and
+    its `bounds` (start, end, run limit, a first run at once: emq_bridge.bounds). The misfire
+    policy's catch-up window (`catchup_window_ms`) and `all`'s bound (`catchup_max`) are
+    stored only when given (cadence.catch_up). `labels` tag it (emq_bridge.labels): part of
+    the digest, never of the cadence digest, so editing them never moves the next run.
 
     The defaults (`allow`, no pause) add no record field, so their digest is the one of a
     definition written before these policies existed. The template is validated and encoded
@@ -91,29 +123,66 @@ class Definition:
     misfire: Misfire = "coalesce"
     overlap: Overlap = "allow"
     pause_after_failures: int | None = None
+    bounds: Bounds = field(default_factory=Bounds)
+    catchup_window_ms: int | None = None
+    catchup_max: int | None = None
+    labels: Labels = field(default_factory=dict)
     template_json: str = field(init=False, repr=False, compare=False)
     digest: str = field(init=False, repr=False, compare=False)
     cadence_digest: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.misfire not in MISFIRES:
-            raise ScheduleError(f"misfire must be one of {MISFIRES}, got {self.misfire!r}")
+        check_misfire(self.misfire, self.catchup_window_ms, self.catchup_max)
         check_policies(self.overlap, self.pause_after_failures)
+        if not isinstance(self.bounds, Bounds):
+            raise ScheduleError(f"bounds must be a Bounds, got {type(self.bounds).__name__}")
+        self.bounds.check(self.cadence)
         # A frozen dataclass sets its derived fields through object.__setattr__.
+        object.__setattr__(self, "labels", freeze(check_labels(self.labels)))
         object.__setattr__(self, "template_json", encode_template(self.template))
         object.__setattr__(self, "digest", _digest(self.to_fields()))
-        object.__setattr__(self, "cadence_digest", _digest(self.cadence.to_fields()))
+        object.__setattr__(self, "cadence_digest", _cadence_digest(self.cadence, self.bounds))
+
+    if not TYPE_CHECKING:  # to mypy, the digests are the plain str fields declared above
+
+        def __getattr__(self, name: str) -> str:
+            # Only for a slot never set: the digests of a definition from `from_fields`.
+            if name == "digest":
+                value = _digest(self.to_fields())
+            elif name == "cadence_digest":
+                value = _cadence_digest(self.cadence, self.bounds)
+            else:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            object.__setattr__(self, name, value)
+            return value
 
     def to_fields(self) -> dict[str, str]:
         """Return the record fields of this definition (EchoMQ's `every_ms` and `template`)."""
         fields = dict(self.cadence.to_fields())
         fields["template"] = self.template_json
         fields["misfire"] = self.misfire
+        if self.catchup_window_ms is not None:
+            fields["catchup_window"] = str(self.catchup_window_ms)
+        if self.catchup_max is not None:
+            fields["catchup_max"] = str(self.catchup_max)
         if self.overlap != "allow":
             fields["overlap"] = self.overlap
         if self.pause_after_failures is not None:
             fields["pause_after_failures"] = str(self.pause_after_failures)
+        fields.update(self.bounds.to_fields())
+        if self.labels:
+            fields["labels"] = encode_labels(self.labels)
         return fields
+
+    def first_run(self, now_ms: int, *, created: bool = True) -> int:
+        """Return the first run of this definition written at `now_ms` (see `Bounds`)."""
+        return self.bounds.first_run(self.cadence, now_ms, created=created)
+
+    def for_name(self, name: str) -> Definition:
+        """Return this definition with `name` as the seed of its H fields and jitter, where
+        it has none (`define(seed=...)`); itself when it uses neither."""
+        cadence = reseed(self.cadence, name)
+        return self if cadence is self.cadence else replace(self, cadence=cadence)
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Definition:
@@ -124,9 +193,11 @@ class Definition:
         again: the stored text is its JSON. A record edited by hand into a template nested
         deeper than the rules allow is corrupt.
         """
-        cadence = cadence_from_fields(dict(fields))
-        misfire = misfire_from_fields(fields)
+        cadence = shaped_from_fields(dict(fields))
+        misfire, window, most = misfire_from_fields(fields)
         overlap, pause_after = policies_from_fields(fields)
+        bounds = Bounds.from_fields(fields)
+        bounds.check(cadence)
         raw = fields.get("template")
         template = decode_template(raw)
         check_structure(template)
@@ -137,18 +208,74 @@ class Definition:
         object.__setattr__(definition, "misfire", misfire)
         object.__setattr__(definition, "overlap", overlap)
         object.__setattr__(definition, "pause_after_failures", pause_after)
+        object.__setattr__(definition, "bounds", bounds)
+        object.__setattr__(definition, "catchup_window_ms", window)
+        object.__setattr__(definition, "catchup_max", most)
+        raw_labels = fields.get("labels")
+        labels = freeze(decode_labels(raw_labels)) if raw_labels else _NO_LABELS
+        object.__setattr__(definition, "labels", labels)
         object.__setattr__(definition, "template_json", raw)
-        object.__setattr__(definition, "digest", _digest(definition.to_fields()))
-        object.__setattr__(definition, "cadence_digest", _digest(cadence.to_fields()))
+        # `digest` and `cadence_digest` are computed when first read (`__getattr__`): the
+        # pump decodes every record it fires and never reads them.
         return definition
 
 
-def misfire_from_fields(fields: Mapping[str, str]) -> Misfire:
-    """Return a record's misfire policy (default `coalesce`); raise `ScheduleError` if unknown."""
+# What a decoded record without labels holds (shared: the pump decodes every record it fires).
+_NO_LABELS = freeze({})
+
+Offset = float | timedelta | str | datetime
+"""An interval's grid offset: a duration as `every` takes it, or a datetime on the grid."""
+
+
+def misfire_from_fields(fields: Mapping[str, str]) -> tuple[Misfire, int | None, int | None]:
+    """Return a record's misfire policy (default `coalesce`, i.e. `latest`), catch-up window
+    (ms) and `all`'s bound; raise `ScheduleError` if one is unusable."""
     misfire = fields.get("misfire") or "coalesce"
+    if not (fields.get("catchup_window") or fields.get("catchup_max")):  # most records
+        check_misfire(misfire, None, None)
+        return misfire, None, None  # type: ignore[return-value]  # checked just above
+    numbers: list[int | None] = []
+    for key in ("catchup_window", "catchup_max"):
+        raw = fields.get(key) or None
+        try:
+            numbers.append(None if raw is None else int(raw))
+        except ValueError:
+            raise ScheduleError(f"{key} must be a whole number, got {raw!r}") from None
+    window, most = numbers
+    check_misfire(misfire, window, most)
+    return misfire, window, most  # type: ignore[return-value]  # checked just above
+
+
+def check_misfire(misfire: object, window_ms: object, most: object) -> None:
+    """Raise `ScheduleError` unless the misfire policy, window (ms) and `all`'s bound fit."""
     if misfire not in MISFIRES:
         raise ScheduleError(f"misfire must be one of {MISFIRES}, got {misfire!r}")
-    return misfire
+    if window_ms is not None and (
+        isinstance(window_ms, bool)
+        or not isinstance(window_ms, int)
+        or not 1 <= window_ms <= MAX_EVERY_MS
+    ):
+        raise ScheduleError(
+            f"catchup_window must be a positive duration of at most 1000 years, got {window_ms!r}"
+        )
+    if most is None:
+        return
+    if misfire_policy(misfire) != "all":
+        raise ScheduleError(f"catchup_max applies to misfire='all' only, not {misfire!r}")
+    if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_CATCHUP_MAX:
+        raise ScheduleError(
+            f"catchup_max must be a whole number from 1 to {MAX_CATCHUP_MAX}, got {most!r}"
+        )
+
+
+def catchup_window_ms(window: float | timedelta | str | None) -> int | None:
+    """Return a catch-up window in ms from seconds, a `timedelta` or a string like `"10m"`."""
+    if window is None:
+        return None
+    try:
+        return parse_every(window)
+    except ScheduleError as exc:
+        raise ScheduleError(str(exc).replace("every", "catchup_window", 1)) from None
 
 
 def check_policies(overlap: object, pause_after_failures: object) -> None:
@@ -180,6 +307,11 @@ def policies_from_fields(fields: Mapping[str, str]) -> tuple[Overlap, int | None
     return overlap, pause_after  # type: ignore[return-value]  # checked just above
 
 
+def _cadence_digest(cadence: Cadence, bounds: Bounds) -> str:
+    """The digest of what places the slots: the cadence, and the start and end bounds."""
+    return _digest({**cadence.to_fields(), **bounds.when_fields()})
+
+
 def _digest(fields: Mapping[str, str]) -> str:
     canonical = json.dumps(dict(sorted(fields.items())), separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
@@ -191,25 +323,55 @@ def define(
     every_ms: int | None = None,
     cron: str | None = None,
     tz: str | None = None,
-    anchor: Anchor = "schedule",
+    anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
     template: Mapping[str, Any] | None = None,
     day_and: bool = False,
     overlap: Overlap = "allow",
     pause_after_failures: int | None = None,
+    offset: Offset | None = None,
+    at: Instant | Sequence[Instant] | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    limit: int | None = None,
+    immediately: bool = False,
+    catchup_window: float | timedelta | str | None = None,
+    catchup_max: int | None = None,
+    jitter: float | timedelta | str | None = None,
+    exclude: Iterable[ExcludeItem] | ExcludeItem | None = None,
+    calendars: Mapping[str, Calendar] | None = None,
+    seed: str | None = None,
+    labels: Labels | None = None,
 ) -> Definition:
-    """Build a `Definition` from keyword arguments; exactly one of `every`/`every_ms`/`cron`."""
+    """Build a `Definition` from keyword arguments; exactly one of `every`/`every_ms`/`cron`/`at`.
+
+    `offset` shifts an interval's grid (seconds, a `timedelta`, a string like `"5m"`, or a
+    datetime the grid passes through); `at` is one instant or a list (aware datetimes or ISO
+    8601 strings with an offset); `start_at`/`end_at` bound the slots (inclusive); `limit`
+    caps the runs; `immediately` fires once at registration. See `emq_bridge.bounds`.
+    `misfire`, `catchup_window` (seconds, a `timedelta` or `"10m"`) and `catchup_max` say
+    what fires for slots that passed while no pump ran (`emq_bridge.cadence.catch_up`).
+    `labels` (str -> str, emq_bridge.labels) tag the registration without changing when it runs.
+    """
     given = [
-        k for k, v in (("every", every), ("every_ms", every_ms), ("cron", cron)) if v is not None
+        k
+        for k, v in (("every", every), ("every_ms", every_ms), ("cron", cron), ("at", at))
+        if v is not None
     ]
     if len(given) != 1:
         raise ScheduleError(
-            "give exactly one cadence: every= (e.g. '15m'), every_ms=, or cron= "
+            "give exactly one cadence: every= (e.g. '15m'), every_ms=, cron= or at= "
             f"(got {', '.join(given) or 'none'})"
         )
+    if offset is not None and every is None and every_ms is None:
+        raise ScheduleError("offset applies to interval schedules (every=) only")
     cadence: Cadence
     if cron is not None:
-        cadence = Cron(cron, tz or "UTC", day_and)
+        cadence = Cron(cron, tz or "UTC", day_and, seed)
+    elif at is not None:
+        if tz is not None:
+            raise ScheduleError("tz applies to cron schedules only; give at= as aware datetimes")
+        cadence = At(instants_ms(at))
     else:
         if tz is not None:
             raise ScheduleError("tz applies to cron schedules only; an interval has no time zone")
@@ -219,14 +381,52 @@ def define(
         else:
             assert every_ms is not None  # exactly one cadence was given
             every_in_ms = parse_every_ms(every_ms)
-        cadence = Every(every_in_ms, anchor)
+        cadence = Every(every_in_ms, anchor, offset_ms(offset, every_in_ms))
+    # Calendars and jitter (calendars.py, jitter.py): `exclude` in the cron's zone (UTC for
+    # an interval), jitter hashed from `seed`, the registration's name by default.
+    rules, names = resolve_exclude(exclude, calendars)
+    cadence = shape(
+        cadence,
+        tz=tz or "UTC",
+        exclude=rules,
+        calendars=names,
+        jitter_ms=parse_jitter(jitter),
+        seed=seed,
+    )
+    bounds = Bounds(
+        None if start_at is None else epoch_ms(start_at, "start_at"),
+        None if end_at is None else epoch_ms(end_at, "end_at"),
+        limit,
+        immediately,
+    )
     return Definition(
         cadence,
         template if template is not None else {},
         misfire,
         overlap,
         pause_after_failures,
+        bounds,
+        catchup_window_ms(catchup_window),
+        catchup_max,
+        labels if labels is not None else {},
     )
+
+
+def offset_ms(offset: Offset | None, every_ms: int) -> int:
+    """Return an interval's grid offset in ms: a duration (as `every` takes it), or a datetime
+    the grid passes through (its epoch ms modulo the interval)."""
+    if offset is None:
+        return 0
+    if isinstance(offset, datetime):
+        return epoch_ms(offset, "offset") % every_ms
+    if isinstance(offset, int | float) and not isinstance(offset, bool) and offset == 0:
+        return 0
+    if isinstance(offset, timedelta) and not offset:
+        return 0
+    try:
+        return parse_every(offset)
+    except ScheduleError as exc:
+        raise ScheduleError(str(exc).replace("every", "offset", 1)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,18 +440,21 @@ class Declaration:
     def __post_init__(self) -> None:
         validate_name(self.queue, "queue")
         validate_name(self.name, "registration name")
+        # A cron's H and jitter hash the registration's name unless given a seed.
+        object.__setattr__(self, "definition", self.definition.for_name(self.name))
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """A recurring schedule declared on a task, before it is bound to the task.
 
-    Exactly one of `every` (seconds, a `timedelta` or a string like `"15m"`) or `cron` (5 fields,
-    evaluated in `tz`, default UTC or the adapter's default zone). `args`/`kwargs` are
-    passed to the task, `options` are the framework's sending options. `name` defaults to
-    the task name; a task with several schedules needs a distinct `name` for each.
-    `overlap` and `pause_after_failures` are the registration's policies (`Definition`). The
-    cadence, the arguments (JSON) and the name are checked at construction.
+    Exactly one of `every` (seconds, a `timedelta` or a string like `"15m"`), `cron` (5 fields,
+    evaluated in `tz`, default UTC or the adapter's default zone) or `at` (one-off instants).
+    `offset`, `start_at`, `end_at`, `limit` and `immediately` are as for `define`.
+    `args`/`kwargs` are passed to the task, `options` are the framework's sending options.
+    `name` defaults to the task name; a task with several schedules needs a distinct `name`
+    for each. `overlap` and `pause_after_failures` are the registration's policies
+    (`Definition`). The cadence, the arguments (JSON) and the name are checked at construction.
     """
 
     every: float | timedelta | str | None = None
@@ -261,10 +464,25 @@ class Schedule:
     kwargs: Mapping[str, Any] | None = None
     options: Mapping[str, Any] | None = None
     name: str | None = None
-    anchor: Anchor = "schedule"
+    anchor: Anchor = "grid"
     misfire: Misfire = "coalesce"
     overlap: Overlap = "allow"
     pause_after_failures: int | None = None
+    # When (bounds.py): the grid's offset, one-off instants, start/end, a run limit.
+    offset: Offset | None = None
+    at: Instant | Sequence[Instant] | None = None
+    start_at: Instant | None = None
+    end_at: Instant | None = None
+    limit: int | None = None
+    immediately: bool = False
+    # Missed slots (cadence.catch_up): the window, and `all`'s bound per catch-up.
+    catchup_window: float | timedelta | str | None = None
+    catchup_max: int | None = None
+    # Jitter and calendars (jitter.py, calendars.py), as for `define`.
+    jitter: float | timedelta | str | None = None
+    exclude: Sequence[ExcludeItem] | None = None
+    # Tags of the registration (labels.py), as for `define`.
+    labels: Labels | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -289,5 +507,16 @@ class Schedule:
             template=self.template(task).to_dict(),
             overlap=self.overlap,
             pause_after_failures=self.pause_after_failures,
+            offset=self.offset,
+            at=self.at,
+            start_at=self.start_at,
+            end_at=self.end_at,
+            limit=self.limit,
+            immediately=self.immediately,
+            catchup_window=self.catchup_window,
+            catchup_max=self.catchup_max,
+            jitter=self.jitter,
+            exclude=self.exclude,
+            labels=self.labels,
         )
         return Declaration(queue, self.name or task, definition)

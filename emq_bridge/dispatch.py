@@ -110,6 +110,7 @@ def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
         "last_success_ms": occurrence.last_success_ms,
         "redelivered": occurrence.redelivered,
         "triggered": occurrence.triggered,
+        "backfill": occurrence.backfill,
         "template": dict(occurrence.template),
     }
 

@@ -17,9 +17,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from .cadence import CatchUp
 from .occurrence import Occurrence
+from .outcome import Report
 
-__all__ = ["Broadcast", "LoggingEvents", "PumpEvents", "Tick"]
+__all__ = [
+    "Broadcast",
+    "LoggingEvents",
+    "OutcomeEvents",
+    "PumpEvents",
+    "Tick",
+    "add_outcome_listener",
+    "outcome_listeners",
+    "remove_outcome_listener",
+]
 
 log = logging.getLogger("emq_bridge.pump")
 
@@ -73,8 +84,14 @@ class PumpEvents:
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         """`missed` slots of `name` passed while no pump ran; the policy dropped them.
 
-        `due_ms` is the nominal time of the occurrence that fires for them.
+        `due_ms` is the nominal time of the occurrence that fires for them, or the next run
+        when none fires (`skip`, or every slot older than the catch-up window). Told with
+        `on_catch_up`, once per registration per outage, by the pump whose claim counted them.
         """
+
+    def on_catch_up(self, queue: str, name: str, step: CatchUp) -> None:
+        """The misfire policy of `name` dropped `step.missed` of the `step.passed` slots that
+        passed (`step.first_ms` to `step.last_ms`) and fires `step.fire_ms` (None: none)."""
 
     def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
         """The record of `name` cannot be used (`reason`): it is parked for `park_ms`."""
@@ -197,13 +214,22 @@ class LoggingEvents(PumpEvents):
             len(occurrences),
         )
 
-    def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
+    def on_catch_up(self, queue: str, name: str, step: CatchUp) -> None:
+        if step.fire_ms is None:
+            fired = f"none fires; next run {_when(step.next_ms)}"
+        else:
+            fired = f"fires the one due at {_when(step.fire_ms)}"
         log.warning(
-            "%s/%s: %d slot(s) missed while no pump ran; coalesced into the one due at %s",
+            "%s/%s: %d slot(s) missed while no pump ran (%d passed, %s to %s); misfire policy "
+            "%s %s; counted in missed",
             queue,
             name,
-            missed,
-            _when(due_ms),
+            step.missed,
+            step.passed,
+            _when(step.first_ms),
+            _when(step.last_ms),
+            step.policy,
+            fired,
         )
 
     def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
@@ -290,6 +316,9 @@ class Broadcast(PumpEvents):
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         self._each("on_missed", lambda listener: listener.on_missed(queue, name, missed, due_ms))
 
+    def on_catch_up(self, queue: str, name: str, step: CatchUp) -> None:
+        self._each("on_catch_up", lambda listener: listener.on_catch_up(queue, name, step))
+
     def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
         self._each("on_park", lambda listener: listener.on_park(queue, name, reason, park_ms))
 
@@ -323,3 +352,60 @@ class Broadcast(PumpEvents):
 
     def on_queue_recover(self, queue: str) -> None:
         self._each("on_queue_recover", lambda listener: listener.on_queue_recover(queue))
+
+
+# -- outcome events: what this process reports of occurrences ---------------------------------
+
+
+class OutcomeEvents:
+    """What a process reports of occurrences (its workers' `Report`s). A no-op; override it.
+
+    Listeners are process-wide (`add_outcome_listener`), since the adapters build their
+    reporters themselves; a forked child inherits them. `Repeat.report` calls them, on the
+    reporter's thread (never the task's), before it applies the batch.
+    """
+
+    def on_reports(self, reports: Sequence[Report]) -> None:
+        """`reports` are about to be sent to the registry (a batch; heartbeats included; a
+        start folded into its final report is that report's `started_ms`)."""
+
+
+class _OutcomeBroadcast(OutcomeEvents):
+    """The process-wide outcome listeners; one that raises is logged once and skipped."""
+
+    def __init__(self) -> None:
+        self.listeners: tuple[OutcomeEvents, ...] = ()
+        self._reported: set[int] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.listeners)
+
+    def on_reports(self, reports: Sequence[Report]) -> None:
+        for listener in self.listeners:
+            try:
+                listener.on_reports(reports)
+            except Exception as exc:
+                if id(listener) not in self._reported:
+                    self._reported.add(id(listener))
+                    log.error(
+                        "outcome listener %s failed (reported once; reports go on)",
+                        type(listener).__name__,
+                        exc_info=exc,
+                    )
+
+
+outcome_listeners = _OutcomeBroadcast()
+
+
+def add_outcome_listener(listener: OutcomeEvents) -> None:
+    """Tell `listener` what this process reports from now on (once, however often added)."""
+    if listener not in outcome_listeners.listeners:
+        # A new tuple, not an append: the reporter thread iterates without a lock.
+        outcome_listeners.listeners = (*outcome_listeners.listeners, listener)
+
+
+def remove_outcome_listener(listener: OutcomeEvents) -> None:
+    """Stop telling `listener` (nothing if it was not added)."""
+    outcome_listeners.listeners = tuple(
+        known for known in outcome_listeners.listeners if known is not listener
+    )

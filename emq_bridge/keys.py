@@ -97,9 +97,20 @@ class QueueKeys:
         scored by the deadline after which they are `lost` (report.lua, lost.lua)."""
         return f"{self.tag}:running"
 
+    def backfilled(self, name: str) -> str:
+        """Sorted set of the slots backfills of `name` queued, member and score the slot
+        (backfill.lua): a slot is backfilled once, whatever backfills overlap."""
+        return f"{self.tag}:backfill:{name}"
+
     def history(self, name: str) -> str:
         """List of one registration's last occurrences, newest first (outcome.HistoryEntry)."""
         return f"{self.tag}:history:{name}"
+
+    @property
+    def pumps(self) -> str:
+        """Hash: pump id -> `"<expires_ms> <beat_ms> <json>"`, the heartbeats of the pumps
+        serving the queue (heartbeat.lua); the key expires with its last live pump."""
+        return f"{self.tag}:pumps"
 
     @property
     def wake_channel(self) -> str:
@@ -120,6 +131,10 @@ class QueueKeys:
 MANUAL = "manual"
 TRIGGERED = "triggered"
 BUFFERED = "buffered"
+# `"<name> <due_ms> backfill"` is a slot `backfill.lua` queued, scored by when to send it;
+# `claim.lua` turns it into the lease `"<name> <due_ms> backfilled"` (backfill.py).
+BACKFILL = "backfill"
+BACKFILLED = "backfilled"
 
 
 class Lease(NamedTuple):
@@ -130,14 +145,17 @@ class Lease(NamedTuple):
     due_ms: int
     triggered: bool
     pending: bool
+    backfill: bool = False
 
 
-def lease_member(name: str, due_ms: int, triggered: bool = False) -> str:
+def lease_member(name: str, due_ms: int, triggered: bool = False, backfill: bool = False) -> str:
     """Encode the lease of a claimed occurrence: `"<name> <due_ms>"`, `+ " triggered"` for a
     trigger. This is the member a pump acks.
 
     Names hold no whitespace, so a space separates the parts.
     """
+    if backfill:
+        return f"{name} {due_ms} {BACKFILLED}"
     return f"{name} {due_ms} {TRIGGERED}" if triggered else f"{name} {due_ms}"
 
 
@@ -148,11 +166,13 @@ def parse_lease_member(member: str) -> Lease:
     """
     name, due, *rest = member.split(" ")
     due_ms = int(due)
-    if not name or str(due_ms) != due or rest not in ([], [MANUAL], [TRIGGERED], [BUFFERED]):
+    forms: tuple[list[str], ...] = ([], [MANUAL], [TRIGGERED], [BUFFERED], [BACKFILL], [BACKFILLED])
+    if not name or str(due_ms) != due or rest not in forms:
         raise ValueError(f"not a lease member: {member!r}")
     return Lease(
         name,
         due_ms,
         triggered=rest in ([MANUAL], [TRIGGERED]),
-        pending=rest in ([MANUAL], [BUFFERED]),
+        pending=rest in ([MANUAL], [BUFFERED], [BACKFILL]),
+        backfill=rest in ([BACKFILL], [BACKFILLED]),
     )

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import EmqError
+from .events import outcome_listeners
 from .keys import QueueKeys, parse_lease_member, validate_name
 from .occurrence import Occurrence, occurrence_id
 from .outcome import (
@@ -145,6 +146,8 @@ class LifecycleMoves:
         raise.
         """
         check_history_size(history_size)
+        if outcome_listeners:  # metrics; on the caller's thread (the Reporter's, not a task's)
+            outcome_listeners.on_reports(reports)
         by_queue: dict[str, builtins.list[Report]] = {}
         for item in reports:
             by_queue.setdefault(item.queue, []).append(item)

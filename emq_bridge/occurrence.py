@@ -74,7 +74,9 @@ class Occurrence:
     triggered: bool = False
     previous_due_ms: int | None = None
     last_success_ms: int | None = None
+    # Sent by a backfill (backfill.py) for a past slot, with the id the live slot has.
+    backfill: bool = False
 
     @property
     def lease_member(self) -> str:
-        return lease_member(self.name, self.due_ms, self.triggered)
+        return lease_member(self.name, self.due_ms, self.triggered, self.backfill)

@@ -101,6 +101,45 @@ class Report:
                 f"report kind must be one of {sorted(REPORT_KINDS)}, got {self.kind!r}"
             )
 
+    def ended(self, kind: ReportKind, at_ms: int, error: str = "", *, hold_ms: int = 0) -> Report:
+        """The `kind` report of the same occurrence and attempt, at `at_ms`: what an adapter
+        that built this report at the start sends at the end, without reading the
+        occurrence's fields again."""
+        return Report(
+            kind,
+            self.queue,
+            self.name,
+            self.id,
+            self.due_ms,
+            at_ms,
+            self.attempt,
+            self.released_ms,
+            self.redelivered,
+            self.triggered,
+            error,
+            hold_ms,
+        )
+
+    def folded(self, start: Report) -> Report:
+        """This final report carrying `start`'s time (`started_ms`), and its released time
+        when this one has none: the two in one update (`reporting.fold_starts`)."""
+        released = self.released_ms if self.released_ms is not None else start.released_ms
+        return Report(
+            self.kind,
+            self.queue,
+            self.name,
+            self.id,
+            self.due_ms,
+            self.at_ms,
+            self.attempt,
+            released,
+            self.redelivered,
+            self.triggered,
+            self.error,
+            self.hold_ms,
+            start.at_ms,
+        )
+
     @property
     def member(self) -> str:
         """The occurrence's lease member form, `"<name> <due_ms>[ triggered]"`."""

@@ -11,14 +11,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .cadence import Cadence, Misfire, advance
+from .cadence import Cadence, CatchUp, Misfire, catch_up
 from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import BatchDispatcher, Dispatcher, batch_failure
 from .errors import PermanentDispatchError, RegistryError, RegistryUnavailable
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
+from .heartbeat import Heartbeat
+from .jitter import nominal_slot
 from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
@@ -95,6 +97,8 @@ class _Firing:
     misfire: Misfire
     template: Mapping[str, Any]
     overlap: str = "allow"
+    catchup_window_ms: int | None = None
+    catchup_max: int | None = None
 
 
 class Pump:
@@ -149,6 +153,8 @@ class Pump:
         self.eviction_check_s = EVICTION_CHECK_S
         self._policy: str | None = None
         self._policy_read_at: float | None = None
+        # Written from `step` (so `run`, beat and the Dramatiq thread), never `run_once`.
+        self.heartbeat = Heartbeat(self.queues, max_sleep_s=max_sleep_s)
 
     def add_listener(self, listener: PumpEvents) -> None:
         """Tell `listener` what this pump does from now on (after the listeners it has)."""
@@ -234,7 +240,8 @@ class Pump:
         names = list(dict.fromkeys([n for n, _ in due] + [lease.name for lease in redeliveries]))
         records = self.repeat.load_records(queue, names, RECORD_FIELDS)
         firings: dict[str, _Firing] = {}
-        candidates: list[tuple[str, int, int, int, str]] = []
+        candidates: list[tuple[str, int, int, int, str, int]] = []
+        steps: dict[int, CatchUp] = {}  # what the misfire policy dropped, by candidate index
         decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
         last_runs = _last_runs(decoded, records)
         for name, score in due:
@@ -242,11 +249,21 @@ class Pump:
                 queue, name, score, decoded[name], last_runs.get(name, now_ms), now_ms
             )
             if candidate is None:
-                candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer"))
+                candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer", score))
                 tick.parked.append(name)
                 continue
-            firings[name], next_ms, missed, mode = candidate
-            candidates.append((name, score, next_ms, missed, mode))
+            firings[name], next_ms, mode, step = candidate
+            if step is None:  # a checked cadence: it fires the score or defers
+                candidates.append((name, score, next_ms, 0, mode, score))
+                continue
+            if step.missed:
+                steps[len(candidates)] = step
+            fire = score if step.fire_ms is None else step.fire_ms
+            # A jittered score stands for its nominal slot: the occurrence's id and due.
+            fire = nominal_slot(firings[name].cadence, fire)
+            candidates.append(
+                (name, score, next_ms, step.missed, "drop" if step.fire_ms is None else mode, fire)
+            )
         claim = self.repeat.claim(
             queue,
             now_ms,
@@ -256,10 +273,13 @@ class Pump:
             start_timeout_ms=self.start_timeout_ms,
             history_size=self.history_size,
         )
+        for index in claim.dropped:  # told once, by the pump whose claim counted them
+            if index in steps:
+                self._missed(queue, candidates[index][0], steps[index])
         for index in claim.skipped:
-            self.events.on_skip(queue, candidates[index][0], candidates[index][1])
+            self.events.on_skip(queue, candidates[index][0], candidates[index][5])
         for index in claim.buffered:
-            self.events.on_buffer(queue, candidates[index][0], candidates[index][1])
+            self.events.on_buffer(queue, candidates[index][0], candidates[index][5])
         if corrupt:  # garbage holds no deadline of ours: dropped unfenced
             self.repeat.ack(queue, sorted(corrupt))
         batch: list[Occurrence] = []
@@ -281,7 +301,7 @@ class Pump:
         queue: str,
         now_ms: int,
         claim: Claim,
-        candidates: list[tuple[str, int, int, int, str]],
+        candidates: list[tuple[str, int, int, int, str, int]],
         firings: Mapping[str, _Firing],
         records: Mapping[str, Mapping[str, str]],
         batch: list[Occurrence],
@@ -290,21 +310,22 @@ class Pump:
         """Build the occurrences of `claim` into `batch` and send them, outcomes into `sending`."""
         replaced = dict(claim.replaced)
         for index in claim.claimed:
-            name, score, _, missed, _ = candidates[index]
+            name, _, _, missed, _, fire = candidates[index]
             template = firings[name].template
             occurrence = self._occurrence(
-                queue, name, score, template, now_ms, missed=missed, record=records.get(name)
+                queue, name, fire, template, now_ms, missed=missed, record=records.get(name)
             )
             if index in replaced:
                 self._replace(occurrence, replaced[index])
             batch.append(occurrence)
         drop: list[str] = []
         for member in claim.released:
-            name, due_ms, triggered, pending = parse_lease_member(member)
+            name, due_ms, triggered, pending, backfill = parse_lease_member(member)
             firing = self._decode(queue, name, records.get(name, {}))
             if firing is None:
                 self.events.on_lease_dropped(queue, member, "the registration is gone or corrupt")
-                drop.append(lease_member(name, due_ms, triggered))  # the lease claim wrote
+                # The lease claim wrote.
+                drop.append(lease_member(name, due_ms, triggered, backfill))
                 continue
             # An expired lease is a re-dispatch, unless it is a trigger's pending member:
             # claim.lua turned that into the trigger's lease, so this is its first send.
@@ -318,6 +339,8 @@ class Pump:
                 triggered=triggered,
                 record=records.get(name),
             )
+            if backfill:  # a past slot a backfill queued (backfill.py): marked as such
+                occurrence = replace(occurrence, backfill=True, previous_due_ms=None)
             if occurrence.redelivered:
                 self.events.on_redispatch(occurrence)
             batch.append(occurrence)
@@ -480,9 +503,10 @@ class Pump:
         firing: _Firing | None,
         last_run_ms: int,
         now_ms: int,
-    ) -> tuple[_Firing, int, int, str] | None:
-        """Return the firing of a due `name`, its next score, its missed slots and the claim's
-        mode (`fire`; `defer` when a checked cadence is not due), or None.
+    ) -> tuple[_Firing, int, str, CatchUp | None] | None:
+        """Return the firing of a due `name`, its next score, the claim's mode (`fire`, the
+        overlap policy; `defer` when a checked cadence is not due) and what its misfire policy
+        decided (`catch_up`; None for a checked cadence), or None.
 
         None (reported) parks the record: whatever one record does wrong, even in a
         custom schedule's own code, harms that record only. `last_run_ms` is used by a
@@ -497,16 +521,28 @@ class Pump:
                 if not next_ms > now_ms:
                     raise ValueError(f"its next check {next_ms!r} is not after now ({now_ms})")
                 mode = ("fire" if firing.overlap == "allow" else firing.overlap) if due else "defer"
-                return firing, int(next_ms), 0, mode
-            next_ms, missed = advance(firing.cadence, score, now_ms, firing.misfire)
+                return firing, int(next_ms), mode, None
+            step = catch_up(
+                firing.cadence,
+                score,
+                now_ms,
+                firing.misfire,
+                window_ms=firing.catchup_window_ms,
+                max_runs=firing.catchup_max,
+            )
         except Exception as exc:
             self.events.on_park(
                 queue, name, f"its next run cannot be computed: {exc!r}", CORRUPT_PARK_MS
             )
             return None
-        if missed:
-            self.events.on_missed(queue, name, missed, score)
-        return firing, next_ms, missed, "fire" if firing.overlap == "allow" else firing.overlap
+        mode = "fire" if firing.overlap == "allow" else firing.overlap
+        return firing, step.next_ms, mode, step
+
+    def _missed(self, queue: str, name: str, step: CatchUp) -> None:
+        """Tell what the misfire policy dropped: `on_catch_up`, and `on_missed` (older form)."""
+        self.events.on_catch_up(queue, name, step)
+        fired_for = step.next_ms if step.fire_ms is None else step.fire_ms
+        self.events.on_missed(queue, name, step.missed, fired_for)
 
     def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
         """Return what firing `name` needs, or None (reported) when its record is unusable."""
@@ -527,13 +563,18 @@ class Pump:
             if firing is None:
                 definition = Definition.from_fields(fields)
                 firing = _Firing(
-                    definition.cadence, definition.misfire, definition.template, definition.overlap
+                    definition.cadence,
+                    definition.misfire,
+                    definition.template,
+                    definition.overlap,
+                    definition.catchup_window_ms,
+                    definition.catchup_max,
                 )
                 self._remember(key, firing, len(fields.get("template") or ""))
             if self.resolve_cadence is not None:
                 cadence = self.resolve_cadence(queue, name, firing.cadence)
                 if cadence is not firing.cadence:
-                    return _Firing(cadence, firing.misfire, firing.template, firing.overlap)
+                    return replace(firing, cadence=cadence)
         # Any exception: a record must never stop the pump (a poison pill for its queue).
         except Exception as exc:
             self.events.on_park(queue, name, f"corrupt record: {exc}", CORRUPT_PARK_MS)
@@ -658,7 +699,8 @@ class Pump:
         """Pump until `stop` (or `self.stop()`) is set.
 
         Sleeps until the earliest next run, or until a registry change is published, at most
-        `max_sleep_s`. Redis outages are reported once and retried with backoff.
+        `max_sleep_s`. Redis outages are reported once and retried with backoff. On return
+        the pump's heartbeat is removed (a pump that dies is forgotten when it expires).
         """
         if stop is not None:
             self._stop = stop
@@ -673,6 +715,7 @@ class Pump:
             wakeups = self._wait(delay, wakeups)
         if wakeups is not None:
             wakeups.close()
+        self.heartbeat.remove(self.repeat)
 
     def step(self, stop: threading.Event | None = None) -> tuple[Tick | None, float]:
         """Run one tick as `run` does, errors handled; return it and the seconds to sleep.
@@ -681,6 +724,7 @@ class Pump:
         is None). A queue whose moves fail is reported once and retried every second while
         the other queues are served. For loops owned by someone else, such as Celery's beat.
         With `stop`, setting it (or calling `self.stop()`) ends this tick as `stop()` says.
+        A tick also writes the pump's heartbeat (`self.heartbeat`), at most every few seconds.
         """
         if stop is not None:
             self._stop = stop
@@ -698,6 +742,7 @@ class Pump:
             self._outage_since, self._failures = None, 0
         self._broken = self._report_broken(self._broken, errors)
         self.events.on_tick(tick)
+        self.heartbeat.tick(self.repeat, tick.now_ms, len(tick.dispatched))
         delay = self._delay(tick)
         return tick, min(delay, BROKEN_RETRY_S) if errors else delay
 

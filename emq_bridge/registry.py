@@ -20,9 +20,12 @@ from typing import Any, Literal
 import redis
 import redis.cluster
 
-from .cadence import Anchor, Misfire, advance, next_runs
-from .definition import DEFINITION_FIELDS, Definition, Overlap, define
+from .backfill import BackfillMoves
+from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
+from .cadence import NEVER_MS, Anchor, Misfire, advance
+from .definition import DEFINITION_FIELDS, Definition, Offset, Overlap, define
 from .errors import ConfigError, RegistryError, ScheduleError
+from .heartbeat import HeartbeatMoves
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -45,6 +48,7 @@ __all__ = [
     "Registration",
     "Repeat",
     "Scan",
+    "Seed",
     "Upserted",
     "WakeSubscription",
     "occurrence_id",
@@ -64,7 +68,8 @@ UPSERT_CHUNK = 500
 FETCH_CHUNK = 2000
 # Registrations read per pipeline by `list`/`iter_list`: bounded memory and server time.
 READ_CHUNK = 1000
-_UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated"}
+# 3: updated, and the old cadence's overdue slots were dropped and counted (upsert.lua).
+_UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated", 3: "updated"}
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
@@ -102,13 +107,50 @@ class Registration:
     # The occurrence in flight ("<name> <due_ms>[ triggered]"), and a slot `buffer_one` keeps.
     inflight: str | None = None
     buffered_due_ms: int | None = None
+    # Bounds (bounds.py): why it will never fire again (`end_at`, `limit`, `at`) and since
+    # when, and the runs its `limit` has left.
+    completed: Completed | None = None
+    completed_ms: int | None = None
+    remaining: int | None = None
+    # A pause's note (why), author and instant (`Repeat.pause`); resume clears them.
+    paused_note: str | None = None
+    paused_by: str | None = None
+    paused_ms: int | None = None
 
     def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
-        """Return the next `n` runs (epoch ms), starting with the stored next run."""
-        if self.next_run_ms is None:
+        """Return the next `n` runs (epoch ms), starting with the stored next run, within
+        the bounds (none past `end_at` or the last `at`, at most the `limit`'s remaining)."""
+        if self.completed:
+            return []
+        definition = self.definition
+        first = self.next_run_ms
+        if first is None:
             start = after_ms if after_ms is not None else int(time.time() * 1000)
-            return next_runs(self.definition.cadence, start, n)
-        return [self.next_run_ms, *next_runs(self.definition.cadence, self.next_run_ms, n - 1)]
+            first = definition.first_run(start, created=False)
+        remaining = self.remaining if definition.bounds.limit is not None else None
+        return bounded_runs(definition.cadence, definition.bounds, first, n, remaining=remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    """Where a registration created by `upsert_many` starts, instead of its cadence's
+    first run: an importer's (`emq_bridge.migrate`) next slot, paused state and counters
+    carried over from the scheduler it replaces. Applied on creation only: an existing
+    record keeps its own score, state and counters."""
+
+    first_run_ms: int
+    paused: bool = False
+    fired: int = 0
+    last_fired_ms: int | None = None
+
+    def fields(self) -> dict[str, str]:
+        """Return the record fields a created record gets on top of its definition's."""
+        out = {"fired": str(self.fired)} if self.fired else {}
+        if self.last_fired_ms is not None:
+            out["last_fired_ms"] = str(self.last_fired_ms)
+        if self.paused:
+            out.update(paused="1", paused_next_ms=str(self.first_run_ms))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +173,8 @@ class Claim:
     """What a claim took: candidate indexes, re-leased lease members, and what is due next.
 
     `replaced`: (candidate index, the member in flight it replaces) of `replace` policies;
-    `skipped` and `buffered`: candidate indexes the overlap policy did not fire.
+    `skipped` and `buffered`: candidate indexes the overlap policy did not fire; `dropped`:
+    candidate indexes this claim moved whose missed slots it counted (the misfire policy's).
     """
 
     claimed: list[int]
@@ -141,6 +184,7 @@ class Claim:
     replaced: list[tuple[int, str]] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     buffered: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
 
 
 def _score(value: Any) -> int | None:
@@ -224,7 +268,7 @@ def _stale(reply: Any, queue: str, source: str | None, generation: int | None) -
         raise StaleGeneration(queue, source or "", generation or 0, int(value[1:]))
 
 
-class Repeat(LifecycleMoves):
+class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
     """The Repeat registry on one Redis (or Redis Cluster) client.
 
     Keys are `<prefix>:{<queue>}:repeat` (sorted set) and `<prefix>:{<queue>}:repeat:<name>`
@@ -330,17 +374,29 @@ class Repeat(LifecycleMoves):
         every_ms: int | None = None,
         cron: str | None = None,
         tz: str | None = None,
-        anchor: Anchor = "schedule",
+        anchor: Anchor = "grid",
         misfire: Misfire = "coalesce",
         template: Mapping[str, Any] | None = None,
         overlap: Overlap = "allow",
         pause_after_failures: int | None = None,
+        catchup_window: float | timedelta | str | None = None,
+        catchup_max: int | None = None,
+        offset: Offset | None = None,
+        at: Instant | Sequence[Instant] | None = None,
+        start_at: Instant | None = None,
+        end_at: Instant | None = None,
+        limit: int | None = None,
+        immediately: bool = False,
+        labels: Mapping[str, str] | None = None,
         definition: Definition | None = None,
         now_ms: int | None = None,
     ) -> Registered:
         """Register `name` once: `registered`, or `exists` when it is already there.
 
         `exists` writes nothing, so the live cadence is never disturbed by a re-register.
+        `offset`, `at`, `start_at`, `end_at`, `limit` and `immediately` are `define`'s
+        (emq_bridge.bounds); a registration with no slot left is written `completed`.
+        `labels` (str -> str) tag it (emq_bridge.labels).
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
@@ -355,7 +411,17 @@ class Repeat(LifecycleMoves):
                 template=template,
                 overlap=overlap,
                 pause_after_failures=pause_after_failures,
+                catchup_window=catchup_window,
+                catchup_max=catchup_max,
+                offset=offset,
+                at=at,
+                start_at=start_at,
+                end_at=end_at,
+                limit=limit,
+                immediately=immediately,
+                labels=labels,
             )
+        definition = definition.for_name(name)  # the seed of a cron's H and of jitter
         now = self._now(now_ms)
         fields = self._record_fields(definition, now, source=None)
         with redis_errors(f"register {queue}/{name}"):
@@ -363,7 +429,7 @@ class Repeat(LifecycleMoves):
                 keys=[keys.registry, keys.record(name)],
                 args=[
                     name,
-                    definition.cadence.first_run(now),
+                    definition.first_run(now),
                     keys.wake_channel,
                     *_flatten(fields),
                 ],
@@ -379,11 +445,20 @@ class Repeat(LifecycleMoves):
         every_ms: int | None = None,
         cron: str | None = None,
         tz: str | None = None,
-        anchor: Anchor = "schedule",
+        anchor: Anchor = "grid",
         misfire: Misfire = "coalesce",
         template: Mapping[str, Any] | None = None,
         overlap: Overlap = "allow",
         pause_after_failures: int | None = None,
+        catchup_window: float | timedelta | str | None = None,
+        catchup_max: int | None = None,
+        offset: Offset | None = None,
+        at: Instant | Sequence[Instant] | None = None,
+        start_at: Instant | None = None,
+        end_at: Instant | None = None,
+        limit: int | None = None,
+        immediately: bool = False,
+        labels: Mapping[str, str] | None = None,
         definition: Definition | None = None,
         source: str | None = None,
         now_ms: int | None = None,
@@ -405,6 +480,15 @@ class Repeat(LifecycleMoves):
                 template=template,
                 overlap=overlap,
                 pause_after_failures=pause_after_failures,
+                catchup_window=catchup_window,
+                catchup_max=catchup_max,
+                offset=offset,
+                at=at,
+                start_at=start_at,
+                end_at=end_at,
+                limit=limit,
+                immediately=immediately,
+                labels=labels,
             )
         return self.upsert_many([(queue, name, definition)], source=source, now_ms=now_ms)[0]
 
@@ -416,8 +500,12 @@ class Repeat(LifecycleMoves):
         now_ms: int | None = None,
         generation: int | None = None,
         queues: Sequence[str] = (),
+        seeds: Sequence[Seed | None] = (),
     ) -> list[Upserted]:
         """Upsert `(queue, name, definition)` items; return one result per item, in order.
+
+        `seeds`, when given, holds one `Seed` (or None) per item: what a record created by
+        this call starts from (an importer's next slot, state and counters, see `Seed`).
 
         Items are sent per queue in chunks of `UPSERT_CHUNK`, each chunk one atomic script.
         A failure midway leaves earlier chunks applied; running the same call again converges.
@@ -451,7 +539,12 @@ class Repeat(LifecycleMoves):
         def calls() -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
             for queue, chunk in chunks:
                 keys = self.keys(queue)
-                payload = [self._upsert_item(items[i][1], items[i][2], source, now) for i in chunk]
+                payload = [
+                    self._upsert_item(
+                        items[i][1], items[i][2], source, now, seeds[i] if seeds else None
+                    )
+                    for i in chunk
+                ]
                 yield (
                     [keys.registry, keys.generations, *(keys.record(items[i][1]) for i in chunk)],
                     [
@@ -470,25 +563,41 @@ class Repeat(LifecycleMoves):
                 _stale(reply, queue, source, generation)
                 for i, digit in zip(chunk, text(reply), strict=True):
                     results[i] = _UPSERT_RESULTS[int(digit)]
+                    if digit == "3":
+                        log.warning(
+                            "%s/%s: its cadence changed while its next run was overdue (no pump "
+                            "claimed it); the old cadence's passed slots are dropped, counted "
+                            "in missed",
+                            queue,
+                            items[i][1],
+                        )
         return [r for r in results if r is not None]
 
     def _upsert_item(
-        self, name: str, definition: Definition, source: str | None, now: int
+        self, name: str, definition: Definition, source: str | None, now: int, seed: Seed | None
     ) -> list[Any]:
         """Return one item of `upsert.lua`'s ARGV[3]."""
+        definition = definition.for_name(name)  # the seed of a cron's H and of jitter
         fields = self._record_fields(definition, now, source)
         del fields["created_ms"]  # upsert.lua sets it on create only
         stale = [f for f in DEFINITION_FIELDS if f not in fields]
         if source is None:
             stale.append("source")
-        return [
+        # An update keeps the cadence's grid and does not fire `immediately` again.
+        first_run = definition.first_run(now, created=False) if seed is None else seed.first_run_ms
+        item = [
             name,
             fields["digest"],
             definition.cadence_digest,
-            str(definition.cadence.first_run(now)),
+            str(first_run),
             _flatten(fields),
             stale,
+            [] if seed is None else _flatten(seed.fields()),
         ]
+        created_run = definition.first_run(now) if seed is None else first_run
+        if created_run != first_run:
+            item.append(str(created_run))
+        return item
 
     def _record_fields(
         self, definition: Definition, now_ms: int, source: str | None
@@ -529,6 +638,7 @@ class Repeat(LifecycleMoves):
                     keys.generations,
                     keys.running,
                     keys.history(name),
+                    keys.backfilled(name),
                 ],
                 args=[name, if_source or "", gen],
             )
@@ -542,14 +652,29 @@ class Repeat(LifecycleMoves):
             stored = self.client.hgetall(keys.generations)
         return {text(k): int(text(v)) for k, v in stored.items()}
 
-    def pause(self, queue: str, name: str) -> bool:
-        """Stop firing `name` until resumed; True if it was running. KeyError if unknown."""
+    def pause(
+        self,
+        queue: str,
+        name: str,
+        *,
+        note: str | None = None,
+        by: str | None = None,
+        now_ms: int | None = None,
+    ) -> bool:
+        """Stop firing `name` until resumed; True if it was running. KeyError if unknown.
+
+        `note` (why) and `by` (who) are kept in the record with the instant, shown by `show`
+        and cleared by `resume`; pausing a paused registration changes nothing.
+        """
         keys = self.keys(queue)
         validate_name(name, "registration name")
+        note, by = _pause_text(note, "note"), _pause_text(by, "by")
+        now = self._now(now_ms)
         with redis_errors(f"pause {queue}/{name}"):
             result = int(
                 self.scripts.pause(
-                    keys=[keys.registry, keys.record(name)], args=[name, keys.wake_channel]
+                    keys=[keys.registry, keys.record(name)],
+                    args=[name, keys.wake_channel, note, by, now],
                 )
             )
         if result < 0:
@@ -559,13 +684,19 @@ class Repeat(LifecycleMoves):
     # Reads of a resume whose record changed before its write (resume.lua's conflict).
     _RESUME_ATTEMPTS = 5
 
-    def resume(self, queue: str, name: str, *, now_ms: int | None = None) -> bool:
+    def resume(
+        self, queue: str, name: str, *, catchup: bool = False, now_ms: int | None = None
+    ) -> bool:
         """Fire `name` again from its next slot in the future; True if it was paused.
 
-        An interval keeps its phase; slots that passed while paused are not fired, and
-        neither is any slot at or before the last one fired. The next run is computed here
-        (cron math is Python's) from the record as read; `resume.lua` writes it only if the
-        record is still as read, else it is read again. KeyError if there is no such
+        An interval keeps its phase; slots that passed while paused are not fired (nor
+        counted: a pause is on purpose), and neither is any slot at or before the last one
+        fired. With `catchup=True` the slots that passed while paused are handed to the
+        registration's misfire policy instead: its next run is the first of them, and the
+        next claim fires and drops them as after an outage (`latest` fires the newest).
+        The next run is computed here (cron math is Python's) from the record as read;
+        `resume.lua` writes it only if the record is still as read, else it is read again.
+        KeyError if there is no such
         registration; `RegistryError` if the record kept changing for every attempt.
         """
         keys = self.keys(queue)
@@ -580,20 +711,23 @@ class Repeat(LifecycleMoves):
             parked = registration.next_run_ms  # a paused registration's parked next run
             cadence = registration.definition.cadence
             if parked is None:
-                next_ms = cadence.first_run(now)
-            elif parked > now:
+                next_ms = registration.definition.first_run(now, created=False)
+            elif parked > now or catchup:  # catchup: the claim's misfire policy decides
                 next_ms = parked
             else:
                 next_ms, _ = advance(cadence, parked, now, "coalesce")
             last = registration.last_due_ms
             if last is not None and next_ms <= last:
                 # Parked at or before the last fired slot: resume after it instead.
-                next_ms, _ = advance(cadence, last, max(now, last), "coalesce")
+                if catchup:
+                    next_ms = cadence.next_after(last)
+                else:
+                    next_ms, _ = advance(cadence, last, max(now, last), "coalesce")
             with redis_errors(f"resume {queue}/{name}"):
                 result = int(
                     self.scripts.resume(
                         keys=[keys.registry, keys.record(name)],
-                        args=[name, next_ms, keys.wake_channel, *as_read],
+                        args=[name, min(next_ms, NEVER_MS), keys.wake_channel, *as_read, now],
                     )
                 )
             if result == -1:
@@ -604,6 +738,61 @@ class Repeat(LifecycleMoves):
             f"resume {queue}/{name}: the registration changed under each of "
             f"{self._RESUME_ATTEMPTS} attempts; try again"
         )
+
+    def pause_all(
+        self,
+        queue: str,
+        *,
+        source: str | None = None,
+        note: str | None = None,
+        by: str | None = None,
+        now_ms: int | None = None,
+    ) -> builtins.list[str]:
+        """Pause every registration of `queue` (only those `source` owns, if given); return
+        the names this call paused, in next-run order. Each pause is its own atomic move."""
+        if source is not None:
+            validate_name(source, "source")
+        note, by = _pause_text(note, "note"), _pause_text(by, "by")
+        names = [
+            r.name
+            for r in self.iter_list(queue)
+            if not r.paused and (source is None or r.source == source)
+        ]
+        return [n for n in names if self._pause_known(queue, n, note, by, now_ms)]
+
+    def resume_all(
+        self,
+        queue: str,
+        *,
+        source: str | None = None,
+        catchup: bool = False,
+        now_ms: int | None = None,
+    ) -> builtins.list[str]:
+        """Resume every paused registration of `queue` (only those `source` owns, if given),
+        as `resume` does; return the names resumed. A parked one (a dispatch that can never
+        work, or a failure streak) stays parked: resume it by name once its cause is fixed."""
+        if source is not None:
+            validate_name(source, "source")
+        names = [
+            r.name
+            for r in self.iter_list(queue)
+            if r.paused and r.parked_reason is None and (source is None or r.source == source)
+        ]
+        return [n for n in names if self._resume_known(queue, n, catchup, now_ms)]
+
+    def _pause_known(
+        self, queue: str, name: str, note: str | None, by: str | None, now_ms: int | None
+    ) -> bool:
+        try:
+            return self.pause(queue, name, note=note, by=by, now_ms=now_ms)
+        except KeyError:  # removed since it was listed
+            return False
+
+    def _resume_known(self, queue: str, name: str, catchup: bool, now_ms: int | None) -> bool:
+        try:
+            return self.resume(queue, name, catchup=catchup, now_ms=now_ms)
+        except KeyError:  # removed since it was listed
+            return False
 
     def _read_parked(self, queue: str, name: str) -> tuple[Registration, list[str]] | None:
         """Read `name` for a resume in one HGETALL: the registration (None if missing or
@@ -689,11 +878,38 @@ class Repeat(LifecycleMoves):
         with redis_errors(f"count {queue}"):
             return int(self.client.zcard(keys.registry))
 
-    def names(self, queue: str) -> builtins.list[str]:
-        """Return the names registered in `queue`."""
+    def count_states(self, queue: str) -> dict[str, int]:
+        """Return how many registrations of `queue` are `active`, `paused` and `parked`.
+
+        Paused and parked ones sit at score +inf: one ZCARD and one ZRANGEBYSCORE, then the
+        records of those only (`FETCH_CHUNK` a call), so an active registry costs two reads.
+        """
         keys = self.keys(queue)
+        with redis_errors(f"count {queue}"):
+            total = int(self.client.zcard(keys.registry))
+            stopped = [text(n) for n in self.client.zrangebyscore(keys.registry, "+inf", "+inf")]
+        parked = 0
+        for start in range(0, len(stopped), FETCH_CHUNK):
+            chunk = stopped[start : start + FETCH_CHUNK]
+            records = self.load_records(queue, chunk, ("parked_reason",))
+            parked += sum(1 for fields in records.values() if fields.get("parked_reason"))
+        return {
+            "active": total - len(stopped),
+            "paused": len(stopped) - parked,
+            "parked": parked,
+        }
+
+    def names(self, queue: str, *, offset: int = 0, limit: int | None = None) -> builtins.list[str]:
+        """Return the names registered in `queue`, in `list`'s order; `offset` and `limit`
+        page through it (one ZRANGE, no record read)."""
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ValueError("offset and limit must not be negative")
+        if limit == 0:
+            return []
+        keys = self.keys(queue)
+        stop = -1 if limit is None else offset + limit - 1
         with redis_errors(f"list {queue}"):
-            return [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
+            return [text(n) for n in self.client.zrange(keys.registry, offset, stop)]
 
     def digests(self, queue: str) -> dict[str, tuple[str | None, str | None]]:
         """Return `{name: (stored digest, owner)}` for every registration of `queue`.
@@ -798,7 +1014,7 @@ class Repeat(LifecycleMoves):
         queue: str,
         now_ms: int,
         lease_ms: int,
-        candidates: Sequence[tuple[str, int, int, int, str]],
+        candidates: Sequence[tuple[str, int, int, int, str] | tuple[str, int, int, int, str, int]],
         expired: Sequence[str] = (),
         *,
         start_timeout_ms: int = START_TIMEOUT_MS,
@@ -806,24 +1022,27 @@ class Repeat(LifecycleMoves):
     ) -> Claim:
         """Compare-and-set claim; see `lua/claim.lua`.
 
-        `candidates` are `(name, score_read, next_score, missed, mode)`, the mode `"fire"`,
-        `"defer"`, or the overlap policy (`"skip"`, `"buffer_one"`, `"replace"`) of a guarded
-        registration, which fires only if none of its occurrences is in flight. A guarded
-        occurrence fired is in flight until a worker reports its start, at most
-        `start_timeout_ms`; then it is lost.
+        `candidates` are `(name, score_read, next_score, missed, mode[, fire_ms])`, the mode
+        `"fire"`, `"defer"`, `"drop"` (the misfire policy fires nothing), or the overlap
+        policy (`"skip"`, `"buffer_one"`, `"replace"`) of a guarded registration, which fires
+        only if none of its occurrences is in flight. A guarded occurrence fired is in flight
+        until a worker reports its start, at most `start_timeout_ms`; then it is lost.
         """
         keys = self.keys(queue)
         n = len(candidates)
         history_keys: builtins.list[str] = []
         items: builtins.list[builtins.list[str]] = []
-        for name, score, nxt, missed, mode in candidates:
+        for candidate in candidates:
+            name, score, nxt, missed, mode = candidate[:5]
+            # The slot that fires: the score read, unless the misfire policy chose another.
+            fire = candidate[5] if len(candidate) > 5 else score
             # Numbers as strings: Lua would turn a decoded JSON number into a float.
-            item = [name, str(score), str(nxt), str(missed), mode]
+            item = [name, str(score), str(nxt), str(missed), mode, str(fire)]
             if mode in GUARDED_MODES:
                 history_keys.append(keys.history(name))
                 item += [
                     str(n + 3 + len(history_keys)),
-                    occurrence_id(self.prefix, queue, name, score),
+                    occurrence_id(self.prefix, queue, name, fire),
                 ]
             items.append(item)
         args = [
@@ -835,7 +1054,7 @@ class Repeat(LifecycleMoves):
             history_size,
         ]
         with redis_errors(f"claim {queue}"):
-            claimed, released, first, first_lease, replaced, skipped, buffered = self.scripts.claim(
+            reply = self.scripts.claim(
                 keys=[
                     keys.registry,
                     keys.leases,
@@ -845,6 +1064,7 @@ class Repeat(LifecycleMoves):
                 ],
                 args=args,
             )
+        claimed, released, first, first_lease, replaced, skipped, buffered, dropped = reply
         return Claim(
             [int(i) - 1 for i in claimed],
             [text(m) for m in released],
@@ -853,6 +1073,7 @@ class Repeat(LifecycleMoves):
             [(int(replaced[i]) - 1, text(replaced[i + 1])) for i in range(0, len(replaced), 2)],
             [int(i) - 1 for i in skipped],
             [int(i) - 1 for i in buffered],
+            [int(i) - 1 for i in dropped],
         )
 
     def ack(
@@ -983,6 +1204,23 @@ def _hash(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:32]
 
 
+# A pause's note and author are kept to this many characters.
+MAX_PAUSE_TEXT = 500
+
+
+def _pause_text(value: str | None, what: str) -> str:
+    """Return a pause's `note` or `by` as stored ('' for none); `ScheduleError` if unusable."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ScheduleError(f"pause {what} must be a string, got {type(value).__name__}")
+    if len(value) > MAX_PAUSE_TEXT:
+        raise ScheduleError(
+            f"pause {what} is {len(value)} characters; the limit is {MAX_PAUSE_TEXT}"
+        )
+    return value
+
+
 def _flatten(fields: Mapping[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
@@ -1016,7 +1254,23 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         lost=_counter(fields, "lost"),
         inflight=fields.get("inflight") or None,
         buffered_due_ms=_optional_int(fields, "buffered"),
+        completed=_completed(fields),
+        completed_ms=_optional_int(fields, "completed_ms"),
+        remaining=_counter(fields, "remaining") if fields.get("remaining") else None,
+        paused_note=(fields.get("paused_note") or None) if paused else None,
+        paused_by=(fields.get("paused_by") or None) if paused else None,
+        paused_ms=_optional_int(fields, "paused_ms") if paused else None,
     )
+
+
+def _completed(fields: Mapping[str, str]) -> Completed | None:
+    reason = fields.get("completed") or None
+    if reason is None:
+        return None
+    for known in COMPLETED_REASONS:
+        if reason == known:
+            return known
+    return "end_at"  # edited by hand: still completed
 
 
 def _counter(fields: Mapping[str, str], key: str) -> int:

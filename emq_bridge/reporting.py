@@ -19,7 +19,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
 from .lifecycle import check_history_size
 from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report
@@ -119,9 +118,11 @@ class Reporter:
                         target=self._run, name="emq-bridge-reporter", daemon=True
                     )
                     self._thread.start()
-        # Wake the thread only when it waits for a first report, or when a batch is full:
-        # an Event.set per report would cost more than the rest of `report`.
-        if self._idle or len(pending) >= BATCH:
+        # Wake the thread only when it waits for a first report, or when a batch fills up
+        # (once per BATCH reports, not on every report while it is behind): an Event.set per
+        # report would cost more than the rest of `report`. A wake missed by two threads
+        # appending at once costs at most the linger.
+        if self._idle or len(pending) % BATCH == 0:
             self._idle = False
             self._wake.set()
 
@@ -247,9 +248,8 @@ def fold_starts(batch: list[Report]) -> list[Report]:
         if same and item.kind in ("heartbeat", "started"):
             continue  # changes nothing after that start
         if same and start is not None and at is not None and item.kind in FINAL_STATUSES:
-            released = item.released_ms if item.released_ms is not None else start.released_ms
             out[at] = None
-            out.append(replace(item, started_ms=start.at_ms, released_ms=released))
+            out.append(item.folded(start))
             del starts[registration]
             continue
         out.append(item)

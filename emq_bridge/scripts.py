@@ -28,6 +28,8 @@ MOVES = (
     "park",
     "report",
     "lost",
+    "heartbeat",
+    "backfill",
 )
 
 
@@ -55,6 +57,8 @@ class Scripts:
     park: Any
     report: Any
     lost: Any
+    heartbeat: Any
+    backfill: Any
 
     @classmethod
     def load(cls, client: Any) -> Scripts:

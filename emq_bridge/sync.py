@@ -15,9 +15,10 @@ logged at WARNING, creations at INFO, unchanged schedules at DEBUG.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .bounds import Bounds
 from .definition import DEFINITION_FIELDS, Declaration, Definition
 from .errors import ConfigError, EmqError
 from .keys import validate_name
@@ -213,7 +214,15 @@ def _old_records(
     }
 
 
-_CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and")
+_CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "offset_ms", "at")
+_BOUNDS_FIELDS = ("start_ms", "end_ms", "limit", "immediately")
+
+
+def _bounds_words(fields: Mapping[str, str]) -> str:
+    try:
+        return Bounds.from_fields(fields).describe() or "none"
+    except EmqError:  # only for the log line
+        return "unreadable"
 
 
 def _described(record: dict[str, str]) -> str:
@@ -224,16 +233,22 @@ def _described(record: dict[str, str]) -> str:
 
 
 def _changes(record: dict[str, str], declaration: Declaration, source: str) -> str:
-    """Say what an update changes: cadence (old -> new), template, misfire, policies, owner."""
+    """Say what an update changes: cadence (old -> new), template, misfire, policies, labels,
+    owner."""
     new = declaration.definition.to_fields()
     changes = []
     if any(record.get(f) != new.get(f) for f in _CADENCE_FIELDS):
         described = declaration.definition.cadence.describe()
         changes.append(f"{_described(record)} -> {described}")
+    if any(record.get(f) != new.get(f) for f in _BOUNDS_FIELDS):
+        changes.append(f"bounds {_bounds_words(record)} -> {_bounds_words(new)}")
     if record.get("template") != new.get("template"):
         changes.append("template changed")
     if record.get("misfire") != new.get("misfire"):
         changes.append(f"misfire {record.get('misfire')} -> {new.get('misfire')}")
+    for key in ("catchup_window", "catchup_max"):  # ms / a count; absent is the default
+        if record.get(key) != new.get(key):
+            changes.append(f"{key} {record.get(key) or '-'} -> {new.get(key) or '-'}")
     if record.get("overlap") != new.get("overlap"):
         changes.append(
             f"overlap {record.get('overlap') or 'allow'} -> {new.get('overlap') or 'allow'}"
@@ -243,6 +258,8 @@ def _changes(record: dict[str, str], declaration: Declaration, source: str) -> s
         changes.append(
             f"pause after failures {before} -> {new.get('pause_after_failures') or 'never'}"
         )
+    if record.get("labels") != new.get("labels"):
+        changes.append(f"labels {record.get('labels') or '{}'} -> {new.get('labels') or '{}'}")
     if record.get("source") != source:
         changes.append(f"owner {record.get('source') or '(none)'} -> {source}")
     return ", ".join(changes) or "rewritten"

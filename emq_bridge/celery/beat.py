@@ -21,6 +21,7 @@ from ..urls import redact_url
 from .declare import AppSchedule, app_schedule, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
+from .sentry import beat_monitors, monitoring
 
 __all__ = ["BeatRefused", "RepeatScheduler"]
 
@@ -95,14 +96,26 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             raise BeatRefused(error) from exc
         self.plan = plan
         pipelined = bool(self.app.conf.get("emq_bridge_pipelined", False))
+        monitors = beat_monitors(self.app)  # Sentry Crons, when sentry-sdk is installed
+        if pipelined and monitors is not None and monitoring():
+            log.warning(
+                "emq_bridge_pipelined is off: Sentry Crons monitors beat tasks, and each task "
+                "carries its own check-in"
+            )
+            pipelined = False
         self.pump = Pump(
             repeat,
             plan.queues,
-            PipelinedCeleryDispatcher(self.app) if pipelined else CeleryDispatcher(self.app),
+            PipelinedCeleryDispatcher(self.app)
+            if pipelined
+            else CeleryDispatcher(
+                self.app, extra_headers=monitors.headers if monitors is not None else None
+            ),
             resolve_cadence=plan.resolve_cadence,
             max_sleep_s=float(self.max_interval),
             listeners=[BeatLog()],
         )
+        self.pump.heartbeat.role = "celery-beat"
         self.pump.check_eviction_policy()
         log.info(
             "emq-bridge beat: %d schedule(s) synced; pumping %s",
@@ -138,6 +151,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         if self.pump is not None:
             if isinstance(self.pump.dispatcher, PipelinedCeleryDispatcher):
                 self.pump.dispatcher.close()
+            self.pump.heartbeat.remove(self.pump.repeat)  # a beat that stops is not alive
             self.pump.repeat.close()
 
     @property

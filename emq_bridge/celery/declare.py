@@ -24,14 +24,16 @@ from celery.local import Proxy
 from celery.schedules import crontab
 from celery.signals import celeryd_after_setup
 
-from ..cadence import Anchor, Cadence, Every, Misfire
-from ..definition import Declaration, Overlap, Schedule
+from ..bounds import Instant
+from ..cadence import Anchor, Cadence, Misfire
+from ..calendars import ExcludeItem
+from ..definition import Declaration, Offset, Overlap, Schedule
 from ..errors import ConfigError, EmqError
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import SyncPlan, sync
 from .entries import (
-    PLACEHOLDER_EVERY_MS,
+    PLACEHOLDER,
     CelerySchedule,
     convert_entry,
     json_options,
@@ -131,10 +133,21 @@ def recurring(
     kwargs: Mapping[str, Any] | None = None,
     name: str | None = None,
     options: Mapping[str, Any] | None = None,
-    anchor: Anchor = "schedule",
+    anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
     overlap: Overlap = "allow",
     pause_after_failures: int | None = None,
+    catchup_window: float | timedelta | str | None = None,
+    catchup_max: int | None = None,
+    offset: Offset | None = None,
+    at: Instant | Sequence[Instant] | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    limit: int | None = None,
+    immediately: bool = False,
+    jitter: float | timedelta | str | None = None,
+    exclude: Sequence[ExcludeItem] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Callable[[T], T]:
     """Declare a recurring Celery task; stack it above `@app.task`.
 
@@ -143,7 +156,11 @@ def recurring(
     to the task name, the queue to the task's routing. `overlap` is what a slot does while a
     run is in flight ("allow", "skip", "buffer_one", "replace"); `pause_after_failures`
     pauses the schedule after that many consecutive failed runs. Both need the workers to
-    report (`emq_bridge_report`, on by default). Bad values raise `ScheduleError` here.
+    report (`emq_bridge_report`, on by default). `misfire` ("latest", "earliest", "skip",
+    "all"), `catchup_window` and `catchup_max` say what fires after an outage
+    (docs/misfire.md); `jitter` and `exclude` spread and skip slots (docs/cron.md);
+    `labels` (str -> str) tag the registration (docs/schedules-and-cli.md). Bad values
+    raise `ScheduleError` here.
     """
     schedule = Schedule(
         every=every,
@@ -157,6 +174,17 @@ def recurring(
         misfire=misfire,
         overlap=overlap,
         pause_after_failures=pause_after_failures,
+        catchup_window=catchup_window,
+        catchup_max=catchup_max,
+        offset=offset,
+        at=at,
+        start_at=start_at,
+        end_at=end_at,
+        limit=limit,
+        immediately=immediately,
+        jitter=jitter,
+        exclude=exclude,
+        labels=labels,
     )
 
     def wrap(task: T) -> T:
@@ -207,7 +235,7 @@ class AppSchedule:
         """Return the live schedule of a custom entry whose record holds its placeholder
         (a `CelerySchedule`, checked through `is_due`), else the stored cadence."""
         live = self.custom.get((queue, name))
-        if live is None or stored != Every(PLACEHOLDER_EVERY_MS):
+        if live is None or stored != PLACEHOLDER:
             return stored  # not ours, or since given a real cadence by another writer
         return live
 

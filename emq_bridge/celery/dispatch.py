@@ -12,7 +12,7 @@ succeeded), the last two null when unknown. Times are epoch ms.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,6 +24,7 @@ from ..occurrence import Occurrence
 from ..template import TaskTemplate
 
 __all__ = [
+    "BACKFILL_HEADER",
     "BEAT_HEADER",
     "DUE_HEADER",
     "LAST_SUCCESS_HEADER",
@@ -47,6 +48,7 @@ BEAT_HEADER = "celery_beat_task"
 RELEASED_HEADER = "emq_released_ms"
 REDELIVERED_HEADER = "emq_redelivered"
 TRIGGERED_HEADER = "emq_triggered"
+BACKFILL_HEADER = "emq_backfill"  # sent by a backfill (backfill.py), for a past slot
 PREVIOUS_DUE_HEADER = "emq_previous_due_ms"
 LAST_SUCCESS_HEADER = "emq_last_success_ms"
 
@@ -62,6 +64,7 @@ def occurrence_headers(occurrence: Occurrence) -> dict[str, Any]:
         RELEASED_HEADER: occurrence.released_ms,
         REDELIVERED_HEADER: occurrence.redelivered,
         TRIGGERED_HEADER: occurrence.triggered,
+        BACKFILL_HEADER: occurrence.backfill,
         PREVIOUS_DUE_HEADER: occurrence.previous_due_ms,
         LAST_SUCCESS_HEADER: occurrence.last_success_ms,
     }
@@ -83,9 +86,25 @@ class CeleryDispatcher:
     `PermanentDispatchError` too. A broker that refuses is a `DispatchError`, retried.
     """
 
-    def __init__(self, app: Celery, *, known_tasks_only: bool = False) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        known_tasks_only: bool = False,
+        extra_headers: Callable[[Occurrence], Mapping[str, Any] | None] | None = None,
+    ) -> None:
         self.app = app
         self.known_tasks_only = known_tasks_only
+        # Called before each send; what it returns joins the task's headers (the beat's
+        # Sentry Crons check-in, `sentry.BeatMonitors.headers`).
+        self.extra_headers = extra_headers
+
+    def headers(self, occurrence: Occurrence) -> dict[str, Any]:
+        """Return the headers of `occurrence`'s task: `occurrence_headers` and `extra_headers`'."""
+        headers = occurrence_headers(occurrence)
+        if self.extra_headers is not None:
+            headers.update(self.extra_headers(occurrence) or {})
+        return headers
 
     def check_task(self, task: str) -> None:
         """Raise `PermanentDispatchError` unless the app defines `task` (`app.tasks`).
@@ -99,7 +118,7 @@ class CeleryDispatcher:
             )
 
     def dispatch(self, occurrence: Occurrence) -> None:
-        self.send(occurrence, occurrence.id, occurrence_headers(occurrence))
+        self.send(occurrence, occurrence.id, self.headers(occurrence))
 
     def revoke(self, occurrence_id: str) -> None:
         """Revoke the task of `occurrence_id`, terminating it if it runs.
@@ -145,7 +164,7 @@ class CeleryDispatcher:
     ) -> None:
         for index, occurrence in enumerate(occurrences):
             try:
-                headers = occurrence_headers(occurrence)
+                headers = self.headers(occurrence)
                 self.send(occurrence, occurrence.id, headers, producer=producer)
             except Exception as exc:
                 errors[index] = exc

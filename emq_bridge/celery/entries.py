@@ -2,7 +2,8 @@
 
 Part of `emq_bridge.celery`.
 
-* `schedule` (numbers, `timedelta`) becomes `Every` (drift-free, anchored on the schedule);
+* `schedule` (numbers, `timedelta`) becomes `Every` on the epoch grid (a 15-minute entry
+  fires at :00/:15/:30/:45 UTC; `offset` shifts it);
 * `crontab` becomes `Cron` in the crontab's time zone (the app's `timezone`, honouring
   `enable_utc`), with Celery's AND of day-of-month and day-of-week;
 * anything else (`solar`, `schedule(relative=True)`, custom classes) becomes a
@@ -29,13 +30,23 @@ from celery.beat import DEFAULT_MAX_INTERVAL, BeatLazyFunc, ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule
 from kombu.entity import Exchange, Queue
 
-from ..cadence import Cadence, CheckedCadence, Cron, Every
-from ..definition import Declaration, Definition, Overlap, check_policies
-from ..errors import ConfigError, EmqError
+from ..bounds import Bounds, epoch_ms, instants_ms
+from ..cadence import At, Cadence, CheckedCadence, Cron, Every, Misfire
+from ..definition import (
+    Declaration,
+    Definition,
+    Overlap,
+    catchup_window_ms,
+    check_misfire,
+    check_policies,
+    offset_ms,
+)
+from ..errors import ConfigError, EmqError, ScheduleError
 from ..keys import validate_name
 from ..template import TaskTemplate
 
 __all__ = [
+    "PLACEHOLDER",
     "PLACEHOLDER_EVERY_MS",
     "CelerySchedule",
     "convert_entry",
@@ -49,6 +60,9 @@ __all__ = [
 
 # What a plain pump (one without the Celery app's objects) uses for a custom schedule.
 PLACEHOLDER_EVERY_MS = 86_400_000
+# ... stored as version 1 stored it (anchor "schedule"), so the digest of a custom schedule
+# did not change with the grid default and records written before it still resolve.
+PLACEHOLDER = Every(PLACEHOLDER_EVERY_MS, "schedule")
 # A custom schedule that is always due fires at most once per this many ms; one that is
 # not due is checked again after at least MIN_CHECK_MS (Celery's beat spins on a check in
 # 0 s) and at most MAX_CHECK_MS (a score stays a sane epoch ms).
@@ -59,7 +73,14 @@ MAX_CHECK_MS = 366 * 86_400_000
 SCHEDULE_FIELD = "cadence_label"  # a definition field (definition.DEFINITION_FIELDS)
 # The `beat_schedule` entry keys that are emq-bridge's, not Celery's (`ScheduleEntry` would
 # refuse them): the registration's overlap and failure policies (`Definition`).
-POLICY_KEYS = ("overlap", "pause_after_failures")
+POLICY_KEYS = ("overlap", "pause_after_failures", "misfire", "catchup_window", "catchup_max")
+# ... and its bounds (bounds.py): the interval's grid offset, start, end, a run limit
+# (`one_off: True` is `limit: 1`, as django-celery-beat's one_off), and a first run at once.
+WHEN_KEYS = ("offset", "start_at", "end_at", "limit", "one_off", "immediately")
+# ... and `at`, instead of `schedule`: one-off instants (django-celery-beat's ClockedSchedule).
+AT_KEY = "at"
+# ... and `labels`, the registration's tags (a dict of str -> str, labels.py).
+LABELS_KEY = "labels"
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _BAD_NAME_CHARS = re.compile(r"[\s{}\x00-\x1f\x7f]")
 
@@ -119,7 +140,7 @@ class CelerySchedule:
         return remaining_s <= 0, max(remaining_s, 0)
 
     def to_fields(self) -> dict[str, str]:
-        return {**Every(PLACEHOLDER_EVERY_MS).to_fields(), SCHEDULE_FIELD: self.label}
+        return {**PLACEHOLDER.to_fields(), SCHEDULE_FIELD: self.label}
 
     def describe(self) -> str:
         return f"celery {self.label}"
@@ -333,24 +354,77 @@ def _policies(raw: Mapping[str, Any], label: str) -> tuple[Overlap, int | None]:
     return overlap, pause_after_failures
 
 
+def _when(cadence: Cadence, when: Mapping[str, Any]) -> tuple[Cadence, Bounds]:
+    """Apply an entry's bounds keys (`WHEN_KEYS`) to its cadence; `ScheduleError` if bad."""
+    if "offset" in when:
+        if not isinstance(cadence, Every):
+            raise ScheduleError("offset applies to interval schedules only")
+        offset = offset_ms(when["offset"], cadence.every_ms)
+        cadence = Every(cadence.every_ms, cadence.anchor, offset)
+    limit = when.get("limit")
+    if when.get("one_off"):
+        if limit not in (None, 1):
+            raise ScheduleError("one_off is limit 1; give one of them")
+        limit = 1
+    bounds = Bounds(
+        None if when.get("start_at") is None else epoch_ms(when["start_at"], "start_at"),
+        None if when.get("end_at") is None else epoch_ms(when["end_at"], "end_at"),
+        limit,
+        when.get("immediately", False),
+    )
+    return cadence, bounds
+
+
+def _misfire(
+    app: Celery, raw: Mapping[str, Any], cadence: Cadence, label: str
+) -> tuple[Misfire, int | None, int | None]:
+    """Return the entry's misfire policy, catch-up window (ms) and `all`'s bound.
+
+    A crontab entry without `catchup_window` takes Celery's `beat_cron_starting_deadline`
+    (seconds): Celery's beat runs a missed crontab once, unless no slot falls within the
+    deadline; that is `latest` with that window.
+    """
+    misfire = raw.get("misfire", "coalesce")
+    try:
+        window = catchup_window_ms(raw.get("catchup_window"))
+        deadline = app.conf.get("beat_cron_starting_deadline")
+        if window is None and deadline is not None and isinstance(cadence, Cron):
+            window = catchup_window_ms(deadline)
+        check_misfire(misfire, window, raw.get("catchup_max"))
+    except EmqError as exc:
+        raise ConfigError(f"{label}: {exc}") from exc
+    return misfire, window, raw.get("catchup_max")
+
+
 def convert_entry(
     app: Celery, key: str, raw: Any, *, check_task: bool = True
 ) -> tuple[Declaration, CelerySchedule | None]:
     """Return the declaration of one `beat_schedule` entry; raise `ConfigError` if it is bad.
 
     Besides Celery's keys, a dict entry may hold emq-bridge's `overlap` ("allow", "skip",
-    "buffer_one", "replace") and `pause_after_failures` (a whole number, or None).
+    "buffer_one", "replace"), `pause_after_failures` (a whole number, or None), `misfire`,
+    `catchup_window` and `catchup_max` (docs/misfire.md), and the
+    bounds `offset`, `start_at`, `end_at` (aware datetimes), `limit`, `one_off` and
+    `immediately` (`WHEN_KEYS`); `at` (an aware datetime or a list) instead of `schedule` is
+    a one-off; `labels` (a dict of str -> str) tags the registration.
     """
     label = f"beat_schedule[{key!r}]"
     overlap: Overlap = "allow"
     pause_after_failures: int | None = None
+    when: dict[str, Any] = {}
+    labels: Any = None
     if isinstance(raw, ScheduleEntry):
         entry = raw
     elif isinstance(raw, Mapping):
         if "schedule" in raw:  # maybe_schedule fails on a string with an AttributeError
             _check_schedule_value(raw["schedule"], label)
         overlap, pause_after_failures = _policies(raw, label)
-        celery_keys = {k: v for k, v in raw.items() if k not in POLICY_KEYS}
+        labels = raw.get(LABELS_KEY)
+        when = {k: raw[k] for k in (*WHEN_KEYS, AT_KEY) if k in raw}
+        if AT_KEY in raw and "schedule" in raw:
+            raise ConfigError(f"{label}: give 'schedule' or 'at' (one-off instants), not both")
+        ignored = (*POLICY_KEYS, *WHEN_KEYS, AT_KEY, LABELS_KEY)
+        celery_keys = {k: v for k, v in raw.items() if k not in ignored}
         try:
             entry = ScheduleEntry(**dict(celery_keys, name=key, app=app))
         except (TypeError, ValueError) as exc:
@@ -370,14 +444,30 @@ def convert_entry(
     kwargs = dict(entry.kwargs or {})
     _lazy_free([*args, *kwargs.values()], label)
     options = json_options(entry.options or {}, label)
-    cadence = convert_schedule(entry.schedule, app, label)
+    if AT_KEY in when:
+        try:
+            cadence: Cadence = At(instants_ms(when[AT_KEY]))
+        except ScheduleError as exc:
+            raise ConfigError(f"{label}: {exc}") from exc
+    else:
+        cadence = convert_schedule(entry.schedule, app, label)
+    misfire, window, most = _misfire(app, raw if isinstance(raw, Mapping) else {}, cadence, label)
     custom = cadence if isinstance(cadence, CelerySchedule) else None
     try:
         template = TaskTemplate(task, args, kwargs, options).to_dict()
         if custom is not None:  # what the registry's readers (`emq-bridge list`) show
             template["schedule"] = custom.describe()
+        cadence, bounds = _when(cadence, when)
         definition = Definition(
-            cadence, template, overlap=overlap, pause_after_failures=pause_after_failures
+            cadence,
+            template,
+            misfire,
+            overlap=overlap,
+            pause_after_failures=pause_after_failures,
+            bounds=bounds,
+            catchup_window_ms=window,
+            catchup_max=most,
+            labels=labels if labels is not None else {},
         )
         queue = resolve_queue(app, task, options, args, kwargs)
         declaration = Declaration(queue, registry_name(key), definition)

@@ -39,6 +39,7 @@ from ..dispatch import batch_failure
 from ..errors import ConfigError, DispatchError
 from ..occurrence import Occurrence
 from .dispatch import (
+    BACKFILL_HEADER,
     DUE_HEADER,
     LAST_SUCCESS_HEADER,
     PREVIOUS_DUE_HEADER,
@@ -64,6 +65,7 @@ RAW_HEADERS = {
     "released": RELEASED_HEADER,
     "redelivered": REDELIVERED_HEADER,
     "triggered": TRIGGERED_HEADER,
+    "backfill": BACKFILL_HEADER,
     "previous": PREVIOUS_DUE_HEADER,
     "last_success": LAST_SUCCESS_HEADER,
 }
@@ -327,6 +329,7 @@ def _values(occurrence: Occurrence) -> dict[str, str]:
         "released": _json_value(occurrence.released_ms),
         "redelivered": _json_value(occurrence.redelivered),
         "triggered": _json_value(occurrence.triggered),
+        "backfill": _json_value(occurrence.backfill),
         "previous": _json_value(occurrence.previous_due_ms),
         "last_success": _json_value(occurrence.last_success_ms),
     }

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -39,7 +40,7 @@ from celery import Celery, signals
 from ..errors import ConfigError, EmqError
 from ..lifecycle import report_of
 from ..occurrence import occurrence_id
-from ..outcome import HISTORY_SIZE, ReportKind, error_text
+from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
 from ..reporting import HEARTBEAT_S, Reporter
 from .declare import registry_prefix, registry_url, repeat_for
@@ -183,6 +184,11 @@ def _split_schedule(
     return schedule[: cuts[0]], schedule[cuts[0] + 1 :]
 
 
+# The `started` report of a task being run, and its reporter, kept on the task's request
+# (one per execution) so that its end is reported without reading the headers again.
+_START = "_emq_bridge_start"
+
+
 def _report(
     kind: ReportKind,
     task: Any,
@@ -194,19 +200,29 @@ def _report(
     """Queue the `kind` report of the task `request` serves, if emq-bridge sent it. Never
     raises and never waits on Redis: a report that cannot be built is one WARNING line."""
     try:
-        app = getattr(task, "app", None)
-        if app is None or request is None:
+        if request is None:
             return
-        occurrence = occurrence_of(request, app)
-        if occurrence is None:
+        if kind != "started":
+            began: tuple[Reporter, Report] | None = getattr(request, _START, None)
+            if began is not None:  # this process ran the task: its start has the fields
+                text = error if isinstance(error, str) else error_text(error)
+                began[0].report(began[1].ended(kind, _now_ms(), text, hold_ms=hold_ms))
+                return
+        app = getattr(task, "app", None)
+        if app is None:
             return
         reporter = reporter_for(app)
         if reporter is None:
+            return
+        occurrence = occurrence_of(request, app)
+        if occurrence is None:
             return
         attempt = int(getattr(request, "retries", 0) or 0) + 1
         item = report_of(kind, occurrence, attempt=attempt, error=error, hold_ms=hold_ms)
         _process.used.add(id(reporter))
         reporter.report(item)
+        if kind == "started":
+            setattr(request, _START, (reporter, item))
     except Exception as exc:  # a report must never fail the task
         log.warning(
             "emq-bridge: the %s report of task %s was not sent: %s",
@@ -214,6 +230,10 @@ def _report(
             getattr(request, "id", "?"),
             error_text(exc),
         )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _hold_ms(reason: Any) -> int:

@@ -15,9 +15,13 @@ import click
 from .. import __version__
 from ..errors import InvalidName
 from ..keys import DEFAULT_PREFIX, validate_prefix
+from .backfill import COMMANDS as BACKFILL_COMMANDS
 from .context import DEFAULT_REDIS_URL, Settings, emq_errors, install_logging, remove_logging
+from .health import COMMANDS as HEALTH_COMMANDS
+from .migrate import COMMANDS as MIGRATE_COMMANDS
 from .operations import COMMANDS as OPERATION_COMMANDS
 from .schedules import COMMANDS as SCHEDULE_COMMANDS
+from .web import COMMANDS as WEB_COMMANDS
 
 __all__ = ["cli", "main"]
 
@@ -75,6 +79,11 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, verbose: int, quiet: bo
       emq-bridge next reports nightly -n 10
       emq-bridge history reports digest
       emq-bridge pump --dramatiq app.tasks
+      emq-bridge health --queue reports --max-lag 2m
+      emq-bridge backfill reports nightly --from 2026-11-01T00:00Z --to 2026-11-08T00:00Z --dry-run
+      emq-bridge import redbeat --from redis://old-broker:6379/0 --dry-run
+      emq-bridge export --format toml > schedules.toml
+      emq-bridge web --bind 127.0.0.1:8000
       emq-bridge demo
     """
     verbosity = -1 if quiet else verbose
@@ -83,7 +92,14 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, verbose: int, quiet: bo
     ctx.call_on_close(lambda: remove_logging(handler))
 
 
-for _command in (*SCHEDULE_COMMANDS, *OPERATION_COMMANDS):
+for _command in (
+    *SCHEDULE_COMMANDS,
+    *BACKFILL_COMMANDS,
+    *OPERATION_COMMANDS,
+    *WEB_COMMANDS,
+    *HEALTH_COMMANDS,
+    *MIGRATE_COMMANDS,
+):
     cli.add_command(_command)
 
 

@@ -6,7 +6,7 @@ import importlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
@@ -19,11 +19,13 @@ from .. import targets
 from ..config import ScheduleFile, load_schedule_file
 from ..definition import Declaration
 from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
+from ..heartbeat import Heartbeat
 from ..pump import Pump
 from ..registry import Registration, Repeat
 from ..sync import SyncPlan, plan_sync, sync
 from .context import Settings, given_as, pass_settings, redact_url
 from .frameworks import framework_options, given_frameworks, load_target
+from .metrics import metrics_options, serve_pump_metrics
 from .render import to_json
 
 __all__ = ["COMMANDS"]
@@ -50,14 +52,24 @@ def _change(old: Registration | None, new: Declaration, source: str) -> str:
         notes.append("template changed")
     if old.definition.misfire != new.definition.misfire:
         notes.append(f"misfire {old.definition.misfire} -> {new.definition.misfire}")
+    for field in ("catchup_window_ms", "catchup_max"):
+        before_value, after_value = getattr(old.definition, field), getattr(new.definition, field)
+        if before_value != after_value:
+            notes.append(f"{field} {before_value or '-'} -> {after_value or '-'}")
     if old.definition.overlap != new.definition.overlap:
         notes.append(f"overlap {old.definition.overlap} -> {new.definition.overlap}")
     before, after = old.definition.pause_after_failures, new.definition.pause_after_failures
     if before != after:
         notes.append(f"pause after failures {before or 'never'} -> {after or 'never'}")
+    if dict(old.definition.labels) != dict(new.definition.labels):
+        notes.append(f"labels {_labels(old.definition.labels)} -> {_labels(new.definition.labels)}")
     if old.source != source:
         notes.append(f"owner {old.source or 'runtime'} -> {source}")
     return ", ".join(notes)
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
 
 
 def _plan_lines(plan: SyncPlan, old: dict[tuple[str, str], Registration]) -> list[tuple[str, str]]:
@@ -233,6 +245,14 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
     help="With an adapter: pump the registry of --redis-url/$REDIS_URL and --prefix even "
     "where the app's own (its beat's, its workers') differs.",
 )
+@click.option(
+    "--heartbeat-ttl",
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="How long the pump's heartbeat lives (`emq-bridge pumps`, `health`): a pump that "
+    "dies is shown alive this long. Default: 30, or three sleeps and heartbeats.",
+)
+@metrics_options
 @pass_settings
 def pump_command(
     settings: Settings,
@@ -248,6 +268,9 @@ def pump_command(
     pipelined: bool,
     once: bool,
     force_registry: bool,
+    heartbeat_ttl: float | None,
+    metrics_port: int | None,
+    metrics_host: str,
     **target_specs: str | None,
 ) -> None:
     """Pump due occurrences into Dramatiq, Celery (any installed adapter) or a Redis list.
@@ -314,6 +337,15 @@ def pump_command(
         max_sleep_s=_app_default("max_sleep", max_sleep, target.max_sleep_s if target else None),
         resolve_cadence=target.resolve_cadence if target else None,
     )
+    if heartbeat_ttl is not None:
+        try:
+            pump.heartbeat = Heartbeat(
+                pump.queues, max_sleep_s=pump.max_sleep_s, ttl_s=heartbeat_ttl
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--heartbeat-ttl'") from exc
+    if metrics_port is not None:
+        click.echo(f"metrics on {serve_pump_metrics(pump, metrics_host, metrics_port)}", err=True)
     if once:
         pump.check_eviction_policy()
         tick = pump.run_once()

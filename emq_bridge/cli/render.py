@@ -8,7 +8,9 @@ from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from ..cadence import Cadence, Cron, Every
+from ..cadence import At, Cadence, Cron, Every
+from ..calendars import Excluding
+from ..jitter import Jittered, base_cadence
 from ..keys import parse_lease_member
 from ..outcome import HistoryEntry
 from ..registry import Registration
@@ -38,6 +40,7 @@ _UNITS = (("day", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000))
 
 def zone_of(cadence: Cadence) -> ZoneInfo:
     """Return the time zone a cadence's times are shown in: a cron's own, else UTC."""
+    cadence = base_cadence(cadence)  # under its jitter and calendars
     return ZoneInfo(cadence.tz if isinstance(cadence, Cron) else "UTC")
 
 
@@ -91,9 +94,25 @@ def relative(ms: int, now_ms: int) -> str:
 
 
 def cadence_json(cadence: Cadence) -> dict[str, Any]:
-    """Return a cadence's typed fields: `every_ms`/`anchor` or `cron`/`tz`/`day_and`."""
+    """Return a cadence's typed fields: `every_ms`/`anchor` or `cron`/`tz`/`day_and`, and
+    its jitter and exclusions (jitter.py, calendars.py) when it has them."""
+    shaped: dict[str, Any] = {}
+    if isinstance(cadence, Jittered):
+        shaped["jitter_ms"], cadence = cadence.jitter_ms, cadence.inner
+    if isinstance(cadence, Excluding):
+        shaped["exclude"], shaped["calendars"] = list(cadence.rules), list(cadence.calendars)
+        cadence = cadence.inner
+    if shaped:
+        return {**cadence_json(cadence), **shaped}
     if isinstance(cadence, Every):
-        return {"kind": "every", "every_ms": cadence.every_ms, "anchor": cadence.anchor}
+        return {
+            "kind": "every",
+            "every_ms": cadence.every_ms,
+            "anchor": cadence.anchor,
+            "offset_ms": cadence.offset_ms,
+        }
+    if isinstance(cadence, At):
+        return {"kind": "at", "at_ms": list(cadence.instants_ms)}
     if isinstance(cadence, Cron):
         return {"kind": "cron", "cron": cadence.expr, "tz": cadence.tz, "day_and": cadence.day_and}
     return {"kind": cadence.kind}
@@ -114,7 +133,9 @@ def computed_by(registration: Registration) -> str | None:
 
 def cadence_text(registration: Registration) -> str:
     """Return a registration's cadence in words: `celery <label>` for a custom schedule."""
-    return computed_by(registration) or registration.definition.cadence.describe()
+    words = computed_by(registration) or registration.definition.cadence.describe()
+    bounds = registration.definition.bounds.describe()
+    return f"{words} ({bounds})" if bounds else words
 
 
 def upcoming(registration: Registration, n: int) -> list[int]:
@@ -125,16 +146,34 @@ def upcoming(registration: Registration, n: int) -> list[int]:
 
 
 def state(registration: Registration) -> str:
-    """Return `active`, `paused`, or `parked` (stopped by a dispatch that can never work)."""
+    """Return `active`, `paused`, `parked` (stopped by a dispatch that can never work), or
+    `completed` (past its end, its limit or its last one-off instant; it never fires again)."""
     if registration.parked_reason is not None:
         return "parked"
+    if registration.completed is not None:
+        return "completed"
     return "paused" if registration.paused else "active"
+
+
+COMPLETED_WORDS = {
+    "end_at": "past its end_at",
+    "limit": "its limit of runs is reached",
+    "at": "its last at instant fired",
+}
+
+
+def completed_text(registration: Registration) -> str:
+    """Return why a completed registration is, as `list` and `show` say it."""
+    why = COMPLETED_WORDS.get(registration.completed or "", registration.completed or "")
+    return f"completed: {why}"
 
 
 def state_text(registration: Registration, width: int = 72) -> str:
     """Return the state as `list` shows it: a parked one with its reason, cut to `width`."""
     reason = registration.parked_reason
     if reason is None:
+        if registration.completed is not None:
+            return completed_text(registration)
         return state(registration)
     text = f"parked: {reason}"
     return text if len(text) <= width else text[: width - 3] + "..."
@@ -180,8 +219,13 @@ def history_row(entry: HistoryEntry) -> list[str]:
     ]
 
 
-def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]:
-    """Return everything known about a registration as JSON-ready data (times in epoch ms)."""
+def registration_json(
+    registration: Registration, now_ms: int, *, unserved: bool = False
+) -> dict[str, Any]:
+    """Return everything known about a registration as JSON-ready data (times in epoch ms).
+
+    `unserved`: its next run passed and no live pump serves its queue (`health.unserved`).
+    """
     cadence = registration.definition.cadence
     zone = zone_of(cadence)
     next_ms = registration.next_run_ms
@@ -189,14 +233,21 @@ def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]
         "queue": registration.queue,
         "name": registration.name,
         "state": state(registration),
+        "unserved": unserved,
         "parked_reason": registration.parked_reason,
         "parked_ms": registration.parked_ms,
         "cadence": cadence_text(registration),
         **(cadence_json(cadence) if computed_by(registration) is None else {"kind": "computed"}),
         "misfire": registration.definition.misfire,
+        "catchup_window_ms": registration.definition.catchup_window_ms,
+        "catchup_max": registration.definition.catchup_max,
+        "paused_note": registration.paused_note,
+        "paused_by": registration.paused_by,
+        "paused_ms": registration.paused_ms,
         "overlap": registration.definition.overlap,
         "pause_after_failures": registration.definition.pause_after_failures,
         "template": dict(registration.definition.template),
+        "labels": dict(registration.definition.labels),
         "source": registration.source,
         "next_run_ms": next_ms,
         "next_run": iso(next_ms, zone),
@@ -217,6 +268,13 @@ def registration_json(registration: Registration, now_ms: int) -> dict[str, Any]
         "lost": registration.lost,
         "inflight": inflight_json(registration.inflight),
         "buffered_due_ms": registration.buffered_due_ms,
+        "completed": registration.completed,
+        "completed_ms": registration.completed_ms,
+        "start_ms": registration.definition.bounds.start_ms,
+        "end_ms": registration.definition.bounds.end_ms,
+        "limit": registration.definition.bounds.limit,
+        "remaining": registration.remaining,
+        "immediately": registration.definition.bounds.immediately,
         "created_ms": registration.created_ms,
         "updated_ms": registration.updated_ms,
         "now_ms": now_ms,
@@ -228,6 +286,8 @@ def next_run_text(registration: Registration, now_ms: int) -> str:
 
     A custom schedule's is its next check, and says so: `(in 3 h, next check)`.
     """
+    if registration.completed is not None:
+        return "- (completed)"
     if registration.paused:  # its parked next run is not a run: nothing fires until resumed
         return "- (paused)"
     if registration.next_run_ms is None:

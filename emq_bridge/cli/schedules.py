@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -10,19 +11,32 @@ from zoneinfo import ZoneInfo
 import click
 
 from .. import targets
-from ..cadence import ANCHORS, MISFIRES
+from ..bounds import MAX_LIMIT
+from ..cadence import (
+    ANCHORS,
+    DEFAULT_CATCHUP_MAX,
+    MAX_CATCHUP_MAX,
+    MISFIRES,
+    SKIP_GRACE_MS,
+    misfire_policy,
+)
 from ..config import declaration_from_entry
 from ..definition import MAX_PAUSE_AFTER, OVERLAPS
-from ..errors import ConfigError, EmqError
+from ..errors import ConfigError, EmqError, ScheduleError
+from ..health import served, unserved
 from ..keys import parse_lease_member
+from ..labels import matches, parse_selector
 from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE
 from ..registry import Registration, Repeat
 from ..template import MAX_TEMPLATE_DEPTH
+from .calendars import read_calendars, run_notes
 from .context import Settings, pass_settings
 from .frameworks import framework_options, framework_params, given_frameworks, load_target
+from .health import UNSERVED_TEXT, flagged_state
 from .render import (
     absolute,
     cadence_text,
+    completed_text,
     duration_text,
     history_row,
     iso,
@@ -45,6 +59,14 @@ T = TypeVar("T")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
+def _selector(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, str]:
+    """Return repeated `--label KEY=VALUE` options as a mapping (usage error if malformed)."""
+    try:
+        return parse_selector(value, "--label")
+    except ScheduleError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 def _lifecycle(move: Callable[[], T]) -> T:
     """Run a registry move that raises KeyError for an unknown name; exit 1 with its reason."""
     try:
@@ -53,6 +75,8 @@ def _lifecycle(move: Callable[[], T]) -> T:
         raise click.ClickException(
             str(exc.args[0]) if exc.args else "no such registration"
         ) from exc
+    except ScheduleError as exc:  # a bad note, by or source: exit 1, nothing written
+        raise click.ClickException(str(exc)) from exc
 
 
 def _require(repeat: Repeat, queue: str, name: str) -> Registration:
@@ -75,9 +99,22 @@ def _require(repeat: Repeat, queue: str, name: str) -> Registration:
     show_default=True,
     help="Skip this many schedules first (the next page: --offset 50 --limit 50).",
 )
+@click.option(
+    "--label",
+    "selector",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_selector,
+    help="Only schedules with this label; repeat it: all must match (paging counts those).",
+)
 @pass_settings
 def list_command(
-    settings: Settings, queue: str | None, as_json: bool, limit: int | None, offset: int
+    settings: Settings,
+    queue: str | None,
+    as_json: bool,
+    limit: int | None,
+    offset: int,
+    selector: dict[str, str],
 ) -> None:
     """List schedules with their cadence, next and last run, last status, and state.
 
@@ -87,22 +124,33 @@ def list_command(
     printed a thousand at a time, so a registry of any size lists in bounded memory.
     The state is active, paused, or parked with the start of its reason: a dispatch that can
     never work, such as an unknown actor, or a streak of failures (--pause-after-failures)
-    stopped it until it is resumed. The last status is what workers reported of the last
-    occurrence (`-` if none reported yet): running, succeeded, failed (with the streak),
-    retrying, skipped, lost or revoked.
+    stopped it until it is resumed; unserved when its next run passed and no live pump
+    serves its queue (see `emq-bridge pumps`), so nothing will fire it. The last status is
+    what workers reported of the last occurrence (`-` if none reported yet): running,
+    succeeded, failed (with the streak), retrying, skipped, lost or revoked. --label keeps
+    the schedules whose labels hold every KEY=VALUE given.
 
     \b
     Examples:
       emq-bridge list
       emq-bridge list reports --limit 50 --offset 50
+      emq-bridge list --label team=billing --label tier=gold
       emq-bridge list reports --json | jq '.[].next_run'
     """
     repeat = settings.repeat()
     queues = [queue] if queue is not None else repeat.queues()
     now_ms = repeat.server_time_ms()
-    registrations = _page(repeat, queues, offset, limit)
+    pumped = served(repeat, queues)
+    if selector:
+        registrations = _labelled(repeat, queues, selector, offset, limit)
+    else:
+        registrations = _page(repeat, queues, offset, limit)
     if as_json:
-        for chunk in _json_array(registration_json(r, now_ms) for r in registrations):
+        items = (
+            registration_json(r, now_ms, unserved=unserved(r, now_ms, pumped))
+            for r in registrations
+        )
+        for chunk in _json_array(items):
             click.echo(chunk, nl=False)
         click.echo()
         return
@@ -114,12 +162,14 @@ def list_command(
             next_run_text(r, now_ms),
             last_run_text(r, now_ms),
             status_text(r),
-            state_text(r),
+            flagged_state(r, now_ms, pumped, state_text(r)),
         ]
         for r in registrations
     ]
     if not rows:
         where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
+        if selector:
+            where += " with labels " + ",".join(f"{k}={v}" for k, v in selector.items())
         click.echo(f"no schedules in {where}" + (" on this page" if offset else ""), err=True)
         return
     header = ["queue", "name", "cadence", "next run", "last run", "last status", "state"]
@@ -147,6 +197,21 @@ def _page(
         if left is not None:
             left -= len(page)
         yield from page
+
+
+def _labelled(
+    repeat: Repeat, queues: list[str], selector: dict[str, str], offset: int, limit: int | None
+) -> Iterator[Registration]:
+    """Yield the registrations of `queues` whose labels match `selector`, paged after the
+    match (labels are in the records, not indexed: every record is read, streamed)."""
+    found = (
+        r
+        for queue in queues
+        for r in repeat.iter_list(queue)
+        if matches(r.definition.labels, selector)
+    )
+    stop = None if limit is None else offset + limit
+    yield from itertools.islice(found, offset, stop)
 
 
 def _json_array(items: Iterator[dict[str, Any]]) -> Iterator[str]:
@@ -181,7 +246,8 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     repeat = settings.repeat()
     registration = _require(repeat, queue, name)
     now_ms = repeat.server_time_ms()
-    data = registration_json(registration, now_ms)
+    flagged = unserved(registration, now_ms, served(repeat, [queue]))
+    data = registration_json(registration, now_ms, unserved=flagged)
     if as_json:
         click.echo(to_json(data))
         return
@@ -190,7 +256,9 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     fired_ms = registration.last_fired_ms
     if fired_ms is not None:
         last = f"{absolute(fired_ms, zone)} ({relative(fired_ms, now_ms)})"
-    state = data["state"]
+    state = data["state"] if not data["unserved"] else UNSERVED_TEXT
+    if registration.completed is not None:
+        state = completed_text(registration)
     if registration.parked_ms is not None:
         since = registration.parked_ms
         state += f" since {absolute(since, zone)} ({relative(since, now_ms)})"
@@ -201,6 +269,7 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     if registration.parked_reason is not None:
         lines.append(("reason", registration.parked_reason))
         lines.append(("", f"fix it, then: emq-bridge resume {queue} {name}"))
+    lines += _pause_lines(registration, now_ms)
     lines += [
         ("next run", next_run_text(registration, now_ms)),
         ("last run", last),
@@ -210,14 +279,46 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
         ("skipped", str(registration.skipped)),
         ("lost", str(registration.lost)),
         *_in_flight_lines(registration, now_ms),
-        ("misfire", registration.definition.misfire),
+        ("misfire", _misfire_text(registration)),
         *_policy_lines(registration),
+        *_bounds_lines(registration, now_ms),
+        *_labels_lines(registration),
         ("source", registration.source or "(added at runtime)"),
         ("template", json.dumps(data["template"], sort_keys=True)),
     ]
     click.echo(f"{queue}/{name}")
     for label, value in lines:
         click.echo(f"  {label:<9} {value}")
+
+
+def _pause_lines(registration: Registration, now_ms: int) -> list[tuple[str, str]]:
+    """Return `show`'s lines on a pause: its note, who paused it and when."""
+    if not registration.paused or registration.parked_reason is not None:
+        return []
+    zone = zone_of(registration.definition.cadence)
+    who = registration.paused_by or "(not recorded)"
+    if registration.paused_ms is not None:
+        who += f", {_when(registration.paused_ms, zone, now_ms)}"
+    lines = [("paused by", who)]
+    if registration.paused_note:
+        lines.append(("note", registration.paused_note))
+    return lines
+
+
+def _misfire_text(registration: Registration) -> str:
+    """Return the misfire policy as `show` says it: the policy, its window and bound."""
+    definition = registration.definition
+    text: str = definition.misfire
+    policy = misfire_policy(definition.misfire)
+    if policy != text:
+        text += f" (= {policy})"
+    window = definition.catchup_window_ms
+    if window is None and policy == "skip":
+        window = SKIP_GRACE_MS
+    text += ", window " + (duration_text(window) if window is not None else "none")
+    if policy == "all":
+        text += f", at most {definition.catchup_max or DEFAULT_CATCHUP_MAX} per catch-up"
+    return text
 
 
 def _when(ms: int, zone: ZoneInfo, now_ms: int) -> str:
@@ -274,6 +375,31 @@ def _in_flight_lines(registration: Registration, now_ms: int) -> list[tuple[str,
     if registration.buffered_due_ms is not None:
         lines.append(("buffered", f"slot {_when(registration.buffered_due_ms, zone, now_ms)}"))
     return lines
+
+
+def _bounds_lines(registration: Registration, now_ms: int) -> list[tuple[str, str]]:
+    """Return `show`'s lines on the bounds (start, end, limit) and completion, if any."""
+    zone = zone_of(registration.definition.cadence)
+    bounds = registration.definition.bounds
+    lines: list[tuple[str, str]] = []
+    if bounds.start_ms is not None:
+        lines.append(("start at", _when(bounds.start_ms, zone, now_ms)))
+    if bounds.end_ms is not None:
+        lines.append(("end at", _when(bounds.end_ms, zone, now_ms)))
+    if bounds.limit is not None:
+        left = "?" if registration.remaining is None else str(registration.remaining)
+        lines.append(("limit", f"{bounds.limit} runs, {left} remaining"))
+    if registration.completed is not None and registration.completed_ms is not None:
+        lines.append(("completed", _when(registration.completed_ms, zone, now_ms)))
+    return lines
+
+
+def _labels_lines(registration: Registration) -> list[tuple[str, str]]:
+    """Return `show`'s line on the labels, `key=value` sorted by key, if it has any."""
+    labels = registration.definition.labels
+    if not labels:
+        return []
+    return [("labels", ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))]
 
 
 def _policy_lines(registration: Registration) -> list[tuple[str, str]]:
@@ -347,7 +473,9 @@ def history_command(settings: Settings, queue: str, name: str, count: int, as_js
 def next_command(settings: Settings, queue: str, name: str, count: int, as_json: bool) -> None:
     """Print the upcoming runs of a schedule.
 
-    Times are in the schedule's time zone with their UTC offset, so DST changes show.
+    Times are in the schedule's time zone with their UTC offset, so DST changes show. A
+    jittered run names the slot it stands for (its nominal time and id); the slots its
+    calendars skip show as excluded.
 
     \b
     Examples:
@@ -359,9 +487,15 @@ def next_command(settings: Settings, queue: str, name: str, count: int, as_json:
     runs = upcoming(registration, count)  # a custom schedule's: its next check only
     now_ms = repeat.server_time_ms()
     zone = zone_of(registration.definition.cadence)
+    notes = run_notes(registration.definition.cadence, runs, now_ms)  # jitter, calendars
     if as_json:
         click.echo(
-            to_json([{"at_ms": ms, "at": _iso(ms, zone), "in_ms": ms - now_ms} for ms in runs])
+            to_json(
+                [
+                    {"at_ms": ms, "at": _iso(ms, zone), "in_ms": ms - now_ms, **note}
+                    for ms, note in zip(runs, notes, strict=True)
+                ]
+            )
         )
         return
     if registration.paused:  # these runs happen only once it is resumed
@@ -370,9 +504,15 @@ def next_command(settings: Settings, queue: str, name: str, count: int, as_json:
             "the runs after that would be:",
             err=True,
         )
-    for ms in runs:
+    for ms, note in zip(runs, notes, strict=True):
+        for skipped in note.get("excluded_ms", []):
+            click.echo(f"{absolute(skipped, zone)} {_offset(skipped, zone)}  excluded")
+        if note.get("excluded_more"):
+            click.echo("...  more excluded")
         offset = _offset(ms, zone)
-        click.echo(f"{absolute(ms, zone)} {offset}  ({relative(ms, now_ms)})")
+        slot = note.get("nominal_ms", ms)
+        jittered = "" if slot == ms else f"  jittered from {absolute(slot, zone)}"
+        click.echo(f"{absolute(ms, zone)} {offset}  ({relative(ms, now_ms)}){jittered}")
 
 
 def _iso(ms: int, zone: ZoneInfo) -> str:
@@ -430,10 +570,69 @@ def _json_value(
 @click.option(
     "--anchor",
     type=click.Choice(ANCHORS),
-    help="Interval: next = due + every (schedule, default) or now + every (release).",
+    help="Interval: on the epoch grid (grid, default), next = now + every (release), or "
+    "next = due + every from the registration instant (schedule, the old default).",
 )
 @click.option(
-    "--misfire", type=click.Choice(MISFIRES), help="Missed slots: coalesce (default) or catchup."
+    "--offset", metavar="DURATION", help="Interval: shift the grid, e.g. 5m (:05/:20/:35/:50)."
+)
+@click.option(
+    "--at",
+    multiple=True,
+    metavar="DATETIME",
+    help="A one-off instant instead of a cadence, ISO 8601 with an offset "
+    "(2026-04-01T09:00:00+02:00); repeat it for several.",
+)
+@click.option("--start-at", metavar="DATETIME", help="No run before this instant (ISO 8601).")
+@click.option("--end-at", metavar="DATETIME", help="No run after this instant (inclusive).")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIMIT),
+    metavar="N",
+    help="At most N runs, then the schedule is completed (triggers do not count).",
+)
+@click.option(
+    "--immediately", is_flag=True, default=None, help="Fire once when the schedule is created."
+)
+@click.option(
+    "--jitter",
+    metavar="DURATION",
+    help="Send each slot up to this much later (30s, 5m), by an offset hashed from the "
+    "name and the slot; its id and nominal time stay the slot's.",
+)
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="RULE",
+    help="Skip the slots on a date (2026-12-25), a range of days (2026-12-20..2027-01-03), "
+    "a window (2026-11-27T18:00..2026-11-30T06:00), a cron:<fields> match, or @NAME of "
+    "--calendars, in the schedule's zone; repeat it for several.",
+)
+@click.option(
+    "--calendars",
+    "calendars_file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A TOML file whose [calendars] table names the calendars --exclude @NAME uses.",
+)
+@click.option(
+    "--misfire",
+    type=click.Choice(MISFIRES),
+    help="Slots missed while no pump ran: latest (default; fire the newest once), earliest, "
+    "skip (none) or all (each, at most --catchup-max); coalesce and catchup are the old names "
+    "of latest and all.",
+)
+@click.option(
+    "--catchup-window",
+    metavar="DURATION",
+    help="A slot later than this (30s, 10m, 2h) is missed, not fired (default: no bound; "
+    "60s for skip).",
+)
+@click.option(
+    "--catchup-max",
+    type=click.IntRange(1, MAX_CATCHUP_MAX),
+    metavar="N",
+    help="With --misfire all: at most the newest N missed slots per catch-up (default 100).",
 )
 @click.option(
     "--overlap",
@@ -467,6 +666,15 @@ def _json_value(
     metavar="JSON",
     help="Send options, a JSON object.",
 )
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_selector,
+    help="Tag the schedule (team=billing); repeat it for several. `list --label` and the "
+    "web view filter by them.",
+)
 @click.option("--replace", is_flag=True, help="Overwrite an existing schedule of that name.")
 @framework_options(
     lambda framework: (
@@ -480,7 +688,8 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
 
     A schedule added here belongs to no file, so no `sync` ever removes it.
 
-    Give one cadence: --every, --every-ms or --cron (with --tz). Without --replace an
+    Give one cadence: --every, --every-ms, --cron (with --tz) or --at (one-off instants).
+    --start-at, --end-at and --limit bound it; past them it shows as completed. Without --replace an
     existing schedule of the same name is left alone: exit 0 if it is identical, else 1.
     --overlap and --pause-after-failures act on what workers report of each occurrence
     (see `show` and `history`).
@@ -496,14 +705,25 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
       emq-bridge add reports nightly --task nightly_report --cron "0 9 * * *" --tz Europe/Paris
       emq-bridge add emails retry --task retry --every 1m --kwargs '{"limit": 100}' --replace
       emq-bridge add reports sync --task sync --every 5m --overlap skip --pause-after-failures 3
+      emq-bridge add reports once --task report --at 2026-04-01T09:00:00+02:00
+      emq-bridge add reports trial --task poll --every 15m --offset 5m --limit 10
+      emq-bridge add reports etl --task etl --every 1h --misfire all --catchup-window 1d
+      emq-bridge add reports spread --task poll --cron "H * * * *" --jitter 30s
+      emq-bridge add reports audit --task audit --every 1h --label team=billing --label tier=gold
+      emq-bridge add reports daily --task report --cron "0 9 * * 1-5" --tz Europe/Paris \
+          --exclude 2026-12-25 --exclude @holidays --calendars calendars.toml
     """
     given = given_frameworks(framework_params(fields))
     if len(given) > 1:
         named = " and ".join(f"--{framework}" for framework, _ in given)
         raise click.UsageError(f"give one app to check --task against, not {named}")
     entry = {"queue": queue, "name": name}
+    fields["at"] = list(fields["at"]) or None  # --at may be repeated
+    fields["exclude"] = list(fields["exclude"]) or None  # and --exclude
+    fields["labels"] = fields["labels"] or None  # and --label (a dict from _selector)
+    calendars = read_calendars(fields.pop("calendars_file"))
     entry.update({"args" if k == "args_" else k: v for k, v in fields.items() if v is not None})
-    declaration = declaration_from_entry(entry)
+    declaration = declaration_from_entry(entry, calendars=calendars)
     task = str(fields["task"])
     checked = _check_task(*given[0], task) if given else False
     repeat = settings.repeat()
@@ -575,34 +795,91 @@ def remove_command(settings: Settings, queue: str, name: str) -> None:
 
 @click.command("pause")
 @click.argument("queue")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--note", help="Why it is paused; `show` says it until it is resumed.")
+@click.option("--by", "by", help="Who paused it (default: none recorded).")
+@click.option("--all", "every_one", is_flag=True, help="Pause every registration of QUEUE.")
+@click.option("--source", help="Pause every registration of QUEUE that SOURCE owns (a sync's).")
 @pass_settings
-def pause_command(settings: Settings, queue: str, name: str) -> None:
-    """Pause a schedule: it stops firing until resumed.
+def pause_command(
+    settings: Settings,
+    queue: str,
+    name: str | None,
+    note: str | None,
+    by: str | None,
+    every_one: bool,
+    source: str | None,
+) -> None:
+    """Pause a schedule (or, with --all or --source, many): it stops firing until resumed.
 
     \b
-    Example:
-      emq-bridge pause reports digest
+    Examples:
+      emq-bridge pause reports digest --note "mail relay down" --by alice
+      emq-bridge pause reports --source billing --note "freeze until Monday"
+      emq-bridge pause reports --all
     """
-    changed = _lifecycle(lambda: settings.repeat().pause(queue, name))
+    repeat = settings.repeat()
+    if _bulk(name, every_one, source):
+        paused = _lifecycle(lambda: repeat.pause_all(queue, source=source, note=note, by=by))
+        click.echo(f"paused {len(paused)} in {queue}" + "".join(f"\n  {n}" for n in paused))
+        return
+    assert name is not None  # _bulk checked it
+    changed = _lifecycle(lambda: repeat.pause(queue, name, note=note, by=by))
     click.echo(f"paused {queue}/{name}" if changed else f"{queue}/{name} was already paused")
 
 
 @click.command("resume")
 @click.argument("queue")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option(
+    "--catchup",
+    is_flag=True,
+    help="Hand the slots that passed while paused to the misfire policy (default: skip them).",
+)
+@click.option("--all", "every_one", is_flag=True, help="Resume every paused one of QUEUE.")
+@click.option("--source", help="Resume every paused one of QUEUE that SOURCE owns.")
 @pass_settings
-def resume_command(settings: Settings, queue: str, name: str) -> None:
-    """Resume a paused schedule.
+def resume_command(
+    settings: Settings,
+    queue: str,
+    name: str | None,
+    catchup: bool,
+    every_one: bool,
+    source: str | None,
+) -> None:
+    """Resume a paused schedule (or, with --all or --source, many).
 
-    It fires again from its next future slot; slots that passed while paused are skipped.
+    It fires again from its next future slot; slots that passed while paused are skipped
+    and not counted, unless --catchup hands them to its misfire policy (`latest` fires the
+    newest of them, `all` each, ...; the dropped ones are counted in missed). --all and
+    --source leave parked registrations (a dispatch that can never work) parked.
 
     \b
-    Example:
+    Examples:
       emq-bridge resume reports digest
+      emq-bridge resume reports digest --catchup
+      emq-bridge resume reports --source billing
     """
-    changed = _lifecycle(lambda: settings.repeat().resume(queue, name))
+    repeat = settings.repeat()
+    if _bulk(name, every_one, source):
+        resumed = _lifecycle(lambda: repeat.resume_all(queue, source=source, catchup=catchup))
+        click.echo(f"resumed {len(resumed)} in {queue}" + "".join(f"\n  {n}" for n in resumed))
+        return
+    assert name is not None  # _bulk checked it
+    changed = _lifecycle(lambda: repeat.resume(queue, name, catchup=catchup))
     click.echo(f"resumed {queue}/{name}" if changed else f"{queue}/{name} was not paused")
+
+
+def _bulk(name: str | None, every_one: bool, source: str | None) -> bool:
+    """True for a bulk pause/resume; a usage error (exit 2) unless exactly one of NAME,
+    --all and --source is given."""
+    given = [x for x, v in (("NAME", name), ("--all", every_one), ("--source", source)) if v]
+    if len(given) != 1:
+        raise click.UsageError(
+            "give exactly one of NAME, --all or --source"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    return name is None
 
 
 @click.command("trigger")

@@ -21,6 +21,7 @@ from ..errors import ConfigError, DispatchError, PermanentDispatchError, Schedul
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
 from .schedule import (
+    OPTION_BACKFILL,
     OPTION_DUE_MS,
     OPTION_LAST_SUCCESS_MS,
     OPTION_NAME,
@@ -61,6 +62,7 @@ def build_message(
             OPTION_QUEUE: occurrence.queue,
             OPTION_REDELIVERED: occurrence.redelivered,
             OPTION_TRIGGERED: occurrence.triggered,
+            OPTION_BACKFILL: occurrence.backfill,
             OPTION_RELEASED_MS: occurrence.released_ms,
             OPTION_PREVIOUS_DUE_MS: occurrence.previous_due_ms,
             OPTION_LAST_SUCCESS_MS: occurrence.last_success_ms,

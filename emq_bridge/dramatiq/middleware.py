@@ -22,6 +22,7 @@ from dramatiq.middleware import Middleware, MiddlewareError
 from ..config import load_schedule_file
 from ..definition import Declaration
 from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
+from ..events import PumpEvents
 from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
 from ..lifecycle import check_history_size
 from ..outcome import HISTORY_SIZE
@@ -93,7 +94,8 @@ class RecurringMiddleware(Middleware):
     two versions booting in turn never flip a schedule back and forth. With `run_pump`, each
     worker process runs one pump thread on `pump_queues` (default: every queue the broker
     declares); `pipelined=True` makes it send through `PipelinedDramatiqDispatcher` (a
-    `RedisBroker` only).
+    `RedisBroker` only). `listeners` (`emq_bridge.events.PumpEvents`) hear what each worker
+    process's pump does: `listeners=[emq_bridge.metrics.MetricsEvents()]` counts it.
 
     With `report` (the default) each worker process reports what becomes of the occurrences
     it runs (started, succeeded, retrying, failed, skipped: `outcomes.MessageOutcomes`) to
@@ -126,6 +128,7 @@ class RecurringMiddleware(Middleware):
         report: bool = True,
         history_size: int = HISTORY_SIZE,
         heartbeat_s: float = HEARTBEAT_S,
+        listeners: Iterable[PumpEvents] = (),
     ) -> None:
         self.prefix = validate_prefix(prefix)
         try:
@@ -155,6 +158,7 @@ class RecurringMiddleware(Middleware):
         self.pipelined = pipelined
         self.lease_ms = lease_ms
         self.max_sleep_s = max_sleep_s
+        self.listeners = tuple(listeners)
         self._registry_spec = repeat
         self.repeat: Repeat | None = repeat if isinstance(repeat, Repeat) else None
         self.plans: list[SyncPlan] = []
@@ -328,7 +332,9 @@ class RecurringMiddleware(Middleware):
             lease_ms=self.lease_ms,
             max_sleep_s=self.max_sleep_s,
             history_size=self.history_size,
+            listeners=self.listeners,
         )
+        pump.heartbeat.role = "dramatiq-worker"
         self._pump_stop = threading.Event()
         self._pump_thread = threading.Thread(
             target=self._run_pump, args=(pump, self._pump_stop), name="emq-bridge-pump", daemon=True

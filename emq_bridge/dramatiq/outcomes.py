@@ -25,11 +25,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..lifecycle import report_of
-from ..outcome import Report, ReportKind
+from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
 from .schedule import (
     OPTION_DUE_MS,
@@ -69,15 +69,19 @@ def occurrence_fields(message: Any) -> dict[str, Any] | None:
 
 @dataclass(slots=True)
 class _Run:
-    """The message a worker thread processes, from `before_process_message` to its ack."""
+    """The message a worker thread processes, from `before_process_message` to its ack.
+
+    `start` is its `started` report, built once from the message: the final report is made
+    from it (`Report.ended`), carrying the start. `began` says whether it was sent (a run
+    whose start was not seen reports no start)."""
 
     message_id: str
-    fields: dict[str, Any]
-    attempt: int
+    start: Report
     finished_ms: int | None = None
     error: BaseException | None = None
     retry_delay_ms: int | None = None
     skipped: bool = False  # reported at the skip; its ack or nack reports nothing more
+    began: bool = False
 
 
 class MessageOutcomes:
@@ -108,7 +112,8 @@ class MessageOutcomes:
         self._local.run = None
         run = self._run_of(message, create=True)
         if run is not None:
-            self._send("started", run, _now_ms())
+            run.began = True
+            self._queue(run.start)
 
     def processed(self, message: Any, exception: BaseException | None) -> None:
         """`after_process_message`: note when the actor ended and how (decided at the ack)."""
@@ -179,7 +184,8 @@ class MessageOutcomes:
             fields = occurrence_fields(message)
             if fields is None:
                 return None
-            run = _Run(message_id, fields, attempt_of(message.options))
+            start = report_of("started", fields, attempt=attempt_of(message.options))
+            run = _Run(message_id, start)
         except Exception as exc:  # a message that is not one: never into the worker
             log.warning("a message's occurrence could not be read; not reported: %s", exc)
             return None
@@ -196,9 +202,18 @@ class MessageOutcomes:
         hold_ms: int = 0,
     ) -> None:
         try:
-            item: Report = report_of(
-                kind, run.fields, attempt=run.attempt, at_ms=at_ms, error=error, hold_ms=hold_ms
-            )
-            self.reporter.report(item)
-        except Exception as exc:  # a malformed occurrence, or a bug: never into the actor
+            text = error if isinstance(error, str) else error_text(error)
+            if run.began:
+                item = run.start.ended(kind, at_ms, text, hold_ms=hold_ms)
+            else:  # no start seen: the final report alone, with no start time
+                item = replace(run.start, kind=kind, at_ms=at_ms, error=text, hold_ms=hold_ms)
+        except Exception as exc:  # a bug: never into the actor
             log.warning("the %s report of occurrence %s was dropped: %s", kind, run.message_id, exc)
+            return
+        self._queue(item)
+
+    def _queue(self, item: Report) -> None:
+        try:
+            self.reporter.report(item)
+        except Exception as exc:  # a bug: never into the actor
+            log.warning("the %s report of occurrence %s was dropped: %s", item.kind, item.id, exc)

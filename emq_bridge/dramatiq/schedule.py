@@ -22,13 +22,16 @@ from typing import Any, TypeVar
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
+from ..bounds import Instant
 from ..cadence import Anchor, Misfire
-from ..definition import Declaration, Overlap, Schedule
+from ..calendars import ExcludeItem
+from ..definition import Declaration, Offset, Overlap, Schedule
 from ..errors import ConfigError, ScheduleError
 from ..registry import Registered, Repeat
 from ..template import TaskTemplate
 
 __all__ = [
+    "OPTION_BACKFILL",
     "OPTION_DUE_MS",
     "OPTION_LAST_SUCCESS_MS",
     "OPTION_NAME",
@@ -61,6 +64,7 @@ OPTION_NAME = "emq_name"
 OPTION_QUEUE = "emq_queue"
 OPTION_REDELIVERED = "emq_redelivered"
 OPTION_TRIGGERED = "emq_triggered"
+OPTION_BACKFILL = "emq_backfill"  # sent by a backfill (backfill.py), for a past slot
 # ... and its previous-run context: when a pump claimed it (server clock), the slot fired
 # before it and when an occurrence of it last succeeded (epoch ms, or None when unknown).
 OPTION_RELEASED_MS = "emq_released_ms"
@@ -80,10 +84,20 @@ def every(
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
     name: str | None = None,
-    anchor: Anchor = "schedule",
+    anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
     overlap: Overlap = "allow",
     pause_after_failures: int | None = None,
+    catchup_window: float | timedelta | str | None = None,
+    catchup_max: int | None = None,
+    offset: Offset | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    limit: int | None = None,
+    immediately: bool = False,
+    jitter: float | timedelta | str | None = None,
+    exclude: Sequence[ExcludeItem] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Schedule:
     """Return an interval schedule, e.g. `every("15m")`, for `@dramatiq.actor(recurring=...)`."""
     return dramatiq_schedule(
@@ -96,6 +110,16 @@ def every(
         misfire=misfire,
         overlap=overlap,
         pause_after_failures=pause_after_failures,
+        catchup_window=catchup_window,
+        catchup_max=catchup_max,
+        offset=offset,
+        start_at=start_at,
+        end_at=end_at,
+        limit=limit,
+        immediately=immediately,
+        jitter=jitter,
+        exclude=exclude,
+        labels=labels,
     )
 
 
@@ -110,6 +134,15 @@ def cron(
     misfire: Misfire = "coalesce",
     overlap: Overlap = "allow",
     pause_after_failures: int | None = None,
+    catchup_window: float | timedelta | str | None = None,
+    catchup_max: int | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    limit: int | None = None,
+    immediately: bool = False,
+    jitter: float | timedelta | str | None = None,
+    exclude: Sequence[ExcludeItem] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Schedule:
     """Return a cron schedule in `tz` (IANA, default UTC), e.g. `cron("0 9 * * 1-5")`."""
     return dramatiq_schedule(
@@ -122,6 +155,15 @@ def cron(
         misfire=misfire,
         overlap=overlap,
         pause_after_failures=pause_after_failures,
+        catchup_window=catchup_window,
+        catchup_max=catchup_max,
+        start_at=start_at,
+        end_at=end_at,
+        limit=limit,
+        immediately=immediately,
+        jitter=jitter,
+        exclude=exclude,
+        labels=labels,
     )
 
 
@@ -155,16 +197,29 @@ def recurring(
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
     name: str | None = None,
-    anchor: Anchor = "schedule",
+    anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
     overlap: Overlap = "allow",
     pause_after_failures: int | None = None,
+    catchup_window: float | timedelta | str | None = None,
+    catchup_max: int | None = None,
+    offset: Offset | None = None,
+    at: Instant | Sequence[Instant] | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    limit: int | None = None,
+    immediately: bool = False,
+    jitter: float | timedelta | str | None = None,
+    exclude: Sequence[ExcludeItem] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Callable[[ActorT], ActorT]:
     """Declare a recurring schedule on the actor below: stack it above `@dramatiq.actor`.
 
     `overlap` is `allow`, `skip` or `buffer_one` (not `replace`: Dramatiq cannot revoke a
     running message); `pause_after_failures=K` pauses the schedule after K consecutive
     failed occurrences. Both need the workers' reports (`RecurringMiddleware(report=True)`).
+    `jitter` and `exclude` spread and skip slots (docs/cron.md); `labels` (str -> str) tag
+    the registration (docs/schedules-and-cli.md).
     Raises `ScheduleError` at import time for an invalid cadence or policy, non-JSON
     arguments, a decorator placed below `@dramatiq.actor`, or a name another schedule of the
     actor holds.
@@ -181,6 +236,17 @@ def recurring(
         misfire=misfire,
         overlap=overlap,
         pause_after_failures=pause_after_failures,
+        catchup_window=catchup_window,
+        catchup_max=catchup_max,
+        offset=offset,
+        at=at,
+        start_at=start_at,
+        end_at=end_at,
+        limit=limit,
+        immediately=immediately,
+        jitter=jitter,
+        exclude=exclude,
+        labels=labels,
     )
 
     def attach(actor: ActorT) -> ActorT:
@@ -267,7 +333,8 @@ class OccurrenceInfo:
     this one (None on its first run and on a re-send); `last_success_ms` when a worker last
     reported one of its occurrences succeeded (None if none has, or nothing reports). All
     are epoch ms; the properties without `_ms` are the same instants as aware UTC datetimes.
-    `attempt` counts Dramatiq's retries of this message from 1.
+    `attempt` counts Dramatiq's retries of this message from 1. `backfill` is true when a
+    backfill sent it for a past slot (the id is the one that slot has live).
     """
 
     id: str
@@ -281,6 +348,7 @@ class OccurrenceInfo:
     previous_due_ms: int | None = None
     last_success_ms: int | None = None
     attempt: int = 1
+    backfill: bool = False
 
     @property
     def due(self) -> datetime:
@@ -330,6 +398,7 @@ def occurrence_of(message: Any) -> OccurrenceInfo | None:
         redelivered=bool(options.get(OPTION_REDELIVERED, False)),
         triggered=bool(options.get(OPTION_TRIGGERED, False)),
         options=options,
+        backfill=bool(options.get(OPTION_BACKFILL, False)),
         released_ms=_optional_ms(options.get(OPTION_RELEASED_MS)),
         previous_due_ms=_optional_ms(options.get(OPTION_PREVIOUS_DUE_MS)),
         last_success_ms=_optional_ms(options.get(OPTION_LAST_SUCCESS_MS)),
@@ -396,10 +465,19 @@ def register(
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
     name: str | None = None,
-    anchor: Anchor = "schedule",
+    anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
     overlap: Overlap = "allow",
     pause_after_failures: int | None = None,
+    catchup_window: float | timedelta | str | None = None,
+    catchup_max: int | None = None,
+    offset: Offset | None = None,
+    at: Instant | Sequence[Instant] | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    limit: int | None = None,
+    immediately: bool = False,
+    labels: Mapping[str, str] | None = None,
     broker: dramatiq.Broker | None = None,
     now_ms: int | None = None,
 ) -> Registered:
@@ -427,6 +505,15 @@ def register(
         misfire=misfire,
         overlap=overlap,
         pause_after_failures=pause_after_failures,
+        catchup_window=catchup_window,
+        catchup_max=catchup_max,
+        offset=offset,
+        at=at,
+        start_at=start_at,
+        end_at=end_at,
+        limit=limit,
+        immediately=immediately,
+        labels=labels,
     )
     declaration = schedule.bind(actor.actor_name, actor.queue_name)
     check_actors(actor.broker, [declaration], "register")

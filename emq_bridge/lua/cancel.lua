@@ -6,6 +6,7 @@
 -- KEYS[4]  <prefix>:{q}:generations     hash: source -> highest generation synced
 -- KEYS[5]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
 -- KEYS[6]  <prefix>:{q}:history:<name>  list: the registration's last occurrences
+-- KEYS[7]  <prefix>:{q}:backfill:<name> sorted set: the slots backfills queued (optional)
 -- ARGV[1]  name
 -- ARGV[2]  owner guard: when not empty, cancel only if the record's `source` equals it
 -- ARGV[3]  generation of that owner's declarations ('' for none: no check)
@@ -24,6 +25,7 @@ end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'source') ~= ARGV[2] then return 0 end
 local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[6])
+if KEYS[7] then redis.call('DEL', KEYS[7]) end
 local prefix = ARGV[1] .. ' '
 for _, key in ipairs({KEYS[3], KEYS[5]}) do
   for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do

@@ -8,7 +8,13 @@
 -- ARGV[1]  now, epoch ms
 -- ARGV[2]  lease deadline, epoch ms
 -- ARGV[3]  JSON array of the n candidates, each [name, score read by scan, next score,
---          missed, mode (, history key index, occurrence id)], numbers as decimal strings
+--          missed, mode, slot to fire (, history key index, occurrence id)], numbers as
+--          decimal strings. The slot to fire is the nominal time of the occurrence leased
+--          (the lease member's, `last_due_ms`): the score read, or the slot the misfire
+--          policy chose (cadence.catch_up, pure math of the score read and ARGV[1]).
+--          `missed` (slots the policy dropped) is counted whatever the mode but 'defer'.
+--          mode 'drop': the policy fires nothing (every passed slot dropped): only move the
+--          score and count `missed`
 --          mode 'fire': move the score, lease the occurrence, note its slot (`last_due_ms`)
 --          and count its missed slots; `fired` is counted when it is acked (ack.lua)
 --          mode 'defer': only move the score (a corrupt record is parked)
@@ -30,23 +36,36 @@
 --
 -- A candidate is claimed only if its score is still the one scan read, so two pumps never
 -- claim the same occurrence; its score moves to the next run in the same step.
+-- Bounds (bounds.py), from the record as it is now: a slot past its last instant (`end_ms`,
+-- or the last of `at`) or with no run of its `limit` left is not fired; a fired (or
+-- buffered) slot takes one from `remaining` in the step that moves the score; a next score
+-- past the last instant, or no run left, completes the registration: score +inf, and
+-- `completed` (the reason: end_at, limit, at) and `completed_ms` in its record.
 -- An expired member is re-leased only if it is still there and expired, so two pumps never
 -- re-lease the same one. A pending trigger "<name> <due_ms> manual" (trigger.lua, or any
 -- trigger of an older version) is replaced by the lease "<name> <due_ms> triggered": its first
 -- send. If that lease already exists, the occurrence is in flight and its lease carries it:
 -- the pending member is dropped and not re-leased.
 -- A pending buffered slot "<name> <due_ms> buffered" (report.lua) becomes the plain lease
--- "<name> <due_ms>", its first send.
+-- "<name> <due_ms>", its first send. A pending backfill "<name> <due_ms> backfill"
+-- (backfill.lua, scored by when to send it) becomes the lease "<name> <due_ms> backfilled".
+-- A fired (or buffered) candidate extends the record's runs of fired slots (`track`).
 -- Returns {{claimed candidate index (1-based), ...}, {re-leased member as given, ...},
 --          earliest registry score or '', earliest lease deadline or '',
 --          {candidate index, member in flight it replaces, ...}, {skipped index, ...},
---          {buffered index, ...}} after the writes: a re-leased "... manual" or
--- "... buffered" member is a first send, any other a redelivery.
+--          {buffered index, ...}, {index whose dropped slots were counted, ...}} after the
+--          writes: a re-leased "... manual", "... buffered" or "... backfill" member is a
+--          first send, any other a redelivery.
 -- Add `by` to a counter. A counter edited by hand into a non-integer restarts at `by`
 -- instead of failing the script halfway (a script error keeps the writes made before it).
+-- Returns the counter's new value.
 local function count(record, field, by)
   local result = redis.pcall('HINCRBY', record, field, by)
-  if type(result) == 'table' and result.err then redis.call('HSET', record, field, by) end
+  if type(result) == 'table' and result.err then
+    redis.call('HSET', record, field, by)
+    return tonumber(by)
+  end
+  return result
 end
 
 -- The integer ms that scan reported for a score (registry.py `_due_ms`): a score edited by
@@ -55,6 +74,68 @@ local function due_ms(score)
   local value = tonumber(score)
   if value == -math.huge then return 0 end
   return math.floor(value)
+end
+
+-- The reason a registration is complete when its next score is `score`, or nil; `f` is its
+-- record's {end_ms, at, remaining, limit} (the same rule in upsert, register and resume).
+local function completion(f, score)
+  if f[4] and tonumber(f[3]) and tonumber(f[3]) <= 0 then return 'limit' end
+  local n = tonumber(score)
+  local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))
+  if last_at and n > last_at then return 'at' end
+  if tonumber(f[1]) and n > tonumber(f[1]) then return 'end_at' end
+  return nil
+end
+
+-- The runs of slots fired live, for backfill.lua (which never sends a slot a run covers):
+-- `run` ("<from> <to> <next>") is the open run from..to, extended while each claim fires the
+-- slot its previous claim scored (next) with nothing dropped; any other fire closes it into
+-- `runs` ("from-to from-to ...", oldest first, at most MAX_RUNS: the two oldest merge, so
+-- what lay between them counts as fired, never the other way). A record from before runs
+-- existed (no `run`) closes [created_ms, last_due_ms]. `run` '' is no open run (its slots
+-- were dropped). One field, not three: a record's fields cost memory each.
+local MAX_RUNS = 200
+local function close_run(runs, from, to)
+  if runs ~= '' then runs = runs .. ' ' end
+  runs = runs .. from .. '-' .. to
+  local _, spaces = string.gsub(runs, ' ', '')
+  if spaces >= MAX_RUNS then
+    local a, b, rest = string.match(runs, '^(%d+)%-%d+ %d+%-(%d+)(.*)$')
+    if a then runs = a .. '-' .. b .. rest end
+  end
+  return runs
+end
+
+-- The record fields a fired (or buffered) slot writes to its runs, appended to `writes`
+-- (field, value, ...) for the caller's one HSET. `f` is the candidate's record read
+-- (`run` at 5, `last_due_ms` at 6).
+local function track(record, f, expected, next_score, fire, missed, writes)
+  local run = f[5]
+  local from, to, run_next
+  if run then from, to, run_next = string.match(run, '^(%d+) (%d+) (%S+)$') end
+  if from and run_next == expected and tonumber(missed) == 0 then
+    writes[#writes + 1] = 'run'
+    writes[#writes + 1] = from .. ' ' .. fire .. ' ' .. next_score
+    return
+  end
+  local runs
+  if from then
+    runs = close_run(redis.call('HGET', record, 'runs') or '', from, to)
+  elseif not run and f[6] then
+    local created = redis.call('HGET', record, 'created_ms') or '0'
+    runs = close_run(redis.call('HGET', record, 'runs') or '', created, f[6])
+  end
+  writes[#writes + 1] = 'run'
+  if tonumber(missed) > 0 then  -- slots were dropped next to this one: a run of its own
+    runs = close_run(runs or redis.call('HGET', record, 'runs') or '', fire, fire)
+    writes[#writes + 1] = ''
+  else
+    writes[#writes + 1] = fire .. ' ' .. fire .. ' ' .. next_score
+  end
+  if runs then
+    writes[#writes + 1] = 'runs'
+    writes[#writes + 1] = runs
+  end
 end
 
 -- ZADD many score/member pairs at once, in chunks (Lua's unpack has a stack limit): one
@@ -74,8 +155,19 @@ local cap = tonumber(ARGV[6])
 local t = redis.call('TIME')
 local server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local start_deadline = server_now + tonumber(ARGV[5])
-local claimed, replaced, skipped, buffered = {}, {}, {}, {}
+local claimed, replaced, skipped, buffered, dropped = {}, {}, {}, {}, {}
 local moves, leases, moved = {}, {}, {}
+
+-- What the claim of a candidate reads of its record, in one HMGET (`remaining` only with a
+-- `limit`): {end_ms, at, remaining, limit, run, last_due_ms}. pcall: a record that is not a
+-- hash (edited by hand) is deferred and parked by the pump like any corrupt record; it must
+-- not fail the claim of the whole batch.
+local function read_record(record)
+  local f = redis.pcall('HMGET', record, 'end_ms', 'at', 'limit', 'run', 'last_due_ms')
+  if type(f) ~= 'table' or f.err then return {} end
+  local remaining = f[3] and redis.call('HGET', record, 'remaining')
+  return {f[1], f[2], remaining or nil, f[3], f[4], f[5]}
+end
 
 -- The member of the occurrence of `record` in flight, if its lost deadline has not passed.
 local function in_flight(record)
@@ -87,52 +179,90 @@ local function in_flight(record)
 end
 
 for i, candidate in ipairs(candidates) do
-  local name, expected, next_score, missed, mode, history, id = unpack(candidate)
+  local name, expected, next_score, missed, mode, fire, history, id = unpack(candidate)
   local score = redis.call('ZSCORE', KEYS[1], name)
   -- `moved`: the score moves only at the end, so a name given twice is claimed once.
   if score and due_ms(score) == tonumber(expected) and not moved[name] then
     moved[name] = true
-    moves[#moves + 1] = next_score
-    moves[#moves + 1] = name
+    local slot = #moves + 1
+    moves[slot] = next_score
+    moves[slot + 1] = name
     local record = KEYS[2 + i]
-    local member = name .. ' ' .. expected
+    local member = name .. ' ' .. fire
+    if mode ~= 'defer' and tonumber(missed) > 0 then
+      count(record, 'missed', missed)
+      dropped[#dropped + 1] = i
+    end
+    if mode == 'drop' then mode, fire = 'defer', expected end
+    local bounds = read_record(record)
+    local writes = {}  -- field, value, ...: one HSET for the candidate's record
+    -- Without end_ms, at and limit nothing completes: no rule to apply.
+    local bounded = bounds[1] or bounds[2] or bounds[4]
+    local outside = bounded and completion(bounds, fire)
+    if outside then
+      mode = 'defer'  -- never fired: the registration completes below
+      next_score = expected
+    end
+    if mode ~= 'defer' and fire ~= expected then
+      -- A slot other than the score (a jittered score's nominal slot, jitter.py; a slot the
+      -- misfire policy chose) fires only after the last fired one: an upsert that derived a
+      -- jittered score again for a slot that fired meanwhile never fires it twice.
+      local last = tonumber(bounds[6])
+      if last and tonumber(fire) <= last then mode = 'defer' end
+    end
     if mode ~= 'fire' and mode ~= 'defer' then  -- a guarded registration
       local busy = in_flight(record)
       if busy and (mode == 'skip' or redis.call('HEXISTS', record, 'buffered') == 1) then
         mode = 'skipped'
         count(record, 'skipped', 1)
-        local entry = {id, expected, now, '', '', 'skipped', 1, 0, 0, ''}
+        local entry = {id, fire, now, '', '', 'skipped', 1, 0, 0, ''}
         redis.call('LPUSH', KEYS[tonumber(history)], cjson.encode(entry))
         redis.call('LTRIM', KEYS[tonumber(history)], 0, cap - 1)
         local newest = tonumber(redis.call('HGET', record, 'history_due'))
-        if not newest or tonumber(expected) > newest then  -- report.lua's search bound
-          redis.call('HSET', record, 'history_due', expected)
+        if not newest or tonumber(fire) > newest then  -- report.lua's search bound
+          redis.call('HSET', record, 'history_due', fire)
         end
         skipped[#skipped + 1] = i
       elseif busy and mode == 'buffer_one' then
         mode = 'buffered'
-        redis.call('HSET', record, 'buffered', expected)
+        writes[1], writes[2] = 'buffered', fire
         buffered[#buffered + 1] = i
       else
         if busy then  -- 'replace'
           replaced[#replaced + 1] = i
           replaced[#replaced + 1] = busy
         end
-        redis.call('HSET', record, 'inflight', member)
+        writes[1], writes[2] = 'inflight', member
         redis.call('ZADD', running, start_deadline, member)
         mode = 'fire'
       end
     end
+    if mode == 'fire' or mode == 'buffered' then
+      track(record, bounds, expected, next_score, fire, missed, writes)
+    end
     if mode == 'fire' then
       leases[#leases + 1] = deadline
       leases[#leases + 1] = member
-      redis.call('HSET', record, 'last_due_ms', expected)
-      if tonumber(missed) > 0 then count(record, 'missed', missed) end
+      writes[#writes + 1] = 'last_due_ms'
+      writes[#writes + 1] = fire
       claimed[#claimed + 1] = i
     end
+    if bounds[4] and (mode == 'fire' or mode == 'buffered') then
+      bounds[3] = count(record, 'remaining', -1)
+    end
+    local reason = outside or (bounded and completion(bounds, next_score))
+    if reason then
+      moves[slot] = '+inf'
+      writes[#writes + 1] = 'completed'
+      writes[#writes + 1] = reason
+      writes[#writes + 1] = 'completed_ms'
+      writes[#writes + 1] = now
+    end
+    if #writes > 0 then redis.call('HSET', record, unpack(writes)) end
   end
 end
 local PENDING, TRIGGERED, BUFFERED = ' manual', ' triggered', ' buffered'
+local BACKFILL, BACKFILLED = ' backfill', ' backfilled'
 local released, held, served = {}, {}, {}
 for _, member in ipairs(expired) do
   local lease = redis.call('ZSCORE', KEYS[2], member)
@@ -142,6 +272,8 @@ for _, member in ipairs(expired) do
       target = string.sub(member, 1, -#PENDING - 1) .. TRIGGERED
     elseif string.sub(member, -#BUFFERED) == BUFFERED then
       target = string.sub(member, 1, -#BUFFERED - 1)
+    elseif string.sub(member, -#BACKFILL) == BACKFILL then  -- backfill.lua's, due to send
+      target = string.sub(member, 1, -#BACKFILL - 1) .. BACKFILLED
     end
     if target ~= member then
       served[#served + 1] = member
@@ -163,4 +295,6 @@ zadd_all(KEYS[1], moves)
 zadd_all(KEYS[2], leases)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {claimed, released, first[2] or '', first_lease[2] or '', replaced, skipped, buffered}
+return {
+  claimed, released, first[2] or '', first_lease[2] or '', replaced, skipped, buffered, dropped
+}

@@ -7,9 +7,22 @@
 -- ARGV[3]  wake channel (published to when a record is written)
 -- ARGV[4..] record field, value pairs (every_ms, template, ...)
 --
+-- Bounds (bounds.py): a `limit` field gets its `remaining` counter; a first run past the
+-- record's last instant (`end_ms`, the last of `at`) registers it completed: score +inf,
+-- `completed` and `completed_ms` (its `created_ms`), as claim.lua and upsert.lua do.
 -- Returns 1 when registered, 0 when the record exists (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], unpack(ARGV, 4))
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local f = redis.call('HMGET', KEYS[2], 'end_ms', 'at', 'limit', 'created_ms')
+if f[3] then redis.call('HSET', KEYS[2], 'remaining', f[3]) end
+local first, reason = tonumber(ARGV[2]), nil
+local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))
+if last_at and first > last_at then
+  reason = 'at'
+elseif tonumber(f[1]) and first > tonumber(f[1]) then
+  reason = 'end_at'
+end
+if reason then redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', f[4] or '') end
+redis.call('ZADD', KEYS[1], reason and '+inf' or ARGV[2], ARGV[1])
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

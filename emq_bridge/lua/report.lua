@@ -78,16 +78,23 @@ local function pause_after_failures(record, name, failures, error)
   redis.call('PUBLISH', ARGV[5], name)
 end
 
+-- One table of HSET arguments and one of HDEL fields, reused by every report (`ns`, `nd`
+-- their lengths): a report builds no table but its history entry.
+local sets, drop, ns, nd = {}, {}, 0, 0
+local function set(field, value)
+  sets[ns + 1], sets[ns + 2] = field, value
+  ns = ns + 2
+end
+
 local applied = 0
 for i, report in ipairs(reports) do
   local kind, member, id, due, attempt, at, released, redelivered, triggered, error, hold,
         started_at = unpack(report)
   local record, history = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
-  local name = string.match(member, '^(%S+)')
   -- One read of what the record says: whether it exists, the newest nominal time its history
-  -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), and
-  -- the occurrence in flight.
-  local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight')
+  -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
+  -- occurrence in flight, and whether there is a failure streak to clear.
+  local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures')
   if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
       if redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
@@ -98,7 +105,8 @@ for i, report in ipairs(reports) do
       if kind == 'started' then status = 'running' end
       local index, entry
       local newest = tonumber(cur[2])
-      if newest and tonumber(due) <= newest then index, entry = find(history, id) end
+      local later = not newest or tonumber(due) > newest
+      if not later then index, entry = find(history, id) end
       local fresh = entry == nil
       if fresh then
         entry = {id, due, released, '', '', status, attempt, redelivered, triggered, ''}
@@ -108,28 +116,27 @@ for i, report in ipairs(reports) do
         applied = applied + 1
         -- A folded start counts where a `started` report alone would have applied.
         local take_start = fresh or attempt > old_attempt or old_rank < RANK.running
+        local folded = started_at and started_at ~= '' and take_start
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end
         if redelivered == 1 then entry[8] = 1 end
         if kind == 'started' then
           entry[4], entry[5], entry[10] = at, '', ''
         else
-          -- A start the reporter folded into this report (both were in one batch).
-          if started_at and started_at ~= '' and take_start then entry[4] = started_at end
+          -- A start the report carries (the reporter folded it in, or the adapter saw it).
+          if folded then entry[4] = started_at end
           entry[5], entry[10] = at, error
         end
         local encoded = cjson.encode(entry)
-        local sets = {'last_status', status, 'last_id', id, 'last_due', due}
-        local function set(field, value)
-          sets[#sets + 1] = field
-          sets[#sets + 1] = value
-        end
+        sets[1], sets[2], sets[3], sets[4], sets[5], sets[6] =
+          'last_status', status, 'last_id', id, 'last_due', due
+        ns, nd = 6, 0
         if index then
           redis.call('LSET', history, index, encoded)
         else
           redis.call('LPUSH', history, encoded)
           redis.call('LTRIM', history, 0, cap - 1)
-          if not newest or tonumber(due) > newest then set('history_due', due) end
+          if later then set('history_due', due) end
         end
         local inflight = cur[3]
         if kind == 'started' then
@@ -137,30 +144,31 @@ for i, report in ipairs(reports) do
           redis.call('ZADD', running, now + ttl, member)
           local live = inflight and inflight ~= member and redis.call('ZSCORE', running, inflight)
           if not live or tonumber(live) <= now then set('inflight', member) end
-          redis.call('HSET', record, unpack(sets))
+          redis.call('HSET', record, unpack(sets, 1, ns))
         elseif kind == 'retrying' then
           -- In flight until its next attempt starts (the retry's countdown), then heartbeats.
           redis.call('ZADD', running, now + tonumber(hold) + ttl, member)
           if error ~= '' then set('last_error', error) end
-          redis.call('HSET', record, unpack(sets))
+          redis.call('HSET', record, unpack(sets, 1, ns))
         else
           redis.call('ZREM', running, member)
           set('last_finished_ms', at)
-          local drop = {}
           local started = tonumber(entry[4])
           if started then
-            if started_at and started_at ~= '' and take_start then
-              set('last_started_ms', started)
-            end
+            if folded then set('last_started_ms', started) end
             set('last_duration_ms', math.max(0, tonumber(at) - started))
           else  -- never reported started: no duration, not the one of an earlier occurrence
-            drop[#drop + 1] = 'last_duration_ms'
+            nd = nd + 1
+            drop[nd] = 'last_duration_ms'
           end
           local failures = 0
           if status == 'succeeded' then
             set('last_success_ms', at)
             set('last_success_due_ms', due)
-            drop[#drop + 1] = 'failures'
+            if cur[4] then
+              nd = nd + 1
+              drop[nd] = 'failures'
+            end
           elseif status == 'failed' then
             local counted = redis.pcall('HINCRBY', record, 'failures', 1)
             if type(counted) == 'table' and counted.err then counted = 1 end
@@ -169,9 +177,13 @@ for i, report in ipairs(reports) do
             set('last_error', error)
             set('last_failure_ms', at)
           end
-          if inflight == member then drop[#drop + 1] = 'inflight' end
-          redis.call('HSET', record, unpack(sets))
-          if #drop > 0 then redis.call('HDEL', record, unpack(drop)) end
+          if inflight == member then
+            nd = nd + 1
+            drop[nd] = 'inflight'
+          end
+          redis.call('HSET', record, unpack(sets, 1, ns))
+          if nd > 0 then redis.call('HDEL', record, unpack(drop, 1, nd)) end
+          local name = (failures > 0 or inflight == member) and string.match(member, '^(%S+)')
           if failures > 0 then pause_after_failures(record, name, failures, error) end
           if inflight == member then release_buffered(record, name) end
         end

@@ -10,12 +10,15 @@
 -- ARGV[4]  the record's `paused_next_ms` as the caller read it ('' when it had none)
 -- ARGV[5]  its `cadence_digest` as read ('' when none)
 -- ARGV[6]  its `last_due_ms` as read ('' when none): the last fired slot
+-- ARGV[7]  now, epoch ms (`completed_ms` if the resume completes it)
 --
 -- The next run was derived from ARGV[4..6]. If one of them changed since the read (another
 -- writer resumed, a pump fired a slot, the registration was paused again or given another
 -- cadence), writing it could re-arm a slot already fired: nothing is written, and the caller
 -- reads again. A next run at or before the last fired slot is refused the same way, so a
 -- resume never moves a score back to a fired slot.
+-- A completed registration (bounds.py) resumes as completed (score +inf); a next run past the
+-- record's last instant (`end_ms`, the last of `at`) completes it, as claim.lua does.
 -- Returns 1 resumed, 0 not paused, -1 no such registration, -2 conflict (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local cur = redis.call(
@@ -30,6 +33,24 @@ if last and tonumber(ARGV[2]) <= last then return -2 end
 -- `parked_reason`/`parked_ms`: a registration park.lua (or report.lua, after failures)
 -- stopped is resumed the same way; resuming clears the failure streak.
 redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures')
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HDEL', KEYS[2], 'paused_note', 'paused_by', 'paused_ms')  -- pause.lua's note
+local score = ARGV[2]
+local f = redis.call('HMGET', KEYS[2], 'end_ms', 'at', 'remaining', 'limit', 'completed')
+local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))
+local reason = nil
+if f[4] and tonumber(f[3]) and tonumber(f[3]) <= 0 then
+  reason = 'limit'
+elseif last_at and tonumber(score) > last_at then
+  reason = 'at'
+elseif tonumber(f[1]) and tonumber(score) > tonumber(f[1]) then
+  reason = 'end_at'
+end
+if f[5] then
+  score = '+inf'
+elseif reason then
+  score = '+inf'
+  redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', ARGV[7] or '')
+end
+redis.call('ZADD', KEYS[1], score, ARGV[1])
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

@@ -7,7 +7,11 @@
 -- ARGV[2]  now, epoch ms (created_ms of a new record)
 -- ARGV[3]  JSON array of items, one per record key (may be empty), each
 --          [name, digest (covers the owner too), cadence digest, first run ms (a string),
---           [record field, value, ...], [definition fields to delete, ...]]
+--           [record field, value, ...], [definition fields to delete, ...],
+--           [seed field, value, ...] (written on create only: an importer's paused state
+--           and counters; may be absent),
+--           the first run of a created record when it differs from item 4 (`immediately`;
+--           may be absent)]
 -- ARGV[4]  the source the items belong to ('' for none)
 -- ARGV[5]  the generation of that source's declarations ('' for none: no check)
 --
@@ -18,10 +22,21 @@
 -- the stored generation is raised to ARGV[5] (never lowered) in the same script as the
 -- writes, so two syncs of different generations cannot interleave into a revert.
 -- Returns one digit per item, as one string: 0 unchanged (nothing written), 1 created,
--- 2 updated (a client parses one string faster than an array of integers).
+-- 2 updated, 3 updated with its cadence changed while its next run was overdue (a client
+-- parses one string faster than an array of integers).
+-- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
+-- with no pump to claim it. The new cadence re-derives the next run, so they never fire:
+-- they are counted in `missed` (an interval's exactly, a cron's or one-off's as one) and the
+-- digit 3 has the caller log them, so no slot is dropped silently.
 -- An update keeps the score unless the cadence changed; a paused record stays paused
 -- (score +inf). A record whose registry member went missing gets it back (repair).
 -- A score never moves to a slot at or before the last fired one (`after_fired`).
+-- Bounds (bounds.py): a created record with a `limit` gets `remaining` = limit; an update
+-- that changes the limit moves `remaining` by the difference (never below 0); any score
+-- written past the record's last instant (`end_ms`, the last of `at`), or with no run left,
+-- completes it (+inf, `completed`, `completed_ms`), as claim.lua does. A changed definition
+-- of a completed record re-derives its next run, as a changed cadence does, so extending
+-- its end or its limit brings it back.
 local registry = KEYS[1]
 
 if ARGV[5] ~= '' then
@@ -41,9 +56,17 @@ end
 local function after_fired(record, first_run, live, last)
   last = tonumber(last)
   if not last or tonumber(first_run) > last then return first_run end
-  local fields = redis.call('HMGET', record, 'every_ms', 'cron')
+  local fields = redis.call('HMGET', record, 'every_ms', 'cron', 'at', 'exclude')
+  if fields[3] then  -- one-off instants: the first after the last fired, if any
+    for instant in string.gmatch(fields[3], '%d+') do
+      if tonumber(instant) > last then return instant end
+    end
+    return first_run  -- none left: past the last instant, so the record completes
+  end
   local every = tonumber(fields[1])
-  if every and every > 0 and (not fields[2] or fields[2] == '') then
+  -- (An interval with exclusions, calendars.py, is stepped like a cron: a whole interval
+  -- on may be an excluded slot.)
+  if every and every > 0 and (not fields[2] or fields[2] == '') and not fields[4] then
     local steps = math.floor((last - tonumber(first_run)) / every) + 1
     return string.format('%d', tonumber(first_run) + steps * every)
   end
@@ -51,36 +74,102 @@ local function after_fired(record, first_run, live, last)
   return string.format('%d', last + 1)
 end
 
+-- The reason `record` is complete with the next score `score`, or nil (claim.lua's rule).
+local function completion(record, score)
+  local f = redis.call('HMGET', record, 'end_ms', 'at', 'remaining', 'limit')
+  if f[4] and tonumber(f[3]) and tonumber(f[3]) <= 0 then return 'limit' end
+  local n = tonumber(score)
+  local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))
+  if last_at and n > last_at then return 'at' end
+  if tonumber(f[1]) and n > tonumber(f[1]) then return 'end_at' end
+  return nil
+end
+
+-- The score to write for the next run `score`: itself, or +inf when it completes the record.
+local function place(record, score)
+  local reason = completion(record, score)
+  if not reason then return score end
+  redis.call('HSET', record, 'completed', reason, 'completed_ms', ARGV[2])
+  return '+inf'
+end
+
+-- Set `remaining` after the limit went from `before` to the record's `limit` now.
+local function rebase_limit(record, before, remaining)
+  local limit = redis.call('HGET', record, 'limit')
+  if not limit then
+    redis.call('HDEL', record, 'remaining')
+  elseif limit ~= before then
+    local left = tonumber(limit)
+    if before and tonumber(remaining) then left = tonumber(remaining) + left - tonumber(before) end
+    redis.call('HSET', record, 'remaining', string.format('%d', math.max(0, left)))
+  end
+end
+
 local function upsert(record, item)
-  local name, digest, cadence_digest, first_run, fields, stale =
-    item[1], item[2], item[3], item[4], item[5], item[6]
+  local name, digest, cadence_digest, first_run, fields, stale, seed =
+    item[1], item[2], item[3], item[4], item[5], item[6], item[7]
   if redis.call('EXISTS', record) == 0 then
     redis.call('HSET', record, 'created_ms', ARGV[2], unpack(fields))
-    redis.call('ZADD', registry, first_run, name)
+    rebase_limit(record, nil, nil)
+    first_run = place(record, item[8] or first_run)
+    local paused = false
+    if seed and #seed > 0 then
+      redis.call('HSET', record, unpack(seed))
+      paused = redis.call('HGET', record, 'paused') == '1'
+    end
+    redis.call('ZADD', registry, paused and '+inf' or first_run, name)
     return 1
   end
   local cur = redis.call(
-    'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms'
+    'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
+    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at'
   )
-  local paused, last = cur[3] == '1', cur[5]
+  local paused, last, completed = cur[3] == '1', cur[5], cur[8]
+  local old_every = (not cur[10] or cur[10] == '') and not cur[11] and tonumber(cur[9])
   local live = redis.call('ZSCORE', registry, name)
   if cur[1] == digest then
     -- Unchanged. Only repair a record whose registry member went missing.
     if live then return 0 end
-    redis.call('ZADD', registry, paused and '+inf' or after_fired(record, first_run, nil, last), name)
+    local score = '+inf'
+    if not (paused or completed) then score = place(record, after_fired(record, first_run, nil, last)) end
+    redis.call('ZADD', registry, score, name)
     return 2
   end
   if #stale > 0 then redis.call('HDEL', record, unpack(stale)) end
   redis.call('HSET', record, unpack(fields))
-  if cur[2] ~= cadence_digest then
+  rebase_limit(record, cur[6], cur[7])
+  if completed then
+    redis.call('HDEL', record, 'completed', 'completed_ms')
+    live = nil
+  end
+  if cur[2] ~= cadence_digest or completed then
     if paused then
-      redis.call('HSET', record, 'paused_next_ms', after_fired(record, first_run, cur[4], last))
+      local parked = after_fired(record, first_run, cur[4], last)
+      place(record, parked)  -- marks it completed if it is; it stays paused
+      redis.call('HSET', record, 'paused_next_ms', parked)
       redis.call('ZADD', registry, '+inf', name)
     else
-      redis.call('ZADD', registry, after_fired(record, first_run, live, last), name)
+      local overdue = tonumber(live) and tonumber(live) <= tonumber(ARGV[2])
+      local next_run = place(record, after_fired(record, first_run, live, last))
+      redis.call('ZADD', registry, next_run, name)
+      if overdue and next_run ~= live then
+        local dropped = 1
+        if old_every and old_every > 0 then
+          dropped = 1 + math.floor((tonumber(ARGV[2]) - tonumber(live)) / old_every)
+        end
+        -- A counter edited by hand into a non-integer restarts (claim.lua's `count`).
+        local result = redis.pcall('HINCRBY', record, 'missed', dropped)
+        if type(result) == 'table' and result.err then redis.call('HSET', record, 'missed', dropped) end
+        return 3
+      end
     end
   elseif not live then
-    redis.call('ZADD', registry, paused and '+inf' or after_fired(record, first_run, nil, last), name)
+    local score = '+inf'
+    if not paused then score = place(record, after_fired(record, first_run, nil, last)) end
+    redis.call('ZADD', registry, score, name)
+  elseif not paused then
+    -- The score stays; a lower limit may complete the record.
+    redis.call('ZADD', registry, place(record, live), name)
   end
   return 2
 end

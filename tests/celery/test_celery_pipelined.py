@@ -21,7 +21,7 @@ from celery.signals import before_task_publish
 from emq_bridge import ConfigError, Occurrence, Pump, Repeat, occurrence_id
 from emq_bridge.celery import CeleryDispatcher, PipelinedCeleryDispatcher
 
-T0 = 1_900_000_000_000
+T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
 HOUR = 3_600_000
 
 APP = textwrap.dedent("""

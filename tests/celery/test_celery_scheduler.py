@@ -124,7 +124,8 @@ def test_each_occurrence_is_sent_as_a_real_task_whose_id_is_the_occurrence_id(
     registration = scheduler.pump.repeat.get(f"{prefix}-q", "tick")  # type: ignore[union-attr]
     assert registration is not None and registration.source == f"celery.app-{prefix}"
     first_due = registration.next_run_ms
-    assert first_due is not None
+    assert first_due is not None and first_due % 1000 == 0  # the next second of the grid
+    clock.set(first_due - 1000)  # each tick below reaches the next slot exactly
     for _ in range(3):
         clock.advance(1000)
         scheduler.tick()
@@ -211,11 +212,13 @@ def test_a_restarted_scheduler_keeps_the_countdown_and_sends_nothing_extra(
     entries = {"slow": {"task": "t.record", "schedule": timedelta(seconds=10)}}
     first = RepeatScheduler(make_app(entries))
     clock = start(first)
-    clock.advance(10_000)
+    first_due = first.pump.repeat.get(f"{prefix}-q", "slow").next_run_ms  # type: ignore[union-attr]
+    clock.set(first_due)  # type: ignore[arg-type]
     first.tick()
     next_due = first.pump.repeat.get(f"{prefix}-q", "slow").next_run_ms  # type: ignore[union-attr]
+    assert next_due == first_due + 10_000  # type: ignore[operator]
     first.close()
-    clock.advance(4_000)  # restart 4 s into the 10 s countdown
+    clock.set(first_due + 4_000)  # type: ignore[operator]  # restart 4 s into the countdown
     second = RepeatScheduler(make_app(entries))
     second.pump.clock = clock  # type: ignore[union-attr]
     second.tick()

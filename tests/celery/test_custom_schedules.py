@@ -416,7 +416,9 @@ def test_a_custom_entry_whose_record_was_given_a_real_cadence_keeps_that_cadence
     )
     plan = app_schedule(app)
     queue = plan.declarations[0].queue
-    placeholder = Every(86_400_000)
+    placeholder = Every(86_400_000, "schedule")  # as stored (version 1's, kept)
     assert isinstance(plan.resolve_cadence(queue, "sun", placeholder), CelerySchedule)
     assert plan.resolve_cadence(queue, "sun", Every(60_000)) == Every(60_000)
+    daily = Every(86_400_000)  # a real daily interval on the grid, not the placeholder
+    assert plan.resolve_cadence(queue, "sun", daily) == daily
     assert plan.resolve_cadence(queue, "other", placeholder) is placeholder

@@ -71,7 +71,7 @@ def test_a_schedule_anchored_interval_never_drifts_and_counts_every_dropped_slot
     every: int, due: int, late: int
 ) -> None:
     now = due + late
-    next_ms, missed = advance(Every(every), due, now)
+    next_ms, missed = advance(Every(every, "schedule"), due, now)
     assert next_ms > now
     assert (next_ms - due) % every == 0  # stays on the grid
     assert missed == (next_ms - due) // every - 1  # every grid slot skipped is counted
@@ -79,7 +79,10 @@ def test_a_schedule_anchored_interval_never_drifts_and_counts_every_dropped_slot
 
 def test_a_fifteen_minute_interval_stays_on_the_quarter_hours_despite_late_releases() -> None:
     cadence = Every(15 * MIN)
-    due = int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+    # Registered at 10:07:23, not on a quarter hour: the grid is the epoch's, not that instant's.
+    registered = datetime(2030, 1, 1, 10, 7, 23, tzinfo=timezone.utc)
+    due = cadence.first_run(int(registered.timestamp() * 1000))
+    assert datetime.fromtimestamp(due / 1000, tz=timezone.utc).time().isoformat() == "10:15:00"
     for lateness in (3_000, 59_000, 1, 14 * MIN):
         due, _ = advance(cadence, due, due + lateness)
         assert datetime.fromtimestamp(due / 1000, tz=timezone.utc).minute in (0, 15, 30, 45)

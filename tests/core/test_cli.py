@@ -547,7 +547,14 @@ def test_pump_once_with_a_dramatiq_app_enqueues_a_real_message_with_the_occurren
         "def work(n): pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    repeat.register(queue, "job", every="1h", template={"task": "work", "args": [7]}, now_ms=0)
+    repeat.register(  # `earliest`: the missed slot that fires is the first, 01:00 UTC 1970
+        queue,
+        "job",
+        every="1h",
+        misfire="earliest",
+        template={"task": "work", "args": [7]},
+        now_ms=0,
+    )
     result = run("pump", "--dramatiq", f"{module}:broker", "--once")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("dispatched 1,")
@@ -576,7 +583,12 @@ def test_pump_once_pipelined_with_a_celery_app_pushes_real_task_messages_in_one_
     monkeypatch.syspath_prepend(str(tmp_path))
     for i in range(3):
         repeat.register(
-            queue, f"job-{i}", every="1h", template={"task": "work", "args": [i]}, now_ms=0
+            queue,
+            f"job-{i}",
+            every="1h",
+            misfire="earliest",  # the missed slot that fires is the first, 01:00 UTC 1970
+            template={"task": "work", "args": [i]},
+            now_ms=0,
         )
     result = run("pump", queue, "--celery", f"{module}:app", "--pipelined", "--once")
     assert result.exit_code == 0, result.output

@@ -385,7 +385,8 @@ def test_show_and_history_of_an_occurrence_lost_then_of_a_failure_reported_witho
     assert "  status    lost (no word from its worker in time)" in lines
     assert "  lost      1" in lines
     row = run("history", "reports", "sync").stdout.splitlines()[1]
-    assert row.split() == [utc(t0 + hour), "lost", "1", utc(t0 + hour + 50), "-", "-"]
+    slot = (t0 // hour + 1) * hour  # the first slot of the hourly grid after t0
+    assert row.split() == [utc(slot), "lost", "1", utc(t0 + hour + 50), "-", "-"]
 
     # A worker that reports only the end: no duration (not the one of an occurrence before).
     repeat.trigger("reports", "sync", now_ms=t0 + hour + 700)

@@ -69,7 +69,7 @@ def test_a_valid_file_gives_one_declaration_per_entry_with_the_template_conventi
         ("reports", "nightly"),
     ]
     digest, nightly = (d.definition for d in loaded.declarations)
-    assert digest.cadence == Every(900_000, "schedule")
+    assert digest.cadence == Every(900_000, "grid")
     assert dict(digest.template) == {
         "task": "app.tasks.send_digest",
         "args": [],
@@ -145,7 +145,8 @@ BAD_FILES = [
     ),
     pytest.param(
         f"[[schedule]]\n{ENTRY}every = '1m'\ncron = '* * * * *'\n",
-        r"schedule #1 \(reports/digest\), field 'cron': give only one of every, every_ms and cron",
+        r"schedule #1 \(reports/digest\), field 'cron': give only one of every, every_ms, cron "
+        "and at",
         id="every-and-cron",
     ),
     pytest.param(

@@ -11,7 +11,7 @@ import redis
 from emq_bridge import Occurrence, Pump, PumpEvents, Repeat
 from emq_bridge.testing import RecordingDispatcher
 
-T0 = 1_900_000_000_000
+T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
 HOUR = 3_600_000
 TEMPLATE = {"task": "t"}
 

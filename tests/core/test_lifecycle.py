@@ -376,3 +376,24 @@ def test_the_reporter_drops_reports_with_one_line_when_redis_is_gone(
     drops = [r for r in caplog.records if "dropped until Redis" in r.getMessage()]
     assert len(drops) == 1
     reporter.close()
+
+
+def test_a_start_builds_its_end_and_folds_into_it() -> None:
+    """`Report.ended` is the same occurrence and attempt at another time (what the adapters
+    send at the end from the start they built); `folded` carries the start in the final."""
+    start = Report("started", "q", "job", "id-1", 1_000, 1_100, 2, released_ms=1_001)
+    end = start.ended("failed", 1_400, "OSError: flaky", hold_ms=5)
+    assert (end.kind, end.at_ms, end.error, end.hold_ms) == ("failed", 1_400, "OSError: flaky", 5)
+    assert (end.queue, end.name, end.id, end.due_ms, end.attempt) == ("q", "job", "id-1", 1_000, 2)
+    assert end.released_ms == 1_001 and end.started_ms is None
+    plain = Report("succeeded", "q", "job", "id-1", 1_000, 1_500, 2)
+    assert plain.folded(start).started_ms == 1_100
+    assert plain.folded(start).released_ms == 1_001  # the final had none: the start's
+    folded = end.folded(start)
+    assert (folded.kind, folded.error, folded.hold_ms, folded.at_ms, folded.started_ms) == (
+        "failed",
+        "OSError: flaky",
+        5,
+        1_400,
+        1_100,
+    )

@@ -12,7 +12,7 @@ from emq_bridge import Repeat, define
 from emq_bridge.cli import cli
 from emq_bridge.cli.render import registration_json, to_json
 
-T0 = 1_900_000_000_000
+T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import redis
 from emq_bridge import Occurrence, Pump, Repeat, define, occurrence_id
 from emq_bridge.testing import ManualClock, RecordingDispatcher
 
-T0 = 1_900_000_000_000
+T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
 HOUR = 3_600_000
 TEMPLATE = {"task": "reports.digest"}
 
@@ -131,11 +131,14 @@ def test_the_score_moves_at_claim_so_a_late_release_never_pushes_the_cadence(
 def test_missed_slots_coalesce_by_default_and_are_counted(
     any_repeat: Repeat, caplog: pytest.LogCaptureFixture
 ) -> None:
-    any_repeat.register("reports", "digest", every="10m", template=TEMPLATE, now_ms=T0)
+    any_repeat.register(
+        "reports", "digest", every="10m", anchor="schedule", template=TEMPLATE, now_ms=T0
+    )
     recorder = RecordingDispatcher()
     with caplog.at_level(logging.WARNING, logger="emq_bridge.pump"):
         Pump(any_repeat, ["reports"], recorder).run_once(now_ms=T0 + 65 * 60_000)
-    assert [o.due_ms for o in recorder.occurrences] == [T0 + 600_000]
+    # The default (`latest`, `coalesce`'s new meaning): one run, for the newest slot.
+    assert [o.due_ms for o in recorder.occurrences] == [T0 + 60 * 60_000]
     assert recorder.occurrences[0].missed == 5
     registration = any_repeat.get("reports", "digest")
     assert (
@@ -148,7 +151,13 @@ def test_missed_slots_coalesce_by_default_and_are_counted(
 
 def test_the_catchup_policy_fires_every_missed_slot(any_repeat: Repeat) -> None:
     any_repeat.register(
-        "reports", "digest", every="10m", misfire="catchup", template=TEMPLATE, now_ms=T0
+        "reports",
+        "digest",
+        every="10m",
+        anchor="schedule",
+        misfire="catchup",
+        template=TEMPLATE,
+        now_ms=T0,
     )
     recorder = RecordingDispatcher()
     pump = Pump(any_repeat, ["reports"], recorder)

@@ -18,11 +18,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from emq_bridge import Occurrence, Pump, Repeat, occurrence_id
 from emq_bridge.errors import DispatchError
 
-T0 = 1_900_000_000_000
+T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
 LEASE_MS = 60_000
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 EVERY = st.sampled_from([1_000, 5_000, 60_000])
 TASKS = st.sampled_from(["t1", "t2"])
+
+
+def on_grid(now: int, every: int) -> int:
+    """The first slot of the epoch grid of `every` after `now` (an interval's default)."""
+    return (now // every + 1) * every
 
 
 @dataclass
@@ -78,7 +83,7 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
                 assert result == "exists"
             else:
                 assert result == "registered"
-                self.model[name] = Model(every, task, self.now + every)
+                self.model[name] = Model(every, task, on_grid(self.now, every))
 
         @rule(name=NAMES, every=EVERY, task=TASKS)
         def upsert(self, name: str, every: int, task: str) -> None:
@@ -88,13 +93,13 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
             current = self.model.get(name)
             if current is None:
                 assert result == "created"
-                self.model[name] = Model(every, task, self.now + every)
+                self.model[name] = Model(every, task, on_grid(self.now, every))
             elif (current.every_ms, current.task) == (every, task):
                 assert result == "unchanged"
             else:
                 assert result == "updated"
                 if current.every_ms != every:
-                    current.next_ms = self.now + every
+                    current.next_ms = on_grid(self.now, every)  # the new grid, not now
                 current.every_ms, current.task = every, task
 
         @rule(name=NAMES)
@@ -146,16 +151,12 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
             expected: dict[InFlight, Sent] = {}
             for name, current in self.model.items():
                 if not current.paused and current.next_ms <= self.now:
-                    expected[(name, current.next_ms, False)] = (
-                        name,
-                        current.next_ms,
-                        current.task,
-                        False,
-                        False,
-                    )
-                    current.last_due = current.next_ms
-                    while current.next_ms <= self.now:  # coalesce
-                        current.next_ms += current.every_ms
+                    # The default misfire policy (`latest`): the newest passed slot fires.
+                    late = (self.now - current.next_ms) // current.every_ms
+                    newest = current.next_ms + late * current.every_ms
+                    expected[(name, newest, False)] = (name, newest, current.task, False, False)
+                    current.last_due = newest
+                    current.next_ms = newest + current.every_ms
             # An expired lease is re-sent, paused or not; a pending trigger is sent unless
             # its occurrence is in flight already (its lease then carries it).
             for (name, due, triggered), deadline in self.in_flight.items():

@@ -17,7 +17,7 @@ from dramatiq.middleware import CurrentMessage, Middleware
 from emq_bridge import ConfigError, Pump, Repeat, occurrence_id
 from emq_bridge.dramatiq import PipelinedDramatiqDispatcher, current_occurrence
 
-T0 = 1_900_000_000_000
+T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
 HOUR = 3_600_000
 
 

@@ -137,7 +137,11 @@ def test_every_slot_fires_despite_pumps_being_killed_and_duplicates_only_follow_
     with EmbeddedServer() as server:
         client = redis.Redis.from_url(server.url)
         repeat = Repeat(client, prefix)
-        definition = define(every_ms=EVERY_MS, misfire="catchup", template={"task": "tick"})
+        # Anchored on the registration instant, so the phases below spread the slots over
+        # the second (on the default grid they would all share one instant).
+        definition = define(
+            every_ms=EVERY_MS, anchor="schedule", misfire="catchup", template={"task": "tick"}
+        )
         start_ms = server_ms(client) + 500
         first_runs: dict[str, int] = {}
         per_phase = REGISTRATIONS // PHASES

@@ -1,0 +1,226 @@
+"""Backfill: send the past slots of a registration, with the ids the live schedule gives them.
+
+`Repeat.backfill(queue, name, start, end)` (a base class of `Repeat`, as `lifecycle.py` is)
+walks the nominal slots of the registration's cadence in `[start, end]` (its calendars
+apply; jitter does not: a slot's id and nominal time are what matter) and hands them to
+`backfill.lua`, which decides atomically, per slot, from what the registry holds:
+
+* a slot at or after the live frontier (the slot the registration's score stands for) is
+  the live schedule's to fire, and is not sent (`ahead`);
+* a slot the live schedule fired (the record's runs of fired slots, kept by `claim.lua`) is
+  not sent again (`live`); neither is one an earlier backfill queued (`done`);
+* every other slot (before the registration existed, dropped by a misfire policy, skipped
+  while paused) is queued for the pumps as a pending lease scored by its send time, spaced
+  `1 / rate` seconds apart, and sent by whichever pump claims it: the occurrence id of the
+  live slot, `backfill=True` on the occurrence (Celery header and Dramatiq option
+  `emq_backfill`), redelivered after a crash like any lease.
+
+A backfill needs running pumps to send what it queued; it never fires a slot twice, whatever
+backfills and live firing overlap.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .bounds import Instant, epoch_ms
+from .cadence import Cadence
+from .definition import Definition
+from .errors import RegistryError, ScheduleError
+from .jitter import Jittered, nominal_slot
+from .keys import QueueKeys, validate_name
+from .replies import redis_errors, text
+
+if TYPE_CHECKING:
+    from .scripts import Scripts
+
+__all__ = ["DEFAULT_RATE", "MAX_BACKFILL_SLOTS", "Backfill", "BackfillMoves", "backfill_slots"]
+
+# Occurrences per second a backfill queues by default: a month of a 1-minute schedule
+# (43,200 slots) goes out in 72 minutes instead of at once.
+DEFAULT_RATE = 10.0
+# Slots per backfill: a larger range is several backfills (each queued slot is a lease).
+MAX_BACKFILL_SLOTS = 100_000
+# Slots per backfill.lua call: one call holds the server for a few milliseconds at most.
+CHUNK = 1000
+_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """What a backfill did (or, dry, would do): the slots queued and those skipped."""
+
+    queue: str
+    name: str
+    queued: list[int]
+    live: int  # fired by the live schedule already
+    done: int  # queued by an earlier backfill
+    ahead: int  # at or after the live frontier: the live schedule fires them
+    first_send_ms: int
+    spacing_ms: int
+    dry_run: bool
+
+    @property
+    def skipped(self) -> int:
+        return self.live + self.done + self.ahead
+
+
+def backfill_slots(cadence: Cadence, start_ms: int, end_ms: int) -> list[int]:
+    """Return the nominal slots of `cadence` in `[start_ms, end_ms]`, oldest first.
+
+    Raises `ScheduleError` past `MAX_BACKFILL_SLOTS`.
+    """
+    if isinstance(cadence, Jittered):
+        cadence = cadence.inner
+    slots: list[int] = []
+    at = cadence.next_after(start_ms - 1)
+    while at <= end_ms:
+        if len(slots) >= MAX_BACKFILL_SLOTS:
+            raise ScheduleError(
+                f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in parts"
+            )
+        slots.append(at)
+        at = cadence.next_after(at)
+    return slots
+
+
+class BackfillMoves:
+    """The backfill move of `Repeat` (see the module docstring)."""
+
+    client: Any
+    prefix: str
+    scripts: Scripts
+
+    def keys(self, queue: str) -> QueueKeys:  # pragma: no cover - Repeat's
+        raise NotImplementedError
+
+    def server_time_ms(self) -> int:  # pragma: no cover - Repeat's
+        raise NotImplementedError
+
+    def backfill(
+        self,
+        queue: str,
+        name: str,
+        start: Instant | int,
+        end: Instant | int,
+        *,
+        rate: float = DEFAULT_RATE,
+        dry_run: bool = False,
+        now_ms: int | None = None,
+    ) -> Backfill:
+        """Queue every slot of `name` in `[start, end]` the live schedule did not send.
+
+        `start`/`end` are aware datetimes, ISO 8601 strings with an offset, or epoch ms;
+        `end` must not be in the future. `rate` is occurrences per second (0: no spacing).
+        `dry_run` decides and writes nothing. KeyError if there is no such registration;
+        `ScheduleError` on a bad range or a cadence decided at each check (Celery `is_due`).
+        """
+        keys = self.keys(queue)
+        validate_name(name, "registration name")
+        start_ms, end_ms = _instant_ms(start, "start"), _instant_ms(end, "end")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1e6:
+            raise ScheduleError(f"rate must be 0 to 1000000 occurrences a second, got {rate!r}")
+        now = self.server_time_ms() if now_ms is None else now_ms
+        if end_ms < start_ms:
+            raise ScheduleError("the backfill range ends before it starts")
+        if end_ms > now:
+            raise ScheduleError("a backfill covers the past: its end is in the future")
+        spacing = round(1000 / rate) if rate else 0
+        for _ in range(_ATTEMPTS):
+            with redis_errors(f"backfill {queue}/{name}"):
+                pipe = self.client.pipeline(transaction=False)
+                pipe.hgetall(keys.record(name))
+                pipe.zscore(keys.registry, name)
+                raw, score = pipe.execute()
+            fields = {text(k): text(v) for k, v in raw.items()}
+            if not fields:
+                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+            definition = Definition.from_fields(fields)
+            cadence = definition.cadence
+            if hasattr(cadence, "check"):
+                raise ScheduleError(
+                    f"{queue}/{name} is decided at each check (is_due): it has no slots to backfill"
+                )
+            slots = backfill_slots(cadence, start_ms, end_ms)
+            parked = fields.get("paused_next_ms", "")
+            frontier = _frontier(cadence, score, parked if fields.get("paused") == "1" else "")
+            score_text = "" if score is None else _score_text(score)
+            result = self._queue_slots(
+                keys, name, slots, score_text, parked, frontier, now, spacing, dry_run
+            )
+            if result is not None:
+                queued, live, done, ahead = result
+                return Backfill(queue, name, queued, live, done, ahead, now, spacing, dry_run)
+        raise RegistryError(
+            f"backfill {queue}/{name}: the registration changed under each of {_ATTEMPTS} "
+            "attempts; try again"
+        )
+
+    def _queue_slots(
+        self,
+        keys: QueueKeys,
+        name: str,
+        slots: list[int],
+        score: str,
+        parked: str,
+        frontier: str,
+        now: int,
+        spacing: int,
+        dry_run: bool,
+    ) -> tuple[list[int], int, int, int] | None:
+        """Send `slots` to backfill.lua in chunks; None when the registration changed (the
+        chunks before stay queued: a retry skips them as `done`)."""
+        queued: list[int] = []
+        live = done = ahead = 0
+        for start in range(0, len(slots), CHUNK) or [0]:
+            chunk = slots[start : start + CHUNK]
+            with redis_errors(f"backfill {keys.queue}/{name}"):
+                reply = self.scripts.backfill(
+                    keys=[keys.registry, keys.record(name), keys.leases, keys.backfilled(name)],
+                    args=[
+                        name,
+                        score,
+                        parked,
+                        frontier,
+                        json.dumps([str(s) for s in chunk]),
+                        now + len(queued) * spacing,
+                        spacing,
+                        "1" if dry_run else "",
+                        keys.wake_channel,
+                    ],
+                )
+            if not isinstance(reply, list):
+                if int(reply) == -1:
+                    raise KeyError(f"no registration {name!r} in queue {keys.queue!r}")
+                return None
+            queued += [int(s) for s in json.loads(text(reply[1]))]
+            live, done, ahead = live + int(reply[2]), done + int(reply[3]), ahead + int(reply[4])
+        return queued, live, done, ahead
+
+
+def _instant_ms(value: Instant | int, field: str) -> int:
+    """Epoch ms from epoch ms, an aware datetime or an ISO 8601 string with an offset."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ScheduleError(f"{field} must not be before 1970, got {value}")
+        return value
+    return epoch_ms(value, field)
+
+
+def _score_text(score: float) -> str:
+    """The registry score as ZSCORE returns it, for backfill.lua's compare."""
+    if score == float("inf"):
+        return "inf"
+    return str(int(score)) if float(score).is_integer() else repr(score)
+
+
+def _frontier(cadence: Cadence, score: float | None, parked: str) -> str:
+    """The first slot the live schedule may still fire: the nominal slot of its score, or of
+    its parked next run when paused; '' when it will fire no slot of the past again."""
+    if parked:
+        return str(nominal_slot(cadence, int(parked))) if parked.isdigit() else ""
+    if score is None or score == float("inf"):
+        return ""
+    return str(nominal_slot(cadence, int(score)))

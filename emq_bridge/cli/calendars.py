@@ -1,0 +1,80 @@
+"""What `add` and `next` need of calendars and jitter: a calendars file, and the notes on
+each upcoming run (its nominal slot when jittered, the slots the calendars skip before it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..cadence import Cadence
+from ..calendars import Calendar, Excluding
+from ..config import calendars_from_table
+from ..errors import ConfigError, ScheduleError
+from ..jitter import Jittered
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+__all__ = ["MAX_EXCLUDED_SHOWN", "read_calendars", "run_notes"]
+
+# Excluded slots listed before one run, at most: a weekend off a minutely cron is thousands.
+MAX_EXCLUDED_SHOWN = 3
+
+
+def read_calendars(path: str | None) -> dict[str, Calendar] | None:
+    """Return the calendars of the `[calendars]` table of a TOML (or .json) file, or None.
+
+    A schedule file works too: only its `calendars` are read. `ConfigError` if unusable.
+    """
+    if path is None:
+        return None
+    try:
+        with Path(path).open("rb") as handle:
+            data = json.load(handle) if path.endswith(".json") else tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the calendars: {exc.strerror or exc}") from exc
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML or JSON: {exc}") from exc
+    if not isinstance(data, dict) or "calendars" not in data:
+        raise ConfigError(f"{path}: no [calendars] table")
+    try:
+        return calendars_from_table(data["calendars"])
+    except ScheduleError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def run_notes(
+    cadence: Cadence, runs: list[int], after_ms: int | None = None
+) -> list[dict[str, Any]]:
+    """Return, per run, its nominal slot (`nominal_ms`, when jittered) and the slots the
+    cadence's exclusions skipped since the run before (since `after_ms` for the first):
+    `excluded_ms`, at most `MAX_EXCLUDED_SHOWN`, and `excluded_more` when there were more."""
+    nominal = cadence.nominal if isinstance(cadence, Jittered) else None
+    excluding = cadence.inner if isinstance(cadence, Jittered) else cadence
+    notes: list[dict[str, Any]] = []
+    previous = after_ms
+    for run in runs:
+        slot = run if nominal is None else nominal(run)
+        note: dict[str, Any] = {} if nominal is None else {"nominal_ms": slot}
+        if isinstance(excluding, Excluding) and previous is not None:
+            skipped, more = _excluded_between(excluding, previous, slot)
+            note["excluded_ms"], note["excluded_more"] = skipped, more
+        notes.append(note)
+        previous = slot
+    return notes
+
+
+def _excluded_between(cadence: Excluding, after: int, before: int) -> tuple[list[int], bool]:
+    skipped: list[int] = []
+    at = cadence.inner.next_after(after)
+    while at < before:
+        if len(skipped) == MAX_EXCLUDED_SHOWN:
+            return skipped, True
+        skipped.append(at)
+        until = cadence.excluded_until(at)
+        at = cadence.inner.next_after(at if until is None else max(at, until - 1))
+    return skipped, False

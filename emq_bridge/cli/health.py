@@ -1,0 +1,161 @@
+"""Commands on the pumps: health (a probe) and pumps (who is alive)."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import click
+
+from ..cadence import parse_every
+from ..errors import ScheduleError
+from ..health import Health, check, unserved
+from ..registry import Registration
+from .context import Settings, pass_settings
+from .render import relative, table, to_json
+
+__all__ = ["COMMANDS", "EXIT_UNHEALTHY", "UNSERVED", "UNSERVED_TEXT", "flagged_state"]
+
+EXIT_UNHEALTHY = 4
+"""Exit code of `health` when the registry is not served (0 healthy, 1 bad input, 2 bad
+usage, 3 Redis unreachable)."""
+
+
+class Unhealthy(click.ClickException):
+    """The registry is not served: one line on stderr, exit 4."""
+
+    exit_code = EXIT_UNHEALTHY
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"unhealthy: {self.format_message()}", err=True)
+
+
+def _lag(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """Return a duration in ms: seconds (`90`) or a string like `60s`, `5m`, `1h`."""
+    try:
+        return parse_every(value)
+    except ScheduleError as exc:
+        raise click.BadParameter(
+            f"{value!r} is not a duration: give seconds, or a string like 30s, 5m, 1h"
+        ) from exc
+
+
+UNSERVED = "unserved"
+"""The state `list` gives a schedule whose next run passed while no live pump serves its
+queue (`health.unserved`): one word, as the other states; `show` says it in full."""
+UNSERVED_TEXT = "unserved: overdue, and no live pump serves its queue (emq-bridge pumps)"
+
+
+def flagged_state(registration: Registration, now_ms: int, served: set[str], text: str) -> str:
+    """Return `text` (the state as shown), or `UNSERVED` when nothing will fire it."""
+    return UNSERVED if unserved(registration, now_ms, served) else text
+
+
+@click.command("health")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="Check this queue (repeat the option for several); default: every queue.",
+)
+@click.option(
+    "--max-lag",
+    default="60s",
+    callback=_lag,
+    metavar="DURATION",
+    show_default=True,
+    help="How long a schedule's next run may have passed before the queue is unhealthy.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON (stdout).")
+@pass_settings
+def health_command(
+    settings: Settings, queues: tuple[str, ...], max_lag: int, as_json: bool
+) -> None:
+    """Exit 0 if every queue has a live pump and nothing is overdue; else 4, and say why.
+
+    A queue is healthy when at least one pump (the CLI pump, a `celery beat -S emq`, a
+    Dramatiq worker with RecurringMiddleware) wrote its heartbeat lately, and no active
+    schedule's next run passed more than --max-lag ago on the Redis server's clock. Without
+    --queue every queue with a registry under the prefix is checked (and none at all is
+    unhealthy). One line tells the result: on stdout when healthy, on stderr when not.
+    Exit codes: 0 healthy, 4 unhealthy, 1 bad input (a bad queue name), 2 bad usage,
+    3 Redis unreachable. Made for a Kubernetes exec probe.
+
+    \b
+    Examples:
+      emq-bridge health
+      emq-bridge health --queue reports --max-lag 2m
+    """
+    repeat = settings.repeat()
+    found = check(repeat, list(queues) if queues else None, max_lag_ms=max_lag)
+    if as_json:
+        click.echo(to_json(_health_json(found)))
+    if not found.ok:
+        raise Unhealthy(found.reason)
+    if not as_json:
+        click.echo(found.reason)
+
+
+def _health_json(found: Health) -> dict[str, Any]:
+    return {
+        "ok": found.ok,
+        "reason": found.reason,
+        "now_ms": found.now_ms,
+        "max_lag_ms": found.max_lag_ms,
+        "queues": [
+            {
+                "queue": item.queue,
+                "pumps": [p.id for p in item.pumps],
+                "earliest": item.earliest_name,
+                "earliest_ms": item.earliest_ms,
+                "overdue_ms": item.overdue_ms(found.now_ms),
+            }
+            for item in found.queues
+        ],
+    }
+
+
+@click.command("pumps")
+@click.argument("queue", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_settings
+def pumps_command(settings: Settings, queue: str | None, as_json: bool) -> None:
+    """List the live pumps: where they run, what they serve, their last tick.
+
+    A pump writes its heartbeat every few seconds while it runs (the CLI pump, a `celery
+    beat -S emq`, the pump thread of a Dramatiq worker) and removes it when it stops; one
+    that died is gone once its heartbeat expires (30 s by default). Without QUEUE, the pumps
+    of every queue under the prefix. Times are relative to the Redis server's clock.
+
+    \b
+    Examples:
+      emq-bridge pumps
+      emq-bridge pumps reports --json
+    """
+    repeat = settings.repeat()
+    pumps = repeat.pumps([queue] if queue is not None else None)
+    if as_json:
+        click.echo(to_json([p.to_dict() for p in pumps]))
+        return
+    if not pumps:
+        where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
+        click.echo(f"no live pump serves {where}", err=True)
+        return
+    now_ms = repeat.server_time_ms()
+    rows = [
+        [
+            p.id,
+            p.role,
+            ",".join(p.queues),
+            "never" if p.tick_ms is None else relative(p.tick_ms, now_ms),
+            relative(p.started_ms, now_ms),
+            str(p.dispatched),
+            p.version,
+        ]
+        for p in pumps
+    ]
+    header = ["id", "role", "queues", "last tick", "started", "dispatched", "version"]
+    click.echo(table(header, rows))
+
+
+COMMANDS = (health_command, pumps_command)

@@ -1,0 +1,283 @@
+"""Commands that switch schedulers: `import redbeat`, `import django-celery-beat`, `export`.
+
+The importers read Celery schedule objects, so they live on the Celery side
+(`emq_bridge.migrate.redbeat`, `.django`) and are imported only when their command runs:
+the command line itself never imports Celery.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import click
+import redis
+
+from ..migrate.export import FORMATS, Format, export_registry, render
+from ..migrate.plan import ImportPlan, apply_import, result_lines
+from ..urls import client_from_url, redact_url
+from .context import ServerError, Settings, UrlError, pass_settings
+from .render import to_json
+
+__all__ = ["COMMANDS"]
+
+
+def _celery_side(module: str) -> ModuleType:
+    """Import an importer module (it needs Celery); a missing package is bad input."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _apply(
+    settings: Settings,
+    plan: ImportPlan,
+    dry_run: bool,
+    strict: bool,
+    as_json: bool,
+    paused: bool = False,
+    resume: bool = False,
+) -> None:
+    if paused and resume:
+        raise click.UsageError("--paused and --resume are the two ends of a cut-over: give one")
+    result = apply_import(
+        settings.repeat(), plan, dry_run=dry_run, strict=strict, paused=paused, resume=resume
+    )
+    if as_json:
+
+        def items(entries: list[Any]) -> list[dict[str, Any]]:
+            return [
+                {
+                    "origin": e.origin,
+                    "queue": e.declaration.queue,
+                    "name": e.declaration.name,
+                    "cadence": e.declaration.definition.cadence.describe(),
+                    "next_run_ms": e.seed.first_run_ms,
+                    "paused": e.seed.paused,
+                }
+                for e in entries
+            ]
+
+        click.echo(
+            to_json(
+                {
+                    "source": result.source,
+                    "dry_run": dry_run,
+                    "created": items(result.created),
+                    "updated": items(result.updated),
+                    "unchanged": items(result.unchanged),
+                    "refused": [{"origin": r.origin, "reason": r.reason} for r in result.refused],
+                    "resumed": items(result.resumed),
+                }
+            )
+        )
+        return
+    for line in result_lines(result):
+        click.echo(line)
+    click.echo(result.summary(), err=True)
+
+
+def _zone(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a directory
+        raise click.BadParameter(
+            f"unknown time zone {value!r}; use an IANA name such as 'Europe/Paris'"
+        ) from exc
+    return value
+
+
+_COMMON = [
+    click.option(
+        "--queue", default="celery", show_default=True, help="Queue of tasks naming none."
+    ),
+    click.option(
+        "--timezone",
+        default="UTC",
+        show_default=True,
+        metavar="ZONE",
+        callback=_zone,
+        help="The Celery app's timezone (what zone-less crontabs follow).",
+    ),
+    click.option("--dry-run", is_flag=True, help="Print the plan; write nothing."),
+    click.option("--strict", is_flag=True, help="Write nothing if any schedule cannot be carried."),
+    click.option(
+        "--paused",
+        is_flag=True,
+        help="Create the registrations paused, while the old scheduler still runs them.",
+    ),
+    click.option(
+        "--resume",
+        is_flag=True,
+        help="Cut-over (old scheduler stopped): resume what is enabled there.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+]
+
+
+def _common(func: Any) -> Any:
+    for option in reversed(_COMMON):
+        func = option(func)
+    return func
+
+
+@click.group("import")
+def import_group() -> None:
+    """Import the schedules of another Celery scheduler (re-running changes nothing).
+
+    Each schedule becomes a registration under a source of its own (`import:redbeat`,
+    `import:django-celery-beat`), starting at the slot the old scheduler would fire next;
+    disabled ones are paused. What cannot be carried is listed with `!` and the reason.
+    See docs/migration.md for a switch without double firing.
+    """
+
+
+@import_group.command("redbeat")
+@click.option("--from", "from_url", required=True, metavar="URL", help="celery-redbeat's Redis.")
+@click.option(
+    "--prefix",
+    "--redbeat-prefix",
+    "key_prefix",
+    default="redbeat:",
+    show_default=True,
+    help="celery-redbeat's key prefix (its redbeat_key_prefix setting).",
+)
+@click.option("--source", default="import:redbeat", show_default=True, help="Owner tag.")
+@_common
+@pass_settings
+def import_redbeat(
+    settings: Settings,
+    from_url: str,
+    key_prefix: str,
+    source: str,
+    queue: str,
+    timezone: str,
+    dry_run: bool,
+    strict: bool,
+    paused: bool,
+    resume: bool,
+    as_json: bool,
+) -> None:
+    """Import celery-redbeat's entries (`redbeat:<name>` hashes) into the registry.
+
+    \b
+    Examples:
+      emq-bridge import redbeat --from redis://old:6379/0 --dry-run
+      emq-bridge import redbeat --from redis://old:6379/0 --timezone Europe/Paris
+    """
+    redbeat = _celery_side("emq_bridge.migrate.redbeat")
+    try:
+        old = client_from_url(from_url)
+    except Exception as exc:
+        raise UrlError(f"Invalid value for '--from': {exc}") from exc
+    now_ms = settings.repeat().server_time_ms()
+    try:
+        plan = redbeat.read_redbeat(
+            old,
+            app=redbeat.importer_app(timezone, queue),
+            now_ms=now_ms,
+            key_prefix=key_prefix,
+            source=source,
+        )
+    except redis.RedisError as exc:  # the old Redis, not the registry: say which
+        raise ServerError(f"cannot read celery-redbeat at {redact_url(from_url)}: {exc}") from exc
+    finally:
+        old.close()
+    _apply(settings, plan, dry_run, strict, as_json, paused, resume)
+
+
+@import_group.command("django-celery-beat")
+@click.option(
+    "--database-url",
+    metavar="URL",
+    help="django-celery-beat's database (postgresql://, mysql://, sqlite:///path); "
+    "default: the project of $DJANGO_SETTINGS_MODULE.",
+)
+@click.option("--source", default="import:django-celery-beat", show_default=True, help="Owner tag.")
+@_common
+@pass_settings
+def import_django(
+    settings: Settings,
+    database_url: str | None,
+    source: str,
+    queue: str,
+    timezone: str,
+    dry_run: bool,
+    strict: bool,
+    paused: bool,
+    resume: bool,
+    as_json: bool,
+) -> None:
+    """Import django-celery-beat's periodic tasks into the registry.
+
+    Inside the project, `python manage.py emq_import` does the same (add
+    "emq_bridge.migrate.django" to INSTALLED_APPS).
+
+    \b
+    Examples:
+      emq-bridge import django-celery-beat --database-url postgresql://app@db/app --dry-run
+      DJANGO_SETTINGS_MODULE=proj.settings emq-bridge import django-celery-beat
+    """
+    standalone = _celery_side("emq_bridge.migrate.django.standalone")
+    if database_url is not None:
+        standalone.setup(database_url, timezone)
+    elif os.environ.get("DJANGO_SETTINGS_MODULE"):
+        importlib.import_module("django").setup()
+    else:
+        raise click.UsageError("give --database-url, or set DJANGO_SETTINGS_MODULE")
+    reader = _celery_side("emq_bridge.migrate.django.reader")
+    plan = reader.read_periodic_tasks(
+        now_ms=settings.repeat().server_time_ms(), queue=queue, source=source
+    )
+    _apply(settings, plan, dry_run, strict, as_json, paused, resume)
+
+
+@click.command("export")
+@click.argument("queues", nargs=-1)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="toml",
+    show_default=True,
+    help="The schedule file's format (sync reads a .json file as JSON).",
+)
+@click.option("--source", help="Export only what this source owns; the file declares it.")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here, not stdout."
+)
+@pass_settings
+def export_command(
+    settings: Settings, queues: tuple[str, ...], fmt: str, source: str | None, output: str | None
+) -> None:
+    """Write the registry as a schedule file that `emq-bridge sync` reads.
+
+    Every queue, or the QUEUES given. What a file cannot declare is listed on stderr
+    with the reason and left out (exit 0); paused states and counters stay in Redis.
+
+    \b
+    Examples:
+      emq-bridge export > schedules.toml
+      emq-bridge export reports --format json -o schedules.json
+      emq-bridge export --source import:redbeat > schedules.toml
+    """
+    chosen: Format = "json" if fmt == "json" else "toml"
+    export = export_registry(settings.repeat(), queues or None, source=source, fmt=chosen)
+    text = render(export, chosen)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    for queue, name, reason in export.refused:
+        click.echo(f"! {queue}/{name}: {reason}", err=True)
+    click.echo(
+        f"exported {len(export.entries)} schedule(s), {len(export.refused)} left out", err=True
+    )
+
+
+COMMANDS = [import_group, export_command]

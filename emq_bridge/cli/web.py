@@ -1,0 +1,107 @@
+"""`emq-bridge web`: serve the web view (`emq_bridge.web.app`) with uvicorn."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from .context import Settings, pass_settings
+
+__all__ = ["COMMANDS", "parse_bind"]
+
+TOKEN_ENV = "EMQ_BRIDGE_WEB_TOKEN"
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """Return (host, port) of `HOST:PORT` (`[::1]:8000` for IPv6). ValueError if malformed."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, such as 127.0.0.1:8000, not {value!r}")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"the port must be between 1 and 65535, not {port}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def _bind(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+    try:
+        return parse_bind(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _read_token(token_file: Path | None) -> str | None:
+    """The write token: from --token-file, else $EMQ_BRIDGE_WEB_TOKEN, else none (read-only)."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text("utf-8").strip()
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {token_file}: {exc.strerror}", param_hint="'--token-file'"
+            ) from exc
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if token and len(token) < 16:
+        raise click.BadParameter(
+            "the write token must be at least 16 characters long",
+            param_hint=f"'--token-file' / ${TOKEN_ENV}",
+        )
+    return token or None
+
+
+@click.command("web")
+@click.option(
+    "--bind",
+    default="127.0.0.1:8000",
+    show_default=True,
+    callback=_bind,
+    metavar="HOST:PORT",
+    help="Where to listen (a loopback address keeps the view on this host).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"A file holding the write token (or ${TOKEN_ENV}); without one the view is read-only.",
+)
+@pass_settings
+def web_command(settings: Settings, bind: tuple[str, int], token_file: Path | None) -> None:
+    """Serve the web view: schedules, their runs and outcomes, pumps, and actions.
+
+    Pages are plain HTML served by Starlette and uvicorn (`pip install 'emq-bridge[web]'`);
+    the JSON API behind them is under /api/. Read-only unless a write token is given:
+    then the pages' unlock form (or `Authorization: Bearer <token>` on the API) allows
+    pause, resume, trigger now and remove. The token is read from a file or the
+    environment, never from the command line, where other users could see it. Stops on
+    Ctrl-C or SIGTERM.
+
+    \b
+    Examples:
+      emq-bridge web
+      EMQ_BRIDGE_WEB_TOKEN=$(cat /run/secrets/emq-web) emq-bridge web --bind 0.0.0.0:8000
+    """
+    token = _read_token(token_file)
+    try:
+        import uvicorn
+
+        from ..web import app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the web view needs its extra: pip install 'emq-bridge[web]' ({exc})"
+        ) from exc
+    repeat = settings.repeat()
+    repeat.server_time_ms()  # fail now, in one line, if Redis cannot be reached
+    host, port = bind
+    mode = "writes with the token" if token else "read-only"
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"serving {settings.where} on http://{shown}:{port}/ ({mode})", err=True)
+    config = uvicorn.Config(
+        app(repeat, token=token), host=host, port=port, log_level="warning", access_log=False
+    )
+    uvicorn.Server(config).run()
+
+
+COMMANDS = (web_command,)

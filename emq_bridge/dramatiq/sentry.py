@@ -1,0 +1,128 @@
+"""Sentry Crons for Dramatiq: a check-in per occurrence a worker runs (`SentryCrons`).
+
+Dramatiq has no beat for sentry-sdk to patch; emq-bridge's occurrences are the scheduled
+runs. `SentryCrons` is a middleware that sends, with `sentry_sdk.crons.capture_checkin`, an
+`in_progress` check-in when a worker starts a message emq-bridge sent, and `ok` or `error`
+(with its duration) when it ends: the check-ins Celery's beat and workers send with
+`CeleryIntegration(monitor_beat_tasks=True)`. The monitor slug is the registration's name;
+its config, for schedules declared on the broker's actors, their cron expression and time
+zone or their whole-minute interval, so Sentry creates the monitor and knows when a run is
+missed. The check-in id is the occurrence id (as hex), so every attempt and every re-send of
+one occurrence is one check-in.
+
+Triggered occurrences (runs off the schedule), declared schedules Sentry Crons cannot take
+(under a minute, a seconds field), and messages emq-bridge did not send get no check-in; a
+registration added at runtime (not declared on an actor) gets check-ins without a config.
+Nothing is sent unless sentry-sdk is initialised in the worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+from dramatiq.middleware import Middleware
+
+from ..cadence import Cadence, Cron, Every
+from .schedule import broker_declarations, occurrence_of
+
+__all__ = ["SentryCrons", "monitor_config_of"]
+
+log = logging.getLogger(__name__)
+
+_UNITS = (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000))
+
+
+def monitor_config_of(cadence: Cadence) -> dict[str, Any]:
+    """Return the Sentry monitor config of a cadence, as sentry-sdk builds Celery's: a
+    five-field cron expression and its zone, or an interval in whole minutes, hours or days
+    (UTC). `{}` for what Sentry Crons cannot take (seconds fields, aliases, `H`, sub-minute
+    or uneven intervals): such a schedule is not monitored, as sentry-sdk skips them on
+    Celery."""
+    if isinstance(cadence, Cron):
+        fields = cadence.expr.split()
+        if len(fields) != 5 or any("H" in f or "?" in f for f in fields):
+            return {}
+        return {"schedule": {"type": "crontab", "value": " ".join(fields)}, "timezone": cadence.tz}
+    if isinstance(cadence, Every):
+        every_ms = cadence.every_ms
+        for unit, size in _UNITS:
+            if every_ms >= size and every_ms % size == 0:
+                schedule = {"type": "interval", "value": every_ms // size, "unit": unit}
+                return {"schedule": schedule, "timezone": "UTC"}
+    return {}
+
+
+class SentryCrons(Middleware):
+    """Send Sentry Crons check-ins for the occurrences this worker runs (see the module).
+
+    `slug(queue, name)` names the monitor (default: the registration's name). Add it to the
+    broker next to `RecurringMiddleware`; initialise sentry-sdk in the worker process.
+    """
+
+    def __init__(self, *, slug: Callable[[str, str], str] | None = None) -> None:
+        self.slug = slug or (lambda queue, name: name)
+        self._configs: dict[tuple[str, str], dict[str, Any]] | None = None
+        # The start of each attempt in progress, by message id (worker threads add and pop
+        # their own: one dict operation each, atomic under the GIL).
+        self._started: dict[str, float] = {}
+
+    def _config(self, broker: dramatiq.Broker, queue: str, name: str) -> dict[str, Any] | None:
+        """Return the monitor config of a declared schedule (`{}`: one Sentry Crons cannot
+        monitor), or None for a registration the actors do not declare (added at runtime:
+        its monitor is configured in Sentry)."""
+        if self._configs is None:  # the actors are declared by the time messages run
+            self._configs = {
+                (d.queue, d.name): monitor_config_of(d.definition.cadence)
+                for d in broker_declarations(broker)
+            }
+        return self._configs.get((queue, name))
+
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        info = occurrence_of(message)
+        if info is None or info.triggered:
+            return
+        config = self._config(broker, info.queue, info.name)
+        if config == {}:  # declared, but not a schedule Sentry Crons takes (as Celery's)
+            return
+        from sentry_sdk.crons import MonitorStatus, capture_checkin
+
+        self._started[message.message_id] = time.monotonic()
+        capture_checkin(
+            monitor_slug=self.slug(info.queue, info.name),
+            check_in_id=uuid.UUID(info.id).hex,
+            status=MonitorStatus.IN_PROGRESS,
+            monitor_config=config,  # type: ignore[arg-type]
+        )
+
+    def after_process_message(
+        self,
+        broker: dramatiq.Broker,
+        message: Any,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self._end(broker, message, exception is None)
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        self._end(broker, message, True)  # skipped by a middleware: not a failed run
+
+    def _end(self, broker: dramatiq.Broker, message: Any, ok: bool) -> None:
+        started = self._started.pop(message.message_id, None)
+        info = occurrence_of(message)
+        if started is None or info is None:
+            return
+        from sentry_sdk.crons import MonitorStatus, capture_checkin
+
+        capture_checkin(
+            monitor_slug=self.slug(info.queue, info.name),
+            check_in_id=uuid.UUID(info.id).hex,
+            status=MonitorStatus.OK if ok else MonitorStatus.ERROR,
+            duration=time.monotonic() - started,
+            monitor_config=self._config(broker, info.queue, info.name),  # type: ignore[arg-type]
+        )

@@ -1,0 +1,136 @@
+"""Is the registry served? Live pumps per queue, and how late the earliest schedule is.
+
+`check` is what `emq-bridge health` (a Kubernetes probe) asks: every queue checked has a
+live pump (`heartbeat.py`), and no active schedule's next run passed more than `max_lag_ms`
+ago on the server's clock. `unserved` is what `list` and `show` flag: a schedule whose
+next run passed while no live pump serves its queue, so nothing will fire it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .heartbeat import PumpInfo
+from .registry import Registration, Repeat
+
+__all__ = [
+    "DEFAULT_MAX_LAG_MS",
+    "UNSERVED_GRACE_MS",
+    "Health",
+    "QueueHealth",
+    "check",
+    "served",
+    "unserved",
+]
+
+# How late the earliest next run of a queue may be before the queue is unhealthy.
+DEFAULT_MAX_LAG_MS = 60_000
+# How late a schedule no pump serves is before `list` flags it: a pump restarting (a rolling
+# deploy: the old one removes its heartbeat, the new one writes its own) is not flagged.
+UNSERVED_GRACE_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHealth:
+    """One queue: its live pumps, and its earliest next run (epoch ms; None if it holds
+    no active schedule) with the schedule's name."""
+
+    queue: str
+    pumps: tuple[PumpInfo, ...]
+    earliest_name: str | None
+    earliest_ms: int | None
+
+    def overdue_ms(self, now_ms: int) -> int:
+        """Return how long ago the earliest next run passed (0 if it is not past)."""
+        if self.earliest_ms is None:
+            return 0
+        return max(0, now_ms - self.earliest_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What `check` found: `ok`, and `reason`, one line saying why (or what is fine)."""
+
+    ok: bool
+    reason: str
+    now_ms: int
+    max_lag_ms: int
+    queues: tuple[QueueHealth, ...] = field(default=())
+
+
+def check(
+    repeat: Repeat, queues: Sequence[str] | None = None, *, max_lag_ms: int = DEFAULT_MAX_LAG_MS
+) -> Health:
+    """Check `queues` (default: every queue with a registry under the prefix).
+
+    Healthy when there is at least one queue, each has a live pump, and none's earliest
+    active next run passed more than `max_lag_ms` ago (server clock). Costs one round trip
+    per queue for the earliest run, one pipeline for the pumps. Raises
+    `RegistryUnavailable`/`RegistryError` when Redis fails.
+    """
+    if max_lag_ms < 0:
+        raise ValueError("max_lag_ms must not be negative")
+    names = list(dict.fromkeys(queues)) if queues is not None else repeat.queues()
+    pumps = repeat.pumps_by_queue(names)
+    found = []
+    now_ms = 0
+    for queue in names:
+        scan = repeat.scan(queue, 1)  # its clock and earliest score, read-only
+        now_ms = scan.now_ms
+        earliest = scan.due[0][0] if scan.due else None
+        found.append(QueueHealth(queue, tuple(pumps[queue]), earliest, scan.earliest_ms))
+    if not names:
+        reason = f"no queue has a registry under prefix {repeat.prefix!r}: nothing is served"
+        return Health(False, reason, repeat.server_time_ms(), max_lag_ms)
+    for item in found:
+        if not item.pumps:
+            return Health(
+                False, f"no live pump serves queue {item.queue!r}", now_ms, max_lag_ms, tuple(found)
+            )
+    for item in found:
+        late = item.overdue_ms(now_ms)
+        if late > max_lag_ms:
+            what = f"{item.queue}/{item.earliest_name}" if item.earliest_name else item.queue
+            reason = (
+                f"{what} is {_seconds(late)} overdue (more than {_seconds(max_lag_ms)}) although "
+                f"{len(item.pumps)} pump(s) serve queue {item.queue!r}: they are stuck or behind"
+            )
+            return Health(False, reason, now_ms, max_lag_ms, tuple(found))
+    live = len({p.id for item in found for p in item.pumps})
+    reason = (
+        f"ok: {len(found)} queue(s), {live} live pump(s), "
+        f"nothing overdue by more than {_seconds(max_lag_ms)}"
+    )
+    return Health(True, reason, now_ms, max_lag_ms, tuple(found))
+
+
+def served(repeat: Repeat, queues: Sequence[str]) -> set[str]:
+    """Return which of `queues` have a live pump (one pipeline)."""
+    return {queue for queue, pumps in repeat.pumps_by_queue(queues).items() if pumps}
+
+
+def unserved(registration: Registration, now_ms: int, served: set[str]) -> bool:
+    """Return whether `registration` is overdue because no pump serves it: active (neither
+    paused nor completed), its next run passed more than `UNSERVED_GRACE_MS` before
+    `now_ms`, and its queue is not in `served` (the queues with a live pump)."""
+    due = registration.next_run_ms
+    return (
+        not registration.paused
+        and registration.completed is None  # past its end: nothing should fire it
+        and due is not None
+        and due < now_ms - UNSERVED_GRACE_MS
+        and registration.queue not in served
+    )
+
+
+def _seconds(ms: int) -> str:
+    """Return a duration as `45s`, `1.5s`, `2m`, `9m14s`, `2h`, `3h05m`."""
+    seconds = ms / 1000
+    if seconds < 120:
+        return f"{seconds:g}s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 120:
+        return f"{minutes}m{rest:02d}s" if rest else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"

@@ -1,0 +1,209 @@
+"""Jitter: each occurrence sent at its nominal slot plus a deterministic offset. Pure math.
+
+A `Jittered` cadence wraps the nominal one. The offset of the slot `n` is a hash of the
+registration (`seed`, its name) and `n`, within `[0, jitter_ms]` and strictly before the
+next nominal slot, so jitter never reorders, merges or skips slots. Its slots (what the
+registry scores and the pump claims at) are the jittered instants; `nominal(score)` maps
+one back to its nominal slot, which is what the occurrence carries (its id, `due_ms`): the
+largest nominal slot at or before the score. That inverse is exact because an offset stays
+below the gap to the next slot. A score that is no jittered slot (written before jitter was
+set) has no nominal slot in reach and is its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from .cadence import At, Cadence, Cron, Every, cadence_from_fields, parse_every
+from .calendars import Excluding, exclusion_from_fields
+from .errors import ScheduleError
+from .hashed import stable_hash, uses_hash
+
+__all__ = [
+    "MAX_JITTER_MS",
+    "Jittered",
+    "base_cadence",
+    "last_slot",
+    "nominal_of",
+    "nominal_slot",
+    "parse_jitter",
+    "reseed",
+    "shape",
+    "shaped_from_fields",
+]
+
+# A day: jitter spreads load within a slot; a bound longer than that is a mistake.
+MAX_JITTER_MS = 86_400_000
+
+
+def parse_jitter(value: float | timedelta | str | None) -> int:
+    """Return a jitter bound in ms from seconds, a `timedelta` or `"30s"`; 0 for None."""
+    if value is None:
+        return 0
+
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0
+    try:
+        jitter_ms = parse_every(value)
+    except ScheduleError as exc:
+        raise ScheduleError(str(exc).replace("every", "jitter", 1)) from None
+    if jitter_ms > MAX_JITTER_MS:
+        raise ScheduleError(f"jitter must be at most 1 day, got {value!r}")
+    return jitter_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Jittered:
+    """`inner`'s slots, each moved later by its own offset (see the module docstring)."""
+
+    inner: Cadence
+    jitter_ms: int
+    seed: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.jitter_ms, bool) or not isinstance(self.jitter_ms, int):
+            raise ScheduleError(f"jitter_ms must be an int, got {self.jitter_ms!r}")
+        if not 0 < self.jitter_ms <= MAX_JITTER_MS:
+            raise ScheduleError(f"jitter_ms must be 1 to {MAX_JITTER_MS}, got {self.jitter_ms}")
+
+    @property
+    def kind(self) -> str:
+        return self.inner.kind
+
+    def offset(self, nominal_ms: int) -> int:
+        """The offset of the nominal slot `nominal_ms`: below the gap to the next slot."""
+        room = min(self.jitter_ms, self.inner.next_after(nominal_ms) - nominal_ms - 1)
+        if room <= 0:
+            return 0
+        return stable_hash(self.seed, f"jitter-{nominal_ms}") % (room + 1)
+
+    def at(self, nominal_ms: int) -> int:
+        """The instant the nominal slot `nominal_ms` is sent at."""
+        return nominal_ms + self.offset(nominal_ms)
+
+    def nominal(self, score_ms: int) -> int:
+        """The nominal slot a score (a jittered instant) stands for."""
+        return nominal_of(self.inner, score_ms, self.jitter_ms)
+
+    def first_run(self, now_ms: int) -> int:
+        # The nominal slots are those of `inner`, from its own first one.
+        return self.at(self.inner.first_run(now_ms))
+
+    def next_after(self, after_ms: int) -> int:
+        # Only the last nominal slot at or before `after_ms` can be sent after it.
+        last = last_slot(self.inner, after_ms, self.jitter_ms)
+        if last is not None and (sent := self.at(last)) > after_ms:
+            return sent
+        return self.at(self.inner.next_after(after_ms))
+
+    def to_fields(self) -> dict[str, str]:
+        fields = {**self.inner.to_fields(), "jitter_ms": str(self.jitter_ms)}
+        if self.seed:
+            fields["seed"] = self.seed
+        return fields
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, jitter up to {_words(self.jitter_ms)}"
+
+
+def nominal_of(inner: Cadence, score_ms: int, reach_ms: int) -> int:
+    """Return the largest slot of `inner` in `[score_ms - reach_ms, score_ms]`, else `score_ms`."""
+    last = last_slot(inner, score_ms, reach_ms)
+    return score_ms if last is None else last
+
+
+def last_slot(inner: Cadence, at_ms: int, reach_ms: int) -> int | None:
+    """Return the largest slot of `inner` in `[at_ms - reach_ms, at_ms]`, or None.
+
+    The first probe covers the common case (one slot in reach); otherwise a binary search
+    on the start of `next_after` finds the last one in about log2(reach) calls.
+    """
+    first = inner.next_after(at_ms - reach_ms - 1)
+    if first > at_ms:
+        return None
+    if inner.next_after(first) > at_ms:
+        return first
+    # The smallest d with next_after(at - d) <= at: that slot is the last one.
+    low, high = 1, at_ms - first + 1  # next_after(at - high) == first <= at
+    while low < high:
+        middle = (low + high) // 2
+        if inner.next_after(at_ms - middle) <= at_ms:
+            high = middle
+        else:
+            low = middle + 1
+    return inner.next_after(at_ms - low)
+
+
+def _words(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def shape(
+    base: Cadence,
+    *,
+    tz: str = "UTC",
+    exclude: tuple[str, ...] = (),
+    calendars: tuple[str, ...] = (),
+    jitter_ms: int = 0,
+    seed: str | None = None,
+) -> Cadence:
+    """Return `base` less its excluded slots, then jittered: the cadence a record stores."""
+    if (exclude or jitter_ms) and isinstance(base, At):
+        raise ScheduleError("jitter and exclude apply to recurring schedules, not at= one-offs")
+    if jitter_ms and isinstance(base, Every) and base.anchor == "release":
+        raise ScheduleError("jitter needs a grid: it does not apply to anchor='release'")
+    cadence: Cadence = base
+    if exclude:
+        cadence = Excluding(cadence, exclude, tz, calendars)
+    if jitter_ms:
+        cadence = Jittered(cadence, jitter_ms, seed or "")
+    return cadence
+
+
+def shaped_from_fields(fields: dict[str, str]) -> Cadence:
+    """Rebuild a record's cadence with its exclusions and jitter; `ScheduleError` if corrupt."""
+    cadence = exclusion_from_fields(cadence_from_fields(fields), fields)
+    raw = fields.get("jitter_ms")
+    if not raw:
+        return cadence
+    try:
+        jitter_ms = int(raw)
+    except ValueError:
+        raise ScheduleError(f"jitter_ms {raw!r} is not an integer") from None
+    return Jittered(cadence, jitter_ms, fields.get("seed") or "")
+
+
+def reseed(cadence: Cadence, seed: str) -> Cadence:
+    """Return `cadence` with `seed` (a registration name) wherever it has none yet: in a
+    cron's `H` and in jitter. A cadence that uses neither is returned as it is."""
+    if isinstance(cadence, Jittered):
+        inner = reseed(cadence.inner, seed)
+        if cadence.seed and inner is cadence.inner:
+            return cadence
+        return Jittered(inner, cadence.jitter_ms, cadence.seed or seed)
+    if isinstance(cadence, Excluding):
+        inner = reseed(cadence.inner, seed)
+        if inner is cadence.inner:
+            return cadence
+        return Excluding(inner, cadence.rules, cadence.tz, cadence.calendars)
+    if isinstance(cadence, Cron) and cadence.seed is None and uses_hash(cadence.expr):
+        return Cron(cadence.expr, cadence.tz, cadence.day_and, seed)
+    return cadence
+
+
+def nominal_slot(cadence: Cadence, score_ms: int) -> int:
+    """The nominal slot of a registry score: the score itself unless the cadence jitters."""
+    if isinstance(cadence, Jittered):
+        return cadence.nominal(score_ms)
+    return score_ms
+
+
+def base_cadence(cadence: Cadence) -> Cadence:
+    """The cadence under its jitter and exclusions (a `Cron`, an `Every`, ...)."""
+    while isinstance(cadence, Jittered | Excluding):
+        cadence = cadence.inner
+    return cadence

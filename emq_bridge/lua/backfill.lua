@@ -1,0 +1,74 @@
+-- backfill: queue past slots of a registration for the pumps to send, each at most once.
+--
+-- KEYS[1]  <prefix>:{q}:repeat             sorted set: name -> next run
+-- KEYS[2]  <prefix>:{q}:repeat:<name>      hash: the registration record
+-- KEYS[3]  <prefix>:{q}:leases             sorted set: lease member -> lease deadline
+-- KEYS[4]  <prefix>:{q}:backfill:<name>    sorted set: slot -> slot, every slot backfilled
+-- ARGV[1]  name
+-- ARGV[2]  the registry score as the caller read it ('' when the member was missing)
+-- ARGV[3]  the record's `paused_next_ms` as read ('' when none)
+-- ARGV[4]  the live frontier: the nominal slot of that score (or of `paused_next_ms`), ''
+--          for none; a slot at or after it is the live schedule's to fire, never backfilled
+-- ARGV[5]  JSON array of the candidate slots, nominal epoch ms as decimal strings, ascending
+-- ARGV[6]  when to send the first slot queued, epoch ms
+-- ARGV[7]  ms between two slots queued (the rate limit; 0 for none)
+-- ARGV[8]  '1' for a dry run: decide, write nothing
+-- ARGV[9]  wake channel
+--
+-- The frontier was computed by the caller from ARGV[2..3] (cron math is Python's): if the
+-- score or `paused_next_ms` changed since the read, nothing is written (-2) and the caller
+-- reads again. A slot is skipped when it is at or after the frontier (`ahead`), when a run
+-- of slots fired live covers it (claim.lua's `runs`, and the open run from..to of `run`,
+-- "<from> <to> <next>"; a record from before runs: created_ms..last_due_ms) (`live`), or when a backfill queued it already
+-- (`done`). Every other slot is added to KEYS[4] and queued as the pending member
+-- "<name> <slot> backfill" in KEYS[3], scored by its send time, which claim.lua turns into
+-- the lease "<name> <slot> backfilled" when it is due: one send, the id of the live slot.
+-- Returns {1, queued slots (JSON), live, done, ahead}; -1 no such registration; -2 changed.
+if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local parked = redis.call('HGET', KEYS[2], 'paused_next_ms')
+if (score or '') ~= ARGV[2] and tonumber(score) ~= tonumber(ARGV[2]) then return -2 end
+if (parked or '') ~= ARGV[3] then return -2 end
+
+local f = redis.call('HMGET', KEYS[2], 'runs', 'run', 'last_due_ms', 'created_ms')
+local runs = {}
+for from, to in string.gmatch(f[1] or '', '(%d+)%-(%d+)') do
+  runs[#runs + 1] = {tonumber(from), tonumber(to)}
+end
+local open_from, open_to = string.match(f[2] or '', '^(%d+) (%d+) ')
+if open_from then
+  runs[#runs + 1] = {tonumber(open_from), tonumber(open_to)}
+elseif not f[2] and f[3] then
+  runs[#runs + 1] = {tonumber(f[4]) or 0, tonumber(f[3])}
+end
+local function fired_live(slot)
+  for _, run in ipairs(runs) do
+    if run[1] <= slot and slot <= run[2] then return true end
+  end
+  return false
+end
+
+local frontier = tonumber(ARGV[4])
+local at, spacing, dry = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
+local queued, live, done, ahead = {}, 0, 0, 0
+for _, text in ipairs(cjson.decode(ARGV[5])) do
+  local slot = tonumber(text)
+  if frontier and slot >= frontier then
+    ahead = ahead + 1
+  elseif fired_live(slot) then
+    live = live + 1
+  elseif redis.call('ZSCORE', KEYS[4], text) then
+    done = done + 1
+  else
+    if not dry then
+      redis.call('ZADD', KEYS[4], slot, text)
+      redis.call('ZADD', KEYS[3], string.format('%d', at + #queued * spacing),
+        ARGV[1] .. ' ' .. text .. ' backfill')
+    end
+    queued[#queued + 1] = text
+  end
+end
+if #queued > 0 and not dry then redis.call('PUBLISH', ARGV[9], 'backfill') end
+local reply = '[]'
+if #queued > 0 then reply = cjson.encode(queued) end
+return {1, reply, live, done, ahead}

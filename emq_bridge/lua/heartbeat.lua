@@ -1,0 +1,35 @@
+-- heartbeat: write (or remove) one pump's heartbeat in a queue's pump table, and drop the
+-- heartbeats that expired.
+--
+-- KEYS[1]  <prefix>:{q}:pumps   hash: pump id -> "<expires_ms> <beat_ms> <json>"
+-- ARGV[1]  the pump's id
+-- ARGV[2]  the pump's JSON object (id, host, pid, queues, version, ...), or "" to remove it
+--          (a pump that stops)
+-- ARGV[3]  how long the heartbeat lives, ms
+--
+-- Times are this server's clock (TIME), as every due decision is, so readers on hosts with
+-- other clocks agree on who is alive. The key's own expiry is the latest heartbeat's, so a
+-- queue whose last pump died holds no key once that pump's heartbeat expired.
+-- Returns the server's now, ms.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local key, id, info, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+if info == '' then
+  redis.call('HDEL', key, id)
+else
+  redis.call('HSET', key, id, string.format('%d %d %s', now + ttl, now, info))
+end
+local latest = 0
+local entries = redis.call('HGETALL', key)
+for i = 1, #entries, 2 do
+  local expires = tonumber(string.match(entries[i + 1], '^(%d+) '))
+  if expires == nil or expires <= now then
+    redis.call('HDEL', key, entries[i])
+  elseif expires > latest then
+    latest = expires
+  end
+end
+if latest > now then
+  redis.call('PEXPIREAT', key, latest)
+end
+return now

@@ -1,0 +1,186 @@
+"""Read django-celery-beat's `PeriodicTask` rows into an `ImportPlan`.
+
+Each row is carried as django-celery-beat's own scheduler (`ModelEntry`) would run it:
+the options it sends (queue, exchange, routing_key, priority, expire_seconds, headers with
+`periodic_task_name`), its next slot from `last_run_at` (never run: from `date_changed`;
+with a `start_time`, not before it), `enabled=False` as a paused registration and
+`total_run_count`/`last_run_at` as the registration's counters, a future `start_time` as a
+start bound and `expires` as an end bound (the last millisecond before it). One-offs
+become one-off registrations: a `ClockedSchedule` its instant (`at`), a `one_off` interval
+or crontab its next slot with a limit of one run. Solar schedules, and rows with nothing
+left to run (expired, a one-off that ran), are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from celery.schedules import crontab, schedule
+
+from ...cadence import At
+from ...celery.entries import json_options, registry_name, resolve_queue
+from ...definition import Declaration, Definition
+from ...errors import EmqError
+from ...registry import Seed
+from ...template import TaskTemplate
+from ..plan import Imported, ImportPlan, Refusal
+from ..redbeat import importer_app
+from ..schedules import Carried, Unrepresentable, carry, epoch_ms
+
+__all__ = ["DEFAULT_SOURCE", "read_periodic_tasks"]
+
+DEFAULT_SOURCE = "import:django-celery-beat"
+# What ModelEntry does to a never-run task with a start_time: its last run is this far back.
+_NEVER_RAN_BEFORE_START = timedelta(days=365 * 30)
+
+
+def read_periodic_tasks(
+    *,
+    now_ms: int,
+    using: str = "default",
+    queue: str = "celery",
+    source: str = DEFAULT_SOURCE,
+) -> ImportPlan:
+    """Read every `PeriodicTask` of database alias `using` into a plan; nothing is written.
+
+    `queue` is the queue of rows that name none (Celery's `task_default_queue`). Django
+    must be set up (inside the project, or `standalone.setup`).
+    """
+    from django_celery_beat.models import PeriodicTask  # type: ignore[import-untyped]
+
+    apps: dict[str, Celery] = {}
+    plan = ImportPlan(source)
+    rows = (
+        PeriodicTask.objects.using(using)
+        .select_related("interval", "crontab", "solar", "clocked")
+        .order_by("name")
+    )
+    for row in rows:
+        origin = f"periodic task {row.name!r}"
+        try:
+            plan.entries.append(_entry(row, apps, now_ms, queue, source))
+        except (Unrepresentable, EmqError) as exc:
+            plan.refused.append(Refusal(origin, str(exc)))
+    return plan
+
+
+def _app(apps: dict[str, Celery], zone: str, queue: str) -> Celery:
+    if zone not in apps:
+        apps[zone] = importer_app(zone, queue)
+    return apps[zone]
+
+
+def _schedule(row: Any, apps: dict[str, Celery], queue: str) -> tuple[Any, Celery]:
+    """Return the row's Celery schedule and the app (time zone) to convert it with."""
+    if row.solar_id is not None:
+        solar = row.solar
+        where = f"{float(solar.latitude):g}, {float(solar.longitude):g}"
+        raise Unrepresentable(
+            f"solar {solar.event} at ({where}) is decided by Celery's is_due in the process "
+            "that holds it: declare it in beat_schedule, "
+            f"{{'task': {row.task!r}, 'schedule': solar({solar.event!r}, {where})}}"
+        )
+    if row.interval_id is not None:
+        interval = row.interval
+        app = _app(apps, "UTC", queue)
+        return schedule(timedelta(**{interval.period: interval.every}), app=app), app
+    if row.crontab_id is not None:
+        c = row.crontab
+        app = _app(apps, str(c.timezone), queue)
+        value = crontab(
+            minute=c.minute,
+            hour=c.hour,
+            day_of_week=c.day_of_week,
+            day_of_month=c.day_of_month,
+            month_of_year=c.month_of_year,
+            app=app,
+        )
+        return value, app
+    raise Unrepresentable("it has no schedule (interval, crontab, solar or clocked)")
+
+
+def _carried(
+    row: Any, apps: dict[str, Celery], now_ms: int, queue: str, label: str
+) -> tuple[Carried, Celery]:
+    """Return the row's schedule carried over: a ClockedSchedule as a one-off instant, a
+    one-off interval or crontab as its next slot with a limit of one run."""
+    if row.one_off and row.enabled and row.total_run_count:
+        raise Unrepresentable(
+            "a one-off that already ran (django-celery-beat disables it at its next check): "
+            "nothing left to fire"
+        )
+    if row.clocked_id is not None:
+        at_ms = epoch_ms(row.clocked.clocked_time)
+        # Due once its time has come, as ClockedSchedule.is_due: a past one fires at once.
+        return Carried(At((at_ms,)), at_ms), _app(apps, "UTC", queue)
+    value, app = _schedule(row, apps, queue)
+    carried = carry(value, app, label, last_run_ms=_last_run_ms(row, now_ms), now_ms=now_ms)
+    if row.one_off:
+        carried = Carried(carried.cadence, carried.first_run_ms, carried.end_ms, 1)
+    return carried, app
+
+
+def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: str) -> Imported:
+    label = f"periodic task {row.name!r}"
+    end_ms = None
+    if row.expires is not None:
+        if epoch_ms(row.expires) <= now_ms:
+            raise Unrepresentable(
+                f"expired at {row.expires.isoformat()}: django-celery-beat never runs it again"
+            )
+        end_ms = epoch_ms(row.expires) - 1  # it runs while now < expires
+    carried, app = _carried(row, apps, now_ms, queue, label)
+    try:
+        args = json.loads(row.args or "[]")
+        kwargs = json.loads(row.kwargs or "{}")
+        headers = json.loads(row.headers or "{}")
+    except ValueError as exc:
+        raise Unrepresentable(f"its args, kwargs or headers are not JSON: {exc}") from exc
+    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(headers, dict):
+        raise Unrepresentable("args must be a JSON array, kwargs and headers JSON objects")
+    raw_options: dict[str, Any] = {
+        k: getattr(row, k)
+        for k in ("queue", "exchange", "routing_key", "priority")
+        if getattr(row, k) is not None
+    }
+    if row.expire_seconds:
+        raw_options["expires"] = row.expire_seconds
+    elif row.expires is not None:  # ModelEntry sends it as the task's expiry too
+        raw_options["expires"] = row.expires.isoformat()
+    raw_options["headers"] = {**headers, "periodic_task_name": row.name}
+    options = json_options(raw_options, label)
+    first_run_ms, start_ms = carried.first_run_ms, None
+    if row.start_time is not None and epoch_ms(row.start_time) > now_ms:
+        start_ms = epoch_ms(row.start_time)
+        first_run_ms = max(first_run_ms, start_ms)
+    if end_ms is not None and first_run_ms > end_ms:
+        raise Unrepresentable(
+            f"its next run comes after it expires ({row.expires.isoformat()}): nothing left to fire"
+        )
+    template = TaskTemplate(row.task, args, kwargs, options).to_dict()
+    definition = Definition(carried.cadence, template, bounds=carried.bounds(start_ms, end_ms))
+    declaration = Declaration(
+        resolve_queue(app, row.task, options, args, kwargs), registry_name(row.name), definition
+    )
+    seed = Seed(
+        first_run_ms,
+        paused=not row.enabled,
+        fired=max(int(row.total_run_count or 0), 0),
+        last_fired_ms=epoch_ms(row.last_run_at) if row.last_run_at is not None else None,
+    )
+    return Imported(label, declaration, seed)
+
+
+def _last_run_ms(row: Any, now_ms: int) -> int:
+    """Return the last run ModelEntry computes from: `last_run_at`, else `date_changed`
+    (30 years earlier with a `start_time`, so it fires at the start), else now."""
+    if row.last_run_at is not None:
+        return epoch_ms(row.last_run_at)
+    changed: datetime | None = row.date_changed
+    base = epoch_ms(changed) if changed is not None else now_ms
+    if row.start_time is not None:
+        base -= int(_NEVER_RAN_BEFORE_START.total_seconds() * 1000)
+    return base

@@ -1,0 +1,75 @@
+"""Set Django up outside a project, on one database URL, to read django-celery-beat's tables.
+
+`emq-bridge import django-celery-beat --database-url URL` uses it: `postgresql://user:pw@host:5432/db`
+(psycopg), `mysql://...` (mysqlclient) or `sqlite:///path/to/db.sqlite3`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ...errors import ConfigError
+
+__all__ = ["database_settings", "setup"]
+
+_ENGINES = {
+    "postgres": "django.db.backends.postgresql",
+    "postgresql": "django.db.backends.postgresql",
+    "pgsql": "django.db.backends.postgresql",
+    "mysql": "django.db.backends.mysql",
+    "sqlite": "django.db.backends.sqlite3",
+}
+
+
+def database_settings(url: str) -> dict[str, Any]:
+    """Return Django's `DATABASES["default"]` for `url`; `ConfigError` if it is not one."""
+    parts = urlsplit(url)
+    engine = _ENGINES.get(parts.scheme)
+    if engine is None:
+        raise ConfigError(
+            f"--database-url: unknown scheme {parts.scheme!r}; use postgresql://, mysql:// "
+            "or sqlite:///path"
+        )
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        name = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db (dj-database-url's)
+        if not name:
+            raise ConfigError("--database-url: sqlite:///path names no database file")
+        return {"ENGINE": engine, "NAME": name}
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ConfigError("--database-url names no database (…/dbname)")
+    return {
+        "ENGINE": engine,
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+    }
+
+
+def setup(url: str, timezone: str = "UTC") -> None:
+    """Configure Django on `url` with django-celery-beat installed, and set it up."""
+    try:
+        import django  # type: ignore[import-untyped]
+        from django.conf import settings  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise ConfigError(
+            "importing from django-celery-beat needs Django and django-celery-beat installed"
+        ) from exc
+    if not settings.configured:
+        settings.configure(
+            DATABASES={"default": database_settings(url)},
+            INSTALLED_APPS=["django_celery_beat"],
+            USE_TZ=True,
+            TIME_ZONE=timezone,
+        )
+    try:
+        django.setup()
+    except ImportError as exc:
+        raise ConfigError(
+            f"importing from django-celery-beat needs it installed ({exc}): "
+            "pip install django-celery-beat"
+        ) from exc

@@ -1,0 +1,185 @@
+"""An import as data, and its application to the registry.
+
+An importer (celery-redbeat, django-celery-beat) reads the schedules of the scheduler it
+replaces and returns an `ImportPlan`: for each one it can carry, a `Declaration` and a
+`Seed` (the slot it fires next, computed from its last run so that nothing fires early or
+twice at the switch; paused if disabled; its run count and last run); for each one it
+cannot, a `Refusal` with the reason. `apply_import` upserts the carried ones under the
+importer's source: a created registration starts from its seed, an existing one keeps its
+own score, state and counters, and an unchanged one is not written at all, so running the
+same import again writes nothing. An import never removes anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+from ..definition import Declaration
+from ..errors import ConfigError
+from ..registry import Repeat, Seed
+from ..sync import plan_sync
+
+__all__ = ["ImportPlan", "ImportResult", "Imported", "Refusal", "apply_import", "result_lines"]
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """One schedule an importer carries: where it came from, what it becomes, where it starts."""
+
+    origin: str  # how the old scheduler names it, e.g. "redbeat:nightly"
+    declaration: Declaration
+    seed: Seed
+
+    def line(self) -> str:
+        """Describe it on one line: registration, cadence, next run or paused, origin."""
+        d = self.declaration
+        when = _utc(self.seed.first_run_ms)
+        state = f"paused (next {when})" if self.seed.paused else f"next {when}"
+        return f"{d.queue}/{d.name}  {d.definition.cadence.describe()}  {state}  <- {self.origin}"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One schedule an importer cannot carry, and why; it is listed, never dropped silently."""
+
+    origin: str
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.origin}: {self.reason}"
+
+
+@dataclass(slots=True)
+class ImportPlan:
+    """What an importer read: the schedules it carries and those it refuses."""
+
+    source: str
+    entries: list[Imported] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ImportResult:
+    """What `apply_import` did (or, with `dry_run`, would do), per change kind."""
+
+    source: str
+    dry_run: bool
+    created: list[Imported] = field(default_factory=list)
+    updated: list[Imported] = field(default_factory=list)
+    unchanged: list[Imported] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+    resumed: list[Imported] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        return len(self.created) + len(self.updated) + len(self.resumed)
+
+    def summary(self) -> str:
+        note = " (dry run: nothing written)" if self.dry_run else ""
+        resumed = f", {len(self.resumed)} resumed" if self.resumed else ""
+        return (
+            f"import {self.source}: {len(self.created)} created, {len(self.updated)} updated, "
+            f"{len(self.unchanged)} unchanged, {len(self.refused)} refused{resumed}{note}"
+        )
+
+
+def apply_import(
+    repeat: Repeat,
+    plan: ImportPlan,
+    *,
+    dry_run: bool = False,
+    strict: bool = False,
+    paused: bool = False,
+    resume: bool = False,
+) -> ImportResult:
+    """Upsert what `plan` carries under `plan.source`; return what changed.
+
+    Created registrations start from their seed (next slot, paused state, counters);
+    existing ones keep their own. Unchanged ones are not written, so a second run of the
+    same import writes nothing. With `strict`, a plan with refusals raises `ConfigError`
+    and writes nothing. Redis failures raise `RegistryUnavailable` / `RegistryError`; what
+    was written before one stays (running the import again completes it).
+
+    The cut-over without double firing: `paused` creates every registration paused (the
+    old scheduler still runs them); once it is stopped, `resume` resumes the paused
+    registrations whose schedule is enabled there (`Repeat.resume`: from their next slot
+    after now, so no slot the old scheduler fired runs again).
+    """
+    if strict and plan.refused:
+        reasons = "; ".join(r.line() for r in plan.refused)
+        raise ConfigError(f"{len(plan.refused)} schedule(s) cannot be imported: {reasons}")
+    by_key = {(e.declaration.queue, e.declaration.name): e for e in plan.entries}
+    if len(by_key) != len(plan.entries):
+        seen: set[tuple[str, str]] = set()
+        for entry in plan.entries:
+            key = (entry.declaration.queue, entry.declaration.name)
+            if key in seen:
+                raise ConfigError(
+                    f"{entry.origin}: {key[0]}/{key[1]} is the registration of another "
+                    "imported schedule too; rename one of them"
+                )
+            seen.add(key)
+    declarations = [e.declaration for e in plan.entries]
+    planned = plan_sync(repeat, declarations, plan.source, prune=False)
+    result = ImportResult(plan.source, dry_run, refused=list(plan.refused))
+    result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
+    # A seed applies to what is created only; `paused` creates it paused.
+    created = [by_key[(d.queue, d.name)] for d in planned.create]
+    if paused:
+        created = [replace(e, seed=replace(e.seed, paused=True)) for e in created]
+    todo = [*created, *(by_key[(d.queue, d.name)] for d in planned.update)]
+    if dry_run:
+        result.created = created
+        result.updated = [by_key[(d.queue, d.name)] for d in planned.update]
+        if resume:
+            result.resumed = [
+                e for e in plan.entries if not e.seed.paused and _owned(repeat, e, plan.source)
+            ]
+        return result
+    answers = repeat.upsert_many(
+        [(e.declaration.queue, e.declaration.name, e.declaration.definition) for e in todo],
+        source=plan.source,
+        seeds=[e.seed for e in todo],
+    )
+    buckets = {"created": result.created, "updated": result.updated, "unchanged": result.unchanged}
+    for entry, answer in zip(todo, answers, strict=True):
+        buckets[answer].append(entry)
+    if resume:
+        for entry in plan.entries:
+            d = entry.declaration
+            if not entry.seed.paused and _owned(repeat, entry, plan.source):
+                try:
+                    if repeat.resume(d.queue, d.name):
+                        result.resumed.append(entry)
+                except KeyError:  # removed meanwhile: nothing to resume
+                    continue
+    return result
+
+
+def _owned(repeat: Repeat, entry: Imported, source: str) -> bool:
+    """True if the registration is paused, by a pause the import may lift: the import's
+    source still owns it (another source took the name over, its pause is not ours) and it
+    is not parked (a dispatch that can never work, a failure streak: resume it by name)."""
+    registration = repeat.get(entry.declaration.queue, entry.declaration.name)
+    return (
+        registration is not None
+        and registration.paused
+        and registration.parked_reason is None
+        and registration.source == source
+    )
+
+
+def result_lines(result: ImportResult) -> list[str]:
+    """Return what an import did as a diff: `+` created, `~` updated, `=` unchanged (nothing
+    written), `!` refused, with the reason."""
+    lines = [f"+ {e.line()}" for e in result.created]
+    lines += [f"~ {e.line()}" for e in result.updated]
+    lines += [f"= {e.line()}" for e in result.unchanged]
+    lines += [f"! {r.line()}" for r in result.refused]
+    lines += [f"> resumed {e.declaration.queue}/{e.declaration.name}" for e in result.resumed]
+    return lines
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

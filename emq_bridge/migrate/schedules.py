@@ -1,0 +1,230 @@
+"""Carry one Celery schedule object over: its emq-bridge cadence and the slot it fires next.
+
+Celery side (it reads Celery schedule objects); used by the redbeat and django-celery-beat
+importers. Intervals and crontabs go through the Celery adapter's own conversion
+(`emq_bridge.celery.entries.convert_schedule`); a celery-redbeat `rrule` becomes an interval
+or a cron when one gives exactly its slots (checked on the next `RRULE_CHECKED_SLOTS`
+slots; `until` and `count` become an end bound and a limit), else it is refused.
+Schedules only Celery's `is_due` can decide (solar, relative
+intervals, custom classes) need the object in the beat's process: they are refused with
+what to write in `beat_schedule` instead.
+
+The next slot follows the old scheduler's rule (Celery's `is_due` from the last run): an
+interval fires `every` after its last run, a crontab at its first slot after it; never run,
+or overdue, it fires at once (at `now`), as redbeat would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery import Celery
+
+from ..bounds import Bounds
+from ..cadence import Cadence, Cron, Every
+from ..celery.entries import CelerySchedule, convert_schedule
+from ..errors import EmqError
+
+__all__ = ["RRULE_CHECKED_SLOTS", "Carried", "Unrepresentable", "carry", "epoch_ms"]
+
+# An rrule is carried only if its cadence gives the same next slots as the rrule, this many.
+RRULE_CHECKED_SLOTS = 64
+# dateutil's frequencies (YEARLY=0 ... SECONDLY=6) and the interval steps of the fixed ones.
+_YEARLY, _MONTHLY, _WEEKLY, _DAILY, _HOURLY, _MINUTELY, _SECONDLY = range(7)
+_STEP_MS = {
+    _WEEKLY: 604_800_000,
+    _DAILY: 86_400_000,
+    _HOURLY: 3_600_000,
+    _MINUTELY: 60_000,
+    _SECONDLY: 1000,
+}
+
+
+class Unrepresentable(Exception):
+    """A schedule emq-bridge cannot carry; the message says why and what to do."""
+
+
+def epoch_ms(value: datetime) -> int:
+    """Return an aware (or UTC naive) datetime in epoch ms, rounded up: never a hair early."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return math.ceil(value.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A Celery schedule carried over: its cadence, its next slot (epoch ms: at or after
+    now, or a past slot that fires at once) and the bounds it brings (an rrule's)."""
+
+    cadence: Cadence
+    first_run_ms: int
+    end_ms: int | None = None
+    limit: int | None = None
+
+    def bounds(self, start_ms: int | None = None, end_ms: int | None = None) -> Bounds:
+        """Return its bounds, with a start and an earlier end given by the row."""
+        ends = [e for e in (self.end_ms, end_ms) if e is not None]
+        return Bounds(start_ms, min(ends) if ends else None, self.limit)
+
+
+def carry(value: Any, app: Celery, label: str, *, last_run_ms: int | None, now_ms: int) -> Carried:
+    """Return Celery schedule `value` carried over; raise `Unrepresentable` if it has no
+    equivalent.
+
+    `last_run_ms` is the schedule's last run (None: it never ran, so it fires at once).
+    """
+    if _is_rrule(value):
+        return _rrule(value, last_run_ms, now_ms)
+    try:
+        cadence = convert_schedule(value, app, label)
+    except EmqError as exc:
+        raise Unrepresentable(str(exc)) from exc
+    if isinstance(cadence, CelerySchedule):
+        raise Unrepresentable(
+            f"{cadence.label} is decided by Celery's is_due in the process that holds the "
+            "object, which an imported registration has not: declare it in beat_schedule "
+            "(emq-bridge's beat checks it there)"
+        )
+    if isinstance(cadence, Every):
+        # Celery runs an interval `every` after its last run: the phase of the seed, kept
+        # from one run to the next (`anchor="schedule"`), not an epoch grid.
+        cadence = Every(cadence.every_ms, "schedule")
+    if last_run_ms is None:
+        return Carried(cadence, now_ms)
+    if isinstance(cadence, Every):
+        following = last_run_ms + cadence.every_ms
+    else:
+        following = cadence.next_after(last_run_ms)
+    return Carried(cadence, max(following, now_ms))
+
+
+def _is_rrule(value: Any) -> bool:
+    return type(value).__name__ == "rrule" and hasattr(value, "rrule") and hasattr(value, "freq")
+
+
+def _rrule(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
+    """Carry a celery-redbeat `rrule`: an interval on its grid, or a cron, if exact; its
+    `until` becomes an end bound, its `count` a limit of the runs it has left."""
+    rule = value.rrule
+    end_ms = epoch_ms(value.until) if getattr(value, "until", None) else None
+    now = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
+    start = (
+        datetime.fromtimestamp(last_run_ms / 1000, tz=timezone.utc)
+        if last_run_ms is not None
+        else datetime(1, 1, 2, tzinfo=timezone.utc)  # redbeat's "never ran"
+    )
+    following = rule.after(start.astimezone(value.dtstart.tzinfo))
+    if following is None:
+        raise Unrepresentable("the rrule has no slot after its last run: nothing left to fire")
+    cadence = _rrule_cadence(value)
+    if cadence is None:
+        raise Unrepresentable(f"{value!r} has no exact cron or interval equivalent")
+    first = epoch_ms(following)
+    if first <= now_ms:
+        # Overdue: redbeat fires it at once, then goes on from the rrule's next slot. The
+        # latest slot not after now fires at once and keeps the grid.
+        latest = rule.before(now.astimezone(value.dtstart.tzinfo), inc=True)
+        first = epoch_ms(latest) if latest is not None else now_ms
+    slots = [first]
+    for _ in range(RRULE_CHECKED_SLOTS - 1):
+        slots.append(cadence.next_after(slots[-1]))
+    expected, at = [first], datetime.fromtimestamp(first / 1000, tz=timezone.utc)
+    for _ in range(RRULE_CHECKED_SLOTS - 1):
+        nxt = rule.after(at.astimezone(value.dtstart.tzinfo))
+        if nxt is None:
+            break
+        expected.append(epoch_ms(nxt))
+        at = nxt
+    if slots[: len(expected)] != expected:
+        raise Unrepresentable(f"{value!r} has no exact cron or interval equivalent")
+    limit = None
+    if getattr(value, "count", None):
+        # The first slot fired here and the rrule's slots after it: what redbeat still runs
+        # (an overdue slot fires once, the ones missed before it never). Finite: it counts.
+        first_dt = datetime.fromtimestamp(first / 1000, tz=timezone.utc)
+        limit = 1 + sum(1 for slot in rule if slot > first_dt)
+    return Carried(cadence, first, end_ms, limit)
+
+
+def _rrule_cadence(value: Any) -> Cadence | None:
+    """Return an interval or a cron that may give the rrule's slots (checked by the caller)."""
+    if any(getattr(value, n, None) for n in ("bysetpos", "byyearday", "byeaster", "byweekno")):
+        return None
+    dtstart: datetime = value.dtstart
+    offset = dtstart.utcoffset() or timedelta(0)
+    by = {n: getattr(value, n, None) for n in _BY}
+    freq, interval = int(value.freq), int(value.interval or 1)
+    if not any(v not in (None, (), []) for v in by.values()) and freq in _STEP_MS:
+        return Every(_STEP_MS[freq] * interval, "schedule")  # on the grid of the seed
+    zone = _fixed_zone(offset)
+    if zone is None or interval != 1 or freq == _SECONDLY:
+        return None
+    seconds = _values(by["bysecond"]) or [dtstart.second]
+    if seconds != [0]:
+        return None  # a cron has minutes, not seconds
+    minute = _values(by["byminute"]) or (None if freq >= _MINUTELY else [dtstart.minute])
+    hour = _values(by["byhour"]) or (None if freq >= _HOURLY else [dtstart.hour])
+    weekdays = _weekdays(by["byweekday"])
+    if weekdays is None:
+        return None
+    monthdays = _values(by["bymonthday"])
+    months = _values(by["bymonth"])
+    if freq == _WEEKLY and not weekdays:
+        weekdays = [(dtstart.weekday() + 1) % 7]
+    if freq == _MONTHLY and not weekdays and not monthdays:
+        monthdays = [dtstart.day]
+    if freq == _YEARLY:
+        months = months or [dtstart.month]
+        if not weekdays and not monthdays:
+            monthdays = [dtstart.day]
+    if any(d < 1 for d in monthdays or []):
+        return None  # cron has no "last day of the month"
+    expr = " ".join(
+        _cron_field(v) for v in (minute, hour, monthdays or None, months or None, weekdays or None)
+    )
+    try:
+        return Cron(expr, zone, bool(weekdays and monthdays))
+    except EmqError:
+        return None
+
+
+_BY = ("bymonth", "bymonthday", "byweekday", "byhour", "byminute", "bysecond")
+
+
+def _values(raw: Any) -> list[int]:
+    if raw is None:
+        return []
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    return sorted(int(v) for v in items)
+
+
+def _weekdays(raw: Any) -> list[int] | None:
+    """Return cron weekdays (0 Sunday) of an rrule's byweekday; None for an nth weekday."""
+    if raw is None:
+        return []
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    out = []
+    for item in items:
+        if getattr(item, "n", None):
+            return None  # "the 2nd Monday": cron cannot say it
+        number: Any = getattr(item, "weekday", item)
+        number = int(number)
+        out.append((number + 1) % 7)
+    return sorted(out)
+
+
+def _cron_field(values: list[int] | None) -> str:
+    return "*" if not values else ",".join(str(v) for v in values)
+
+
+def _fixed_zone(offset: timedelta) -> str | None:
+    """Return the IANA zone of a fixed UTC offset in whole hours (Etc/GMT-2 is UTC+2)."""
+    seconds = int(offset.total_seconds())
+    if seconds == 0:
+        return "UTC"
+    if seconds % 3600:
+        return None
+    return f"Etc/GMT{-seconds // 3600:+d}"

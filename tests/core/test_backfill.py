@@ -1,0 +1,248 @@
+"""Backfill: every past slot sent once, with the id the live schedule gives it, rate-limited,
+marked as a backfill; overlapping live firing (3 pumps) and other backfills, nothing twice."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from emq_bridge import Pump, Repeat, ScheduleError, occurrence_id
+from emq_bridge.celery.dispatch import BACKFILL_HEADER, occurrence_headers
+from emq_bridge.cli import cli
+from emq_bridge.definition import define
+from emq_bridge.dispatch import occurrence_message
+from emq_bridge.occurrence import Occurrence
+from emq_bridge.testing import RecordingDispatcher
+
+UTC = timezone.utc
+S = 1000
+T0 = int(datetime(2026, 6, 1, tzinfo=UTC).timestamp() * 1000)
+TEMPLATE = {"task": "t"}
+
+
+def test_a_backfill_overlapping_live_firing_of_three_pumps_and_an_outage_sends_every_slot_once(
+    redis_url: str, prefix: str
+) -> None:
+    setup = Repeat(redis.Redis.from_url(redis_url), prefix)
+    setup.upsert("q", "tick", definition=define(every="10s", template=TEMPLATE), now_ms=T0)
+    recorder = RecordingDispatcher()
+    pumps = [
+        Pump(Repeat(redis.Redis.from_url(redis_url), prefix), ["q"], recorder, batch_size=3)
+        for _ in range(3)
+    ]
+    backfiller = Repeat(redis.Redis.from_url(redis_url), prefix)
+    backfills: list[Any] = []
+
+    def backfill(start: int, end: int, now: int) -> None:
+        backfills.append(backfiller.backfill("q", "tick", start, end, rate=0, now_ms=now))
+
+    with ThreadPoolExecutor(5) as pool:
+        for second in range(1, 301):
+            now = T0 + second * S
+            if 100 < second < 160:
+                continue  # an outage: no pump runs, the misfire policy drops slots
+            calls = [pool.submit(pump.run_once, now) for pump in pumps]
+            if second == 200:  # the range reaches the live frontier, while the pumps fire
+                calls.append(pool.submit(backfill, T0 - 100 * S, T0 + 200 * S, now))
+            if second == 230:  # a second backfill overlapping the first and live slots
+                calls.append(pool.submit(backfill, T0 + 50 * S, T0 + 225 * S, now))
+            for call in calls:
+                call.result()
+    expected = list(range(T0 - 100 * S, T0 + 301 * S, 10 * S))
+    dues = sorted(o.due_ms for o in recorder.occurrences)
+    assert dues == expected  # every slot once: none lost, none twice
+    assert not any(o.redelivered for o in recorder.occurrences)
+    for occurrence in recorder.occurrences:
+        assert occurrence.id == occurrence_id(prefix, "q", "tick", occurrence.due_ms)
+    backfilled = sorted(o.due_ms for o in recorder.occurrences if o.backfill)
+    live = sorted(o.due_ms for o in recorder.occurrences if not o.backfill)
+    assert backfilled[:11] == list(range(T0 - 100 * S, T0 + 1, 10 * S))  # before it existed
+    assert any(T0 + 100 * S < d < T0 + 160 * S for d in backfilled)  # dropped in the outage
+    assert all(d > T0 for d in live)
+    first, second = backfills
+    assert first.queued == backfilled
+    assert second.queued == [] and second.done + second.live == 18
+    assert setup.leases("q") == []
+
+
+def test_a_dry_run_decides_and_writes_nothing(repeat: Repeat) -> None:
+    repeat.upsert("q", "h", definition=define(every="1h", template=TEMPLATE), now_ms=T0)
+    before = sorted(repeat.client.keys(f"{repeat.prefix}:*"))
+    dry = repeat.backfill("q", "h", T0 - 5 * 3_600_000, T0, dry_run=True, now_ms=T0 + S)
+    assert dry.dry_run and len(dry.queued) == 6
+    assert sorted(repeat.client.keys(f"{repeat.prefix}:*")) == before
+    assert repeat.leases("q") == []
+    real = repeat.backfill("q", "h", T0 - 5 * 3_600_000, T0, now_ms=T0 + S)
+    assert real.queued == dry.queued
+    assert repeat.backfill("q", "h", T0 - 5 * 3_600_000, T0, now_ms=T0 + S).done == 6
+
+
+def test_a_backfill_is_rate_limited_and_marked_on_every_message(repeat: Repeat) -> None:
+    repeat.upsert("q", "m", definition=define(every="1m", template=TEMPLATE), now_ms=T0)
+    result = repeat.backfill("q", "m", T0 - 9 * 60 * S, T0, rate=2, now_ms=T0 + S)
+    assert len(result.queued) == 10 and result.spacing_ms == 500
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder)
+    pump.run_once(T0 + S)
+    assert len(recorder.occurrences) == 1
+    pump.run_once(T0 + 3 * S)
+    assert len(recorder.occurrences) == 5
+    pump.run_once(T0 + 10 * S)
+    assert [o.due_ms for o in recorder.occurrences] == result.queued
+    occurrence = recorder.occurrences[0]
+    assert occurrence.backfill and not occurrence.triggered and not occurrence.redelivered
+    assert occurrence_headers(occurrence)[BACKFILL_HEADER] is True
+    assert occurrence_message(occurrence)["backfill"] is True
+    live = Occurrence("q", "m", T0, "id", {}, T0)
+    assert occurrence_headers(live)[BACKFILL_HEADER] is False
+
+
+class FailOnce(RecordingDispatcher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("broker down")
+        super().dispatch(occurrence)
+
+
+def test_a_backfilled_slot_whose_send_failed_is_sent_again_with_its_id_and_mark(
+    repeat: Repeat,
+) -> None:
+    repeat.upsert("q", "d", definition=define(every="1d", template=TEMPLATE), now_ms=T0)
+    result = repeat.backfill("q", "d", T0 - 86_400_000, T0 - 86_400_000, now_ms=T0)
+    assert result.queued == [T0 - 86_400_000]
+    dispatcher = FailOnce()
+    pump = Pump(repeat, ["q"], dispatcher, lease_ms=5 * S)
+    pump.run_once(T0 + S)
+    assert dispatcher.occurrences == []
+    pump.run_once(T0 + 7 * S)  # the lease expired: re-sent
+    (again,) = dispatcher.occurrences
+    assert again.backfill and again.redelivered
+    assert again.id == occurrence_id(repeat.prefix, "q", "d", T0 - 86_400_000)
+
+
+def test_a_jittered_registration_is_backfilled_on_its_nominal_slots(repeat: Repeat) -> None:
+    repeat.upsert(
+        "q", "j", definition=define(every="1h", jitter="10m", template=TEMPLATE), now_ms=T0
+    )
+    result = repeat.backfill("q", "j", T0 - 3 * 3_600_000, T0, now_ms=T0 + S)
+    assert result.queued == [T0 - h * 3_600_000 for h in (3, 2, 1, 0)]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "message"),
+    [
+        (T0, T0 - S, "ends before it starts"),
+        (T0, T0 + 3_600_000, "in the future"),
+        ("yesterday", T0, "ISO 8601"),
+    ],
+)
+def test_a_bad_range_is_refused_and_nothing_is_written(
+    start: Any, end: Any, message: str, repeat: Repeat
+) -> None:
+    repeat.upsert("q", "h", definition=define(every="1h", template=TEMPLATE), now_ms=T0)
+    with pytest.raises(ScheduleError, match=message):
+        repeat.backfill("q", "h", start, end, now_ms=T0 + S)
+    assert repeat.leases("q") == []
+    with pytest.raises(KeyError):
+        repeat.backfill("q", "nope", T0 - 3_600_000, T0, now_ms=T0 + S)
+
+
+def test_the_cli_backfills_dry_runs_and_refuses_bad_input(
+    repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    now = datetime.now(UTC)
+    repeat.upsert("q", "tm", definition=define(every="10m", template=TEMPLATE))
+    base = ["--redis-url", redis_url, "--prefix", prefix, "backfill", "q", "tm"]
+    start = (now - timedelta(hours=1)).isoformat()
+    end = (now - timedelta(minutes=1)).isoformat()
+    dry = CliRunner().invoke(cli, [*base, "--from", start, "--to", end, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert dry.output.startswith("would queue 6 slot(s) of q/tm") or "would queue 5" in dry.output
+    assert repeat.leases("q") == []
+    done = CliRunner().invoke(cli, [*base, "--from", start, "--to", end, "--json"])
+    assert done.exit_code == 0, done.output
+    queued = json.loads(done.output)["queued_ms"]
+    assert len(queued) in (5, 6) and len(repeat.leases("q")) == len(queued)
+    again = CliRunner().invoke(cli, [*base, "--from", start, "--to", end, "--json"])
+    assert json.loads(again.output)["queued_ms"] == [] and json.loads(again.output)["done"]
+    future = (now + timedelta(hours=1)).isoformat()
+    for args in (["--from", end, "--to", start], ["--from", start, "--to", future]):
+        bad = CliRunner().invoke(cli, [*base, *args])
+        assert bad.exit_code == 1 and len(bad.output.strip().splitlines()) == 1, bad.output
+    missing = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "backfill",
+            "q",
+            "nope",
+            "--from",
+            start,
+            "--to",
+            end,
+        ],
+    )
+    assert missing.exit_code == 1 and "no registration" in missing.output
+
+
+def test_cancel_removes_the_backfill_ledger_and_the_queued_slots(repeat: Repeat) -> None:
+    repeat.upsert("q", "c", definition=define(every="1h", template=TEMPLATE), now_ms=T0)
+    repeat.backfill("q", "c", T0 - 3 * 3_600_000, T0, rate=1, now_ms=T0 + S)
+    ledger = repeat.keys("q").backfilled("c")
+    assert repeat.client.zcard(ledger) == 4 and len(repeat.leases("q")) == 4
+    assert repeat.cancel("q", "c")
+    assert not repeat.client.exists(ledger) and repeat.leases("q") == []
+
+
+def test_a_real_dramatiq_worker_sees_the_backfilled_slot_with_its_live_id(
+    repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    import threading
+
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.middleware import CurrentMessage
+
+    from emq_bridge.dramatiq.dispatch import DramatiqDispatcher
+    from emq_bridge.dramatiq.schedule import occurrence_of
+
+    broker = RedisBroker(url=redis_url, namespace=f"{prefix}-worker")
+    broker.add_middleware(CurrentMessage())
+    seen: list[Any] = []
+    done = threading.Event()
+
+    @dramatiq.actor(broker=broker, actor_name="bf_task", queue_name="bfq")
+    def bf_task() -> None:
+        seen.append(occurrence_of(CurrentMessage.get_current_message()))
+        done.set()
+
+    repeat.upsert("bfq", "nightly", definition=define(every="1d", template={"task": "bf_task"}))
+    now = repeat.server_time_ms()
+    day = 86_400_000
+    slot = (now // day - 2) * day
+    assert repeat.backfill("bfq", "nightly", slot, slot).queued == [slot]
+    Pump(repeat, ["bfq"], DramatiqDispatcher(broker)).run_once()
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        assert done.wait(20), "the worker never ran the backfilled message"
+    finally:
+        worker.stop()
+        broker.close()
+    (info,) = seen
+    assert info.backfill and not info.triggered and info.due_ms == slot
+    assert info.id == occurrence_id(prefix, "bfq", "nightly", slot)

@@ -1,0 +1,286 @@
+"""Calendars: `exclude=` dates, ranges, windows and cron rules in the schedule's zone, and named
+calendars shared by several schedules; held against a brute-force walk of wall-clock time
+across DST, and through the API, the TOML file, both decorators and the CLI."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from click.testing import CliRunner
+from cron_oracle import Oracle, transitions
+
+from emq_bridge import ConfigError, Cron, Pump, Repeat, ScheduleError
+from emq_bridge.calendars import Calendar, Excluding
+from emq_bridge.cli import cli
+from emq_bridge.config import load_schedule_file, sync_file
+from emq_bridge.definition import Schedule, define
+from emq_bridge.testing import RecordingDispatcher
+
+UTC = timezone.utc
+# Three of the docs' zones, and one that changed its rules recently: Mexico abolished DST
+# in 2022 (its last fall-back, 30 October 2022), so 2022 has transitions and 2023 none.
+ZONES = [
+    ("Europe/Paris", 2026),
+    ("America/New_York", 2026),
+    ("Australia/Lord_Howe", 2026),
+    ("America/Mexico_City", 2022),
+]
+
+
+def ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def excluded_oracle(
+    instant_ms: int, tz: str, days: set[date], window: tuple[datetime, datetime]
+) -> bool:
+    """Plain comparisons of the slot's wall time: a listed day, a wall-time window (end
+    excluded), or a Sunday (the `cron:* * * * 0` rule)."""
+    wall = datetime.fromtimestamp(instant_ms / 1000, tz=UTC).astimezone(ZoneInfo(tz))
+    naive = wall.replace(tzinfo=None)
+    return wall.date() in days or window[0] <= naive < window[1] or wall.isoweekday() == 7
+
+
+@pytest.mark.parametrize(("tz", "year"), ZONES)
+@pytest.mark.parametrize("expr", ["30 2 * * *", "*/30 * * * *", "0 9 * * 1-5"])
+def test_exclusions_match_a_wall_clock_oracle_across_dst(tz: str, year: int, expr: str) -> None:
+    zone = ZoneInfo(tz)
+    for moment in transitions(tz, year):
+        local = moment.astimezone(zone)
+        # The day after the transition is a holiday, and a window of wall time covers the
+        # hours the clock changes on the day of the transition (its gap or its repeated hour).
+        holiday = local.date() + timedelta(days=1)
+        window = (
+            datetime.combine(local.date(), datetime.min.time()) + timedelta(hours=1),
+            datetime.combine(local.date(), datetime.min.time()) + timedelta(hours=3, minutes=30),
+        )
+        rules = (
+            holiday.isoformat(),
+            f"{window[0].isoformat(timespec='minutes')}..{window[1].isoformat(timespec='minutes')}",
+            "cron:* * * * 0",
+        )
+        cadence = Excluding(Cron(expr, tz), rules, tz)
+        start, end = moment - timedelta(days=2), moment + timedelta(days=3)
+        base = Oracle(expr, tz).fires(start, end)
+        expected = [t for t in base if not excluded_oracle(t, tz, {holiday}, window)]
+        got, at = [], ms(start)
+        while (at := cadence.next_after(at)) <= ms(end):
+            got.append(at)
+        assert got == expected, (tz, expr, moment)
+
+
+def test_a_range_of_days_and_a_whole_year_skip_in_one_search() -> None:
+    cadence = Excluding(
+        Cron("* * * * *", "Europe/Paris"), ("2026-12-20..2027-01-03",), "Europe/Paris"
+    )
+    before = ms(datetime(2026, 12, 19, 22, 59, tzinfo=UTC))
+    first = cadence.next_after(before)
+    assert first == ms(datetime(2027, 1, 3, 23, 0, tzinfo=UTC))  # 2027-01-04 00:00 Paris
+
+
+def test_an_exclusion_that_covers_every_slot_is_refused_and_nothing_is_written(
+    repeat: Repeat,
+) -> None:
+    definition = define(every="1m", exclude=["cron:* * * * *"], template={"task": "t"})
+    with pytest.raises(ScheduleError, match="skip more than"):
+        repeat.upsert("q", "never", definition=definition)
+    assert repeat.names("q") == []
+
+
+@pytest.mark.parametrize(
+    "rule",
+    ["2026-02-30", "2026-12-25..2026-12-20", "tomorrow", "cron:* * *", "cron:61 * * * *", "@nope"],
+)
+def test_a_bad_rule_is_one_clear_error_and_nothing_is_written(
+    rule: str, repeat: Repeat, tmp_path: Path, redis_url: str, prefix: str
+) -> None:
+    with pytest.raises(ScheduleError) as raised:
+        define(cron="0 9 * * *", exclude=[rule])
+    assert "\n" not in str(raised.value)
+    with pytest.raises(ScheduleError):
+        repeat.upsert("q", "bad", definition=define(cron="0 9 * * *", exclude=[rule]))
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'queue = "q"\n[[schedule]]\nname = "bad"\ntask = "t"\ncron = "0 9 * * *"\n'
+        f'exclude = ["{rule}"]\n'
+    )
+    with pytest.raises(ConfigError, match="field 'exclude'"):
+        load_schedule_file(path)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "add",
+            "q",
+            "bad",
+            "--task",
+            "t",
+            "--cron",
+            "0 9 * * *",
+            "--exclude",
+            rule,
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert repeat.names("q") == []
+
+
+CALENDAR_FILE = """
+queue = "reports"
+[calendars]
+holidays = ["2026-12-25", "2027-01-01"]
+
+[[schedule]]
+name = "daily"
+task = "app.daily"
+cron = "0 9 * * *"
+tz = "Europe/Paris"
+exclude = ["@holidays"]
+
+[[schedule]]
+name = "digest"
+task = "app.digest"
+every = "6h"
+exclude = ["@holidays", "cron:* * * * 0,6"]
+"""
+
+
+def test_a_named_calendar_is_shared_and_a_change_to_it_updates_every_schedule_using_it(
+    repeat: Repeat, tmp_path: Path
+) -> None:
+    path = tmp_path / "schedules.toml"
+    path.write_text(CALENDAR_FILE)
+    plan = sync_file(repeat, path)
+    assert sorted(d.name for d in plan.create) == ["daily", "digest"]
+    daily = repeat.get("reports", "daily")
+    assert daily is not None
+    assert daily.definition.to_fields()["calendars"] == '["holidays"]'
+    again = sync_file(repeat, path)
+    assert again.changes == 0  # unchanged: nothing written
+    path.write_text(CALENDAR_FILE.replace('"2027-01-01"', '"2027-01-01", "2026-12-31"'))
+    changed = sync_file(repeat, path)
+    assert sorted(u.name for u in changed.update) == ["daily", "digest"]
+    runs = repeat.next_runs("reports", "daily", 400)
+    paris = ZoneInfo("Europe/Paris")
+    days = {datetime.fromtimestamp(r / 1000, tz=paris).date() for r in runs}
+    assert not days & {date(2026, 12, 25), date(2026, 12, 31), date(2027, 1, 1)}
+
+
+def test_a_pump_never_fires_an_excluded_slot_and_counts_it_as_no_miss(repeat: Repeat) -> None:
+    paris = ZoneInfo("Europe/Paris")
+    t0 = ms(datetime(2026, 12, 23, 12, tzinfo=paris))
+    definition = define(
+        cron="0 9 * * *", tz="Europe/Paris", exclude=["2026-12-25"], template={"task": "t"}
+    )
+    repeat.upsert("q", "daily", definition=definition, now_ms=t0)
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder)
+    for hour in range(1, 5 * 24):
+        pump.run_once(t0 + hour * 3_600_000)
+    fired = [datetime.fromtimestamp(o.due_ms / 1000, tz=paris).date() for o in recorder.occurrences]
+    assert fired == [date(2026, 12, d) for d in (24, 26, 27, 28)]
+    record = repeat.get("q", "daily")
+    assert record is not None and record.missed == 0
+
+
+def test_both_decorators_and_the_cli_declare_exclusions_and_next_shows_them(
+    repeat: Repeat, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    import dramatiq
+    from celery import Celery
+    from dramatiq.brokers.redis import RedisBroker
+
+    from emq_bridge.celery.declare import app_schedule, recurring
+    from emq_bridge.dramatiq.schedule import actor_declarations
+    from emq_bridge.dramatiq.schedule import recurring as dramatiq_recurring
+
+    holidays = Calendar("holidays", ["2026-12-25"])
+    app = Celery("calendars_test", set_as_current=False)
+
+    @recurring(cron="0 9 * * *", exclude=[holidays, "2026-12-31"])
+    @app.task(name="app.daily")
+    def daily() -> None: ...
+
+    (celery_declared,) = app_schedule(app).tasks
+    assert celery_declared.definition.to_fields()["exclude"] == '["2026-12-25", "2026-12-31"]'
+    broker = RedisBroker(url=redis_url, namespace=f"{prefix}-dq")
+
+    @dramatiq_recurring(cron="0 9 * * *", exclude=[holidays])
+    @dramatiq.actor(broker=broker, actor_name="daily_actor")
+    def daily_actor() -> None: ...
+
+    (dramatiq_declared,) = actor_declarations(daily_actor)
+    assert dramatiq_declared.definition.to_fields()["calendars"] == '["holidays"]'
+    assert (
+        Schedule(cron="0 9 * * *", exclude=[holidays])
+        .bind("t", "q")
+        .definition.to_fields()["exclude"]
+        == '["2026-12-25"]'
+    )
+
+    # Real time: `add` and `next` read the server's clock.
+    today = datetime.now(UTC).date()
+    first, second = today + timedelta(days=2), today + timedelta(days=3)
+    calendars = tmp_path / "calendars.toml"
+    calendars.write_text(f'[calendars]\nholidays = ["{first}"]\n')
+    base = ["--redis-url", redis_url, "--prefix", prefix]
+    added = CliRunner().invoke(
+        cli,
+        [
+            *base,
+            "add",
+            "q",
+            "daily",
+            "--task",
+            "t",
+            "--cron",
+            "0 9 * * *",
+            "--tz",
+            "UTC",
+            "--exclude",
+            "@holidays",
+            "--exclude",
+            str(second),
+            "--calendars",
+            str(calendars),
+        ],
+        catch_exceptions=False,
+    )
+    assert added.exit_code == 0, added.output
+    assert "except calendars holidays" in added.output
+    stored = repeat.get("q", "daily")
+    assert stored is not None
+    assert stored.definition.to_fields()["exclude"] == f'["{first}", "{second}"]'
+    # `next` shows the excluded slots where they would have been.
+    shown = CliRunner().invoke(
+        cli, [*base, "next", "q", "daily", "-n", "3"], catch_exceptions=False
+    )
+    lines = shown.output.strip().splitlines()
+    excluded = {line.split()[0] for line in lines if line.endswith("excluded")}
+    runs = {line.split()[0] for line in lines if not line.endswith("excluded")}
+    assert excluded == {str(first), str(second)}
+    assert len(runs) == 3 and not runs & excluded
+    missing = CliRunner().invoke(
+        cli,
+        [
+            *base,
+            "add",
+            "q",
+            "other",
+            "--task",
+            "t",
+            "--cron",
+            "0 9 * * *",
+            "--exclude",
+            "@holidays",
+            "--calendars",
+            str(tmp_path / "none.toml"),
+        ],
+    )
+    assert missing.exit_code == 1 and "cannot read the calendars" in missing.output

@@ -1,0 +1,257 @@
+"""django-celery-beat -> emq-bridge, on PostgreSQL (a database of its own, dropped after) and
+on SQLite: `PeriodicTask` rows made through django-celery-beat's models are imported by
+`manage.py emq_import` (and by `emq-bridge import django-celery-beat --database-url`) with
+their options, states, counters and start times; what cannot be carried is listed with the
+reason; running the import again writes nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import snapshot
+
+from emq_bridge import Repeat
+from emq_bridge.cadence import Cron
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _postgres_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Django set up on a fresh SQLite file ("default") and a fresh PostgreSQL database
+    ("pg"), django-celery-beat's tables migrated in both; the database is dropped after."""
+    import psycopg
+
+    if not _postgres_reachable():
+        if IN_CI:
+            pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 and CI=true")
+        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (runs in CI)")
+    import django
+    from django.conf import settings
+    from django.core.management import call_command
+
+    name = f"emq_t{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    sqlite = tmp_path_factory.mktemp("django") / "beat.sqlite3"
+    settings.configure(
+        DATABASES={
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(sqlite)},
+            "pg": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": name,
+                "USER": "postgres",
+                "HOST": "127.0.0.1",
+                "PORT": "5432",
+            },
+        },
+        INSTALLED_APPS=["django_celery_beat", "emq_bridge.migrate.django"],
+        USE_TZ=True,
+        TIME_ZONE="UTC",
+    )
+    django.setup()
+    try:
+        for alias in ("default", "pg"):
+            call_command("migrate", database=alias, verbosity=0)
+        yield {
+            "default": f"sqlite:///{sqlite}",
+            "pg": f"postgresql://postgres@127.0.0.1:5432/{name}",
+        }
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def make_rows(alias: str) -> dict[str, Any]:
+    """Create one row per case through django-celery-beat's models in `alias`."""
+    from django_celery_beat.models import (
+        ClockedSchedule,
+        CrontabSchedule,
+        IntervalSchedule,
+        PeriodicTask,
+        SolarSchedule,
+    )
+
+    db = PeriodicTask.objects.using(alias)
+    now = datetime.now(timezone.utc)
+    ten = IntervalSchedule.objects.using(alias).create(every=10, period="minutes")
+    minute = IntervalSchedule.objects.using(alias).create(every=1, period="minutes")
+    weekdays = CrontabSchedule.objects.using(alias).create(
+        minute="30", hour="9", day_of_week="mon-fri", timezone="Europe/Paris"
+    )
+    solar, _ = SolarSchedule.objects.using(alias).get_or_create(
+        event="sunset", latitude="48.85", longitude="2.35"
+    )
+    clocked = ClockedSchedule.objects.using(alias).create(clocked_time=now + timedelta(days=1))
+    last = now - timedelta(minutes=3)
+    rows = {
+        "digest": dict(
+            interval=ten,
+            last_run_at=last,
+            total_run_count=7,
+            queue="reports",
+            priority=5,
+            args=json.dumps([1, "a"]),
+            kwargs=json.dumps({"full": True}),
+            headers=json.dumps({"tenant": "acme"}),
+            expire_seconds=120,
+        ),
+        "Morning report": dict(crontab=weekdays),
+        "disabled": dict(interval=minute, enabled=False, total_run_count=2),
+        "later": dict(interval=minute, start_time=now + timedelta(hours=1)),
+        "once": dict(interval=minute, one_off=True),
+        "clocked": dict(clocked=clocked, one_off=True),
+        "sunset": dict(solar=solar),
+        "ends": dict(interval=minute, expires=now + timedelta(days=2)),
+        "ended": dict(interval=minute, expires=now - timedelta(days=2)),
+        "ran-once": dict(interval=minute, one_off=True, total_run_count=1),
+    }
+    for name, fields in rows.items():
+        db.create(name=name, task="proj.tasks.run", **fields)
+    return {"now": now, "last": last, "clocked": clocked.clocked_time}
+
+
+def ms(value: datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+@pytest.mark.parametrize("alias", ["default", "pg"], ids=["sqlite", "postgresql"])
+def test_periodic_tasks_are_imported_with_states_and_bounds_and_again_changes_nothing(
+    databases: dict[str, str], alias: str, repeat: Repeat, redis_url: str
+) -> None:
+    from django.core.management import call_command
+
+    made = make_rows(alias)
+    options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": alias}
+    out, err = io.StringIO(), io.StringIO()
+    call_command("emq_import", stdout=out, stderr=err, **options)
+    summary = "import import:django-celery-beat: 7 created, 0 updated, 0 unchanged, 3 refused"
+    assert summary in err.getvalue()
+
+    digest = repeat.get("reports", "digest")
+    assert digest is not None and digest.source == "import:django-celery-beat"
+    assert digest.definition.cadence.describe() == "every 10m (from registration)"
+    assert digest.next_run_ms == pytest.approx(ms(made["last"]) + 600_000, abs=1)  # its phase
+    assert (digest.fired, digest.last_fired_ms) == (7, pytest.approx(ms(made["last"]), abs=1))
+    assert dict(digest.definition.template) == {
+        "task": "proj.tasks.run",
+        "args": [1, "a"],
+        "kwargs": {"full": True},
+        "options": {
+            "queue": "reports",
+            "priority": 5,
+            "expires": 120,
+            "headers": {"tenant": "acme", "periodic_task_name": "digest"},
+        },
+    }
+    morning = repeat.get("celery", "Morning_report")
+    assert morning is not None and not morning.paused
+    cadence = morning.definition.cadence
+    assert isinstance(cadence, Cron) and (cadence.expr, cadence.tz) == (
+        "30 9 * * 1,2,3,4,5",
+        "Europe/Paris",
+    )
+    assert cadence.day_and is False
+    assert morning.next_run_ms == cadence.next_after(morning.created_ms - 5000)
+    disabled = repeat.get("celery", "disabled")
+    assert disabled is not None and disabled.paused and disabled.fired == 2
+    later = repeat.get("celery", "later")  # not before its start_time, a start bound too
+    start_ms = ms(made["now"] + timedelta(hours=1))
+    assert later is not None and later.next_run_ms == pytest.approx(start_ms, abs=1)
+    assert later.definition.bounds.start_ms == pytest.approx(start_ms, abs=1)
+    ends = repeat.get("celery", "ends")  # runs while now < expires: its last ms is the bound
+    expires_ms = ms(made["now"] + timedelta(days=2))
+    assert ends is not None and ends.definition.bounds.end_ms == pytest.approx(
+        expires_ms - 1, abs=1
+    )
+    once = repeat.get("celery", "once")  # one_off: its next slot, once
+    assert once is not None and once.definition.bounds.limit == 1 and once.remaining == 1
+    clocked = repeat.get("celery", "clocked")  # a ClockedSchedule: a one-off at its instant
+    assert clocked is not None and clocked.definition.cadence.describe().startswith("at ")
+    assert clocked.next_run_ms == pytest.approx(ms(made["clocked"]), abs=1)
+
+    refused = {
+        line.split(":", 1)[0]: line for line in out.getvalue().splitlines() if line[0] == "!"
+    }
+    assert set(refused) == {f"! periodic task {n!r}" for n in ("sunset", "ended", "ran-once")}
+    assert "solar('sunset', 48.85, 2.35)" in refused["! periodic task 'sunset'"]
+    assert "expired at" in refused["! periodic task 'ended'"]
+    assert "a one-off that already ran" in refused["! periodic task 'ran-once'"]
+
+    state = snapshot(repeat)
+    err = io.StringIO()
+    call_command("emq_import", stdout=io.StringIO(), stderr=err, **options)
+    assert "0 created, 0 updated, 7 unchanged, 3 refused" in err.getvalue()
+    assert snapshot(repeat) == state
+
+    from django_celery_beat.models import PeriodicTask
+
+    PeriodicTask.objects.using(alias).all().delete()
+
+
+@pytest.mark.parametrize("alias", ["default", "pg"], ids=["sqlite", "postgresql"])
+def test_the_command_imports_from_a_database_url_outside_the_project(
+    databases: dict[str, str], alias: str, redis_url: str, prefix: str
+) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    make_rows(alias)
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command += ["import", "django-celery-beat", "--database-url", databases[alias], "--json"]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    try:
+        first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert first.returncode == 0, first.stderr
+        result = json.loads(first.stdout)
+        assert sorted(i["name"] for i in result["created"]) == [
+            "Morning_report",
+            "clocked",
+            "digest",
+            "disabled",
+            "ends",
+            "later",
+            "once",
+        ]
+        assert len(result["refused"]) == 3
+        again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert again.returncode == 0, again.stderr
+        rerun = json.loads(again.stdout)
+        assert (len(rerun["unchanged"]), rerun["created"], rerun["updated"]) == (7, [], [])
+    finally:
+        PeriodicTask.objects.using(alias).all().delete()
+
+
+def test_a_bad_database_url_is_a_one_line_error(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command += ["import", "django-celery-beat", "--database-url", "oracle://x/y"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: --database-url: unknown scheme 'oracle'; use postgresql://, mysql:// or "
+        "sqlite:///path"
+    ]

@@ -1,0 +1,50 @@
+"""The core of an import: a seed (next slot, paused state, counters) applies when the
+registration is created only; an update of an imported registration keeps its live state;
+two imported schedules cannot share a registration."""
+
+from __future__ import annotations
+
+import pytest
+
+from emq_bridge import Repeat
+from emq_bridge.definition import Declaration, define
+from emq_bridge.errors import ConfigError
+from emq_bridge.migrate.plan import Imported, ImportPlan, Refusal, apply_import
+from emq_bridge.registry import Seed
+from emq_bridge.template import TaskTemplate
+
+
+def imported(name: str, every: str, seed: Seed, task: str = "app.t") -> Imported:
+    definition = define(every=every, anchor="schedule", template=TaskTemplate(task).to_dict())
+    return Imported(f"old {name}", Declaration("q", name, definition), seed)
+
+
+def test_a_seed_applies_on_create_and_an_update_keeps_the_live_state(repeat: Repeat) -> None:
+    now = repeat.server_time_ms()
+    seed = Seed(now + 7_000, paused=True, fired=41, last_fired_ms=now - 53_000)
+    plan = ImportPlan("import:old", [imported("a", "1m", seed)], [Refusal("old b", "solar")])
+    result = apply_import(repeat, plan)
+    assert ([e.declaration.name for e in result.created], result.refused) == (["a"], plan.refused)
+    a = repeat.get("q", "a")
+    assert a is not None and a.paused and a.next_run_ms == now + 7_000
+    assert (a.fired, a.last_fired_ms, a.source) == (41, now - 53_000, "import:old")
+
+    repeat.resume("q", "a")
+    live = repeat.get("q", "a")
+    other = Seed(now + 1, paused=True, fired=1)
+    changed = ImportPlan("import:old", [imported("a", "1m", other, task="app.renamed")])
+    assert [e.declaration.name for e in apply_import(repeat, changed).updated] == ["a"]
+    after = repeat.get("q", "a")
+    assert after is not None and not after.paused  # the new seed is not applied
+    assert (after.next_run_ms, after.fired) == (live.next_run_ms, 41)
+    assert after.definition.template["task"] == "app.renamed"
+
+
+def test_two_schedules_of_one_registration_are_refused_before_anything_is_written(
+    repeat: Repeat,
+) -> None:
+    seed = Seed(repeat.server_time_ms() + 1000)
+    plan = ImportPlan("import:old", [imported("a", "1m", seed), imported("a", "2m", seed)])
+    with pytest.raises(ConfigError, match="q/a is the registration of another imported"):
+        apply_import(repeat, plan)
+    assert repeat.queues() == []

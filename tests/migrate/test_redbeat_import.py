@@ -1,0 +1,276 @@
+"""celery-redbeat -> emq-bridge: entries made through redbeat's own API, imported by the
+command, start at the slot redbeat would fire next (held against redbeat's own `is_due`),
+and a real `celery beat -S emq` then fires them there; a second import writes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.schedules import crontab, schedule
+from conftest import Run, snapshot
+from redbeat import RedBeatSchedulerEntry
+from redbeat.schedules import rrule
+
+from emq_bridge import Repeat
+
+ZONE = "Europe/Paris"
+
+
+@pytest.fixture
+def redbeat_app(redis_url: str) -> Iterator[Celery]:
+    app = Celery("rbt", broker=redis_url, set_as_current=False)
+    app.conf.update(
+        redbeat_redis_url=redis_url,
+        redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:",
+        timezone=ZONE,
+    )
+    yield app
+
+
+def save(app: Celery, name: str, value: Any, **options: Any) -> RedBeatSchedulerEntry:
+    return RedBeatSchedulerEntry(name, "rbt.record", value, app=app, **options).save()
+
+
+def redbeat_next_ms(app: Celery, name: str) -> tuple[bool, int]:
+    """Return (due now, when redbeat's own is_due says the entry fires next, epoch ms)."""
+    entry = RedBeatSchedulerEntry.from_key(app.redbeat_conf.key_prefix + name, app=app)
+    checked = time.time()
+    due, next_s = entry.is_due()
+    return bool(due), round((checked + (0 if due else next_s)) * 1000)
+
+
+def make_entries(app: Celery) -> datetime:
+    now = datetime.now(timezone.utc)
+    grid = now.replace(microsecond=0) - timedelta(seconds=20)
+    save(app, "every-5s", schedule(timedelta(seconds=5)), last_run_at=now - timedelta(seconds=1))
+    save(app, "quarterly", crontab(minute="*/15"), last_run_at=now)
+    save(app, "nightly", crontab(minute=0, hour=3), last_run_at=now - timedelta(days=3))
+    save(app, "weekdays", crontab(minute=30, hour=9, day_of_week="mon-fri"), last_run_at=now)
+    # A 5-second rrule that started 20 s ago and last ran on its latest slot.
+    last_slot = grid + timedelta(seconds=20)
+    save(app, "rrule-5s", rrule("SECONDLY", interval=5, dtstart=grid), last_run_at=last_slot)
+    save(
+        app,
+        "rrule-daily",
+        rrule(
+            "DAILY", byhour=6, byminute=45, dtstart=datetime(2026, 1, 1, 6, 45, tzinfo=timezone.utc)
+        ),
+        last_run_at=now,
+    )
+    save(app, "paused", schedule(timedelta(seconds=2)), enabled=False, last_run_at=now)
+    return now
+
+
+CARRIED = ("every-5s", "quarterly", "nightly", "weekdays", "rrule-5s", "rrule-daily", "paused")
+
+
+def test_redbeat_entries_are_imported_at_the_slot_redbeat_fires_next_and_again_changes_nothing(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    make_entries(redbeat_app)
+    save(redbeat_app, "bounded", rrule("DAILY", count=3))
+    save(redbeat_app, "relative", schedule(timedelta(minutes=1), relative=True))
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix, "--timezone", ZONE)
+
+    before = repeat.server_time_ms()
+    result = run(*args)
+    after = repeat.server_time_ms()
+    assert result.exit_code == 0, result.output
+    assert "8 created, 0 updated, 0 unchanged, 1 refused" in result.stderr
+    refused = [line for line in result.stdout.splitlines() if line.startswith("! ")]
+    assert len(refused) == 1
+    assert f"{key_prefix}relative: " in refused[0] and "beat_schedule" in refused[0]
+    bounded = repeat.get("celery", "bounded")
+    assert bounded is not None  # count=3, one run done at its dtstart: two left
+    assert (bounded.definition.bounds.limit, bounded.remaining) == (2, 2)
+
+    for name in CARRIED:
+        registration = repeat.get("celery", name)
+        assert registration is not None, name
+        assert registration.source == "import:redbeat"
+        if name == "paused":  # redbeat's is_due says "not due, ask again in 5 s" while disabled
+            assert registration.paused
+            assert registration.next_run_ms == registration.last_fired_ms + 2000  # kept for resume
+            continue
+        due_now, expected = redbeat_next_ms(redbeat_app, name)
+        assert not registration.paused
+        if due_now:  # overdue for redbeat: it fires at once, and so does the import
+            assert name == "nightly"
+            assert before <= registration.next_run_ms <= after
+        else:
+            assert registration.next_run_ms == pytest.approx(expected, abs=50), name
+    assert repeat.get("celery", "weekdays").definition.cadence.describe() == (
+        f"cron 30 9 * * 1,2,3,4,5 ({ZONE})"
+    )
+    assert (
+        repeat.get("celery", "rrule-daily").definition.cadence.describe() == "cron 45 6 * * * (UTC)"
+    )
+    assert repeat.get("celery", "every-5s").last_fired_ms is not None
+
+    state = snapshot(repeat)
+    again = run(*args)
+    assert again.exit_code == 0, again.output
+    assert "0 created, 0 updated, 8 unchanged, 1 refused" in again.stderr
+    assert snapshot(repeat) == state  # not one byte written
+
+
+def test_a_dry_run_writes_nothing_and_strict_refuses_the_whole_import(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    save(redbeat_app, "ok", schedule(timedelta(minutes=1)))
+    save(redbeat_app, "relative", schedule(timedelta(minutes=1), relative=True))
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+
+    dry = run(*args, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "1 created, 0 updated, 0 unchanged, 1 refused (dry run: nothing written)" in dry.stderr
+    strict = run(*args, "--strict")
+    assert strict.exit_code == 1
+    assert "1 schedule(s) cannot be imported" in strict.stderr
+    assert snapshot(repeat) == {}
+
+
+APP = textwrap.dedent("""
+    import os
+    from celery import Celery
+
+    env = os.environ
+    app = Celery("emqmig", broker=env["EMQT_REDIS"])
+    app.conf.update(
+        emq_bridge_redis_url=env["EMQT_REDIS"],
+        emq_bridge_prefix=env["EMQT_PREFIX"],
+        task_default_queue=env["EMQT_QUEUE"],
+        timezone="Europe/Paris",
+        result_backend=None,
+        result_expires=None,
+        broker_connection_retry_on_startup=True,
+        beat_schedule={},
+    )
+""")
+
+
+def sent(client: redis.Redis, queue: str) -> dict[str, list[dict[str, Any]]]:
+    """Return the messages the beat put on the Redis broker's queue, by registration name."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for raw in reversed(client.lrange(queue, 0, -1)):
+        headers = json.loads(raw)["headers"]
+        out.setdefault(headers["emq_schedule"].split("/", 1)[1], []).append(headers)
+    return out
+
+
+@pytest.mark.slow
+def test_a_celery_beat_fires_the_imported_entries_at_the_slots_redbeat_would_fire(
+    run: Run, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery, tmp_path: Path
+) -> None:
+    queue = f"{prefix}-q"
+    (tmp_path / "emqmig.py").write_text(APP)
+    log = tmp_path / "beat.log"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "EMQT_REDIS": redis_url}
+    env.update(EMQT_PREFIX=prefix, EMQT_QUEUE=queue)
+    with log.open("wb") as out:  # the beat runs first: the import reaches it as a wake-up
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "emqmig", "beat", "-S", "emq", "-l", "info"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        started = time.monotonic() + 60
+        while "emq-bridge beat: " not in log.read_text(errors="replace"):
+            assert time.monotonic() < started and beat.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.1)
+        make_entries(redbeat_app)
+        key_prefix = redbeat_app.redbeat_conf.key_prefix
+        expected = {name: redbeat_next_ms(redbeat_app, name) for name in CARRIED}
+        imported_at = repeat.server_time_ms()
+        result = run(
+            *("import", "redbeat", "--from", redis_url, "--prefix", key_prefix),
+            *("--timezone", ZONE, "--queue", queue),
+        )
+        assert result.exit_code == 0, result.output
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            fired = sent(client, queue)
+            if all(name in fired for name in ("every-5s", "nightly", "rrule-5s")):
+                break
+            time.sleep(0.2)
+    finally:
+        beat.terminate()
+        beat.wait(timeout=20)
+        client.close()
+    with redis.Redis.from_url(redis_url) as after:
+        fired = sent(after, queue)
+    text = log.read_text(errors="replace")
+    for name in ("every-5s", "rrule-5s"):
+        assert name in fired, text[-3000:]
+        first = fired[name][0]
+        # The slot redbeat's is_due named (to its float's precision), released no earlier.
+        assert first["emq_due_ms"] == pytest.approx(expected[name][1], abs=50), name
+        assert first["emq_released_ms"] >= first["emq_due_ms"]
+        slots = [h["emq_due_ms"] for h in fired[name]]
+        assert slots == [first["emq_due_ms"] + 5000 * i for i in range(len(slots))]  # its grid
+    assert expected["nightly"][0]  # redbeat: due at once, as overdue
+    assert [h["emq_due_ms"] >= imported_at for h in fired["nightly"]] == [True]
+    for name in ("quarterly", "weekdays", "rrule-daily", "paused"):
+        assert name not in fired, name  # not due before their slot; paused never
+    assert math.isclose(
+        repeat.get(queue, "quarterly").next_run_ms, expected["quarterly"][1], abs_tol=50
+    )
+
+
+def test_a_cut_over_imports_paused_then_resumes_only_what_redbeat_runs(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    now = datetime.now(timezone.utc)
+    save(redbeat_app, "hourly", schedule(timedelta(hours=1)), last_run_at=now)
+    save(redbeat_app, "fast", schedule(timedelta(seconds=1)), last_run_at=now)
+    save(redbeat_app, "off", schedule(timedelta(minutes=1)), enabled=False, last_run_at=now)
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+
+    staged = run(*args, "--paused")  # redbeat still runs them: nothing fires on this side
+    assert staged.exit_code == 0, staged.output
+    assert all(repeat.get("celery", n).paused for n in ("hourly", "fast", "off"))
+    hourly_next = repeat.get("celery", "hourly").next_run_ms
+    time.sleep(1.2)  # the slot "fast" had staged passed: redbeat's beat, running, fired it
+
+    cut = run(*args, "--resume")  # redbeat's beat is stopped now
+    assert cut.exit_code == 0, cut.output
+    assert "0 created, 0 updated, 3 unchanged, 0 refused, 2 resumed" in cut.stderr
+    now_ms = repeat.server_time_ms()
+    hourly, fast, off = (repeat.get("celery", n) for n in ("hourly", "fast", "off"))
+    assert not hourly.paused and hourly.next_run_ms == hourly_next  # still ahead: kept
+    assert not fast.paused and fast.next_run_ms > now_ms  # passed slots are not fired here
+    assert off.paused  # disabled in redbeat: stays paused
+    state = snapshot(repeat)
+    again = run(*args, "--resume")
+    assert again.stderr.strip().endswith("0 created, 0 updated, 3 unchanged, 0 refused")
+    assert snapshot(repeat) == state
+
+
+def test_an_unreachable_redbeat_is_named_in_one_line_and_nothing_is_written(
+    run: Run, repeat: Repeat
+) -> None:
+    result = run("import", "redbeat", "--from", "redis://127.0.0.1:1/0")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("Error: cannot read celery-redbeat at redis://127.0.0.1:1/0")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert snapshot(repeat) == {}

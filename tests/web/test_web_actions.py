@@ -1,0 +1,199 @@
+"""Changes from the web view: read-only by default; a token or the host app's auth allows
+pause, resume, trigger and remove through the registry's moves, each with its CSRF token;
+every refusal leaves the registry exactly as it was."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import TOKEN, Client, keys_state
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Mount
+from starlette.testclient import TestClient
+
+from emq_bridge import Repeat
+from emq_bridge.web import app
+from emq_bridge.web.auth import CSRF_COOKIE, WRITE_COOKIE
+
+PAGE = "/schedule?queue=reports&name=digest"
+
+
+@pytest.fixture
+def seeded(repeat: Repeat) -> Repeat:
+    repeat.upsert("reports", "digest", every="15m", template={"task": "d"})
+    repeat.upsert("reports", "other", every="1h", template={"task": "o"})
+    return repeat
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF field in the page"
+    return found.group(1)
+
+
+def unlock(client: TestClient, token: str = TOKEN) -> None:
+    csrf = csrf_of(client.get("/").text)
+    reply = client.post("/unlock", data={"csrf": csrf, "token": token}, follow_redirects=False)
+    assert reply.status_code == 303
+
+
+def act(client: TestClient, action: str, name: str = "digest", **extra: str) -> object:
+    csrf = csrf_of(client.get(PAGE).text)
+    form = {"csrf": csrf, "queue": "reports", "name": name, "action": action, **extra}
+    return client.post("/schedule", data=form, follow_redirects=False)
+
+
+def test_by_default_the_view_is_read_only_and_a_forged_post_changes_nothing(
+    seeded: Repeat, web: Client
+) -> None:
+    client = web()
+    page = client.get(PAGE).text
+    assert 'id="actions"' not in page and "read-only" in page and "Unlock" not in page
+    before = keys_state(seeded)
+    assert 'name="csrf"' not in client.get("/").text  # no form at all: no unlock, no lock
+    csrf = client.get("/api/csrf").json()["csrf"]  # a valid token does not make a writer
+    for action in ("pause", "trigger", "remove"):
+        form = {"csrf": csrf, "queue": "reports", "name": "digest", "action": action}
+        reply = client.post("/schedule", data=form, follow_redirects=False)
+        assert reply.status_code == 403 and "read-only" in reply.text
+    assert client.post("/api/schedule/pause?queue=reports&name=digest").status_code == 403
+    assert keys_state(seeded) == before
+
+
+def test_with_the_token_unlocked_each_action_goes_through_the_registrys_moves(
+    seeded: Repeat, web: Client
+) -> None:
+    client = web(token=TOKEN)
+    assert "Unlock" in client.get("/").text and 'id="actions"' not in client.get(PAGE).text
+    unlock(client)
+    page = client.get(PAGE).text
+    assert 'id="actions"' in page and "writes allowed" in page
+    assert TOKEN not in page and TOKEN not in str(client.cookies.get(WRITE_COOKIE))
+
+    reply = act(client, "pause")
+    assert reply.status_code == 303  # type: ignore[attr-defined]
+    assert "done=paused" in reply.headers["location"]  # type: ignore[attr-defined]
+    assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+    page = client.get(reply.headers["location"]).text  # type: ignore[attr-defined]
+    assert 'id="state">paused' in page and 'id="action-resume"' in page
+    assert 'id="action-pause"' not in page
+
+    act(client, "resume")
+    assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+    act(client, "trigger")
+    assert [lease[0] for lease in seeded.leases("reports")] == ["digest"]
+
+    refused = act(client, "remove")  # without the box ticked
+    assert refused.status_code == 400  # type: ignore[attr-defined]
+    assert seeded.get("reports", "digest") is not None
+    reply = act(client, "remove", confirm="yes")
+    assert "done=reports%2Fdigest+removed" in reply.headers["location"]  # type: ignore[attr-defined]
+    assert seeded.get("reports", "digest") is None and seeded.names("reports") == ["other"]
+    assert act(client, "pause", name="gone").status_code == 404  # type: ignore[attr-defined]
+
+
+def test_a_change_without_this_browsers_csrf_token_or_from_another_site_is_refused(
+    seeded: Repeat, web: Client
+) -> None:
+    client = web(token=TOKEN)
+    unlock(client)
+    before = keys_state(seeded)
+    form = {"queue": "reports", "name": "digest", "action": "pause"}
+    assert client.post("/schedule", data=form).status_code == 403  # no token
+    assert client.post("/schedule", data={**form, "csrf": "x.y"}).status_code == 403
+    other = web(token=TOKEN)  # another browser's valid token is not this one's
+    assert (
+        client.post("/schedule", data={**form, "csrf": csrf_of(other.get("/").text)}).status_code
+        == 403
+    )
+    csrf = csrf_of(client.get("/").text)
+    evil = client.post(
+        "/schedule", data={**form, "csrf": csrf}, headers={"origin": "https://evil.example"}
+    )
+    assert evil.status_code == 403
+    assert client.post("/api/schedule/pause", json=form).status_code == 403  # cookie, no header
+    assert keys_state(seeded) == before
+    ok = client.post("/api/schedule/pause", json=form, headers={"x-csrf-token": csrf})
+    assert ok.json() == {"queue": "reports", "name": "digest", "action": "pause", "changed": True}
+
+
+def test_the_api_takes_the_token_as_a_bearer_without_csrf(seeded: Repeat, web: Client) -> None:
+    client = web(token=TOKEN)
+    wrong = client.post(
+        "/api/schedule/trigger",
+        json={"queue": "reports", "name": "digest"},
+        headers={"authorization": "Bearer not-the-token-at-all"},
+    )
+    assert wrong.status_code == 403 and seeded.leases("reports") == []
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    reply = client.post(
+        "/api/schedule/trigger", json={"queue": "reports", "name": "digest"}, headers=bearer
+    )
+    assert reply.status_code == 200 and reply.json()["occurrence_id"]
+    assert [lease[0] for lease in seeded.leases("reports")] == ["digest"]
+    again = client.post("/api/schedule/resume?queue=reports&name=digest", headers=bearer)
+    assert again.json()["changed"] is False  # it was not paused
+    assert (
+        client.post("/api/schedule/explode?queue=reports&name=digest", headers=bearer).status_code
+        == 400
+    )
+    assert (
+        client.post("/api/schedule/pause?queue=reports&name=nope", headers=bearer).status_code
+        == 404
+    )
+
+
+def test_a_wrong_token_unlocks_nothing(seeded: Repeat, web: Client) -> None:
+    client = web(token=TOKEN)
+    unlock(client, token="guess-guess-guess-guess")
+    assert WRITE_COOKIE not in client.cookies
+    assert "wrong token" in client.get("/?done=wrong+token").text
+    assert 'id="actions"' not in client.get(PAGE).text
+    client.cookies.set(WRITE_COOKIE, "forged")
+    assert act(client, "pause").status_code == 403  # type: ignore[attr-defined]
+    assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+
+def test_the_host_apps_auth_decides_writes_and_csrf_still_applies(seeded: Repeat) -> None:
+    def staff(request: Request) -> bool:  # e.g. request.user.is_staff behind the host's auth
+        return request.headers.get("x-staff") == "yes"
+
+    host = Starlette(routes=[Mount("/admin/emq", app=app(seeded, can_write=staff))])
+    with TestClient(host, headers={"x-staff": "yes"}) as client:
+        page = client.get("/admin/emq/schedule?queue=reports&name=digest").text
+        assert 'id="actions"' in page and "Unlock" not in page
+        csrf = csrf_of(page)
+        form = {"queue": "reports", "name": "digest", "action": "pause"}
+        assert client.post("/admin/emq/schedule", data=form).status_code == 403
+        reply = client.post(
+            "/admin/emq/schedule", data={**form, "csrf": csrf}, follow_redirects=False
+        )
+        assert reply.headers["location"].startswith("/admin/emq/schedule?")
+        assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+    with TestClient(host) as outsider:
+        page = outsider.get("/admin/emq/schedule?queue=reports&name=digest").text
+        assert 'id="actions"' not in page
+        form = {"queue": "reports", "name": "digest", "action": "resume", "csrf": csrf_of(page)}
+        assert outsider.post("/admin/emq/schedule", data=form).status_code == 403
+    assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+
+def test_locking_drops_the_write_cookie_and_pages_refuse_framing(
+    seeded: Repeat, web: Client
+) -> None:
+    client = web(token=TOKEN)
+    unlock(client)
+    page = client.get("/")
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert CSRF_COOKIE in client.cookies
+    client.post("/lock", data={"csrf": csrf_of(page.text)})
+    assert WRITE_COOKIE not in client.cookies
+    assert "read-only" in client.get("/").text
+
+
+def test_a_short_token_is_refused_when_the_app_is_made() -> None:
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        app(Repeat.__new__(Repeat), token="short")

@@ -1,0 +1,57 @@
+"""`emq-bridge web`'s bad input: one line on stderr and the documented exit code, before
+anything listens. (The browser test runs the command for real.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from emq_bridge.cli import cli
+from emq_bridge.cli.web import parse_bind
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:8000", ("127.0.0.1", 8000)),
+        ("[::1]:9", ("::1", 9)),
+        ("0.0.0.0:65535", ("0.0.0.0", 65535)),
+    ],
+)
+def test_bind_addresses_are_host_and_port(value: str, expected: tuple[str, int]) -> None:
+    assert parse_bind(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "message"),
+    [
+        (["web", "--bind", "8000"], {}, 2, "expected HOST:PORT"),
+        (["web", "--bind", "localhost:0"], {}, 2, "between 1 and 65535"),
+        (["web", "--bind", ":8000"], {}, 2, "expected HOST:PORT"),
+        (["web", "--token-file", "missing.txt"], {}, 2, "cannot read missing.txt"),
+        (["web"], {"EMQ_BRIDGE_WEB_TOKEN": "short"}, 2, "at least 16 characters"),
+        (
+            ["--redis-url", "redis://:hunter2hunter2@127.0.0.1:1/0", "web"],
+            {},
+            3,
+            "cannot reach Redis at redis://:***@127.0.0.1:1/0",
+        ),
+    ],
+)
+def test_bad_input_exits_with_one_line_and_its_code(
+    args: list[str],
+    env: dict[str, str],
+    code: int,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EMQ_BRIDGE_WEB_TOKEN", raising=False)
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == code, result.output
+    assert message in result.stderr
+    assert "hunter2" not in result.output
+    assert len([line for line in result.stderr.splitlines() if line.startswith("Error")]) == 1
