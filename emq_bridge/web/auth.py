@@ -72,7 +72,7 @@ class Guard:
         if self.bearer(request):
             return True
         unlocked, cookie = self._unlocked(), request.cookies.get(WRITE_COOKIE)
-        if unlocked is not None and cookie is not None and hmac.compare_digest(cookie, unlocked):
+        if unlocked is not None and cookie is not None and _same(cookie, unlocked):
             return True
         return self._can_write is not None and bool(self._can_write(request))
 
@@ -114,7 +114,7 @@ class Guard:
 
     def _valid_csrf(self, value: str) -> bool:
         nonce, _, signature = value.rpartition(".")
-        return bool(nonce) and hmac.compare_digest(signature, self._sign("csrf:" + nonce))
+        return bool(nonce) and _same(signature, self._sign("csrf:" + nonce))
 
     def csrf_ok(self, request: Request, submitted: str | None) -> bool:
         """Whether a change carries this browser's CSRF token and comes from this host."""
@@ -129,8 +129,16 @@ class Guard:
             cookie is not None
             and given is not None
             and self._valid_csrf(cookie)
-            and hmac.compare_digest(cookie, given)
+            and _same(cookie, given)
         )
+
+
+def _same(a: str, b: str) -> bool:
+    """Constant-time equality of two strings from a request (bytes: `compare_digest` refuses
+    non-ASCII str, and a forged cookie may hold anything)."""
+    return hmac.compare_digest(
+        a.encode("utf-8", "surrogateescape"), b.encode("utf-8", "surrogateescape")
+    )
 
 
 def _path(request: Request) -> str:

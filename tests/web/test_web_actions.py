@@ -197,3 +197,16 @@ def test_locking_drops_the_write_cookie_and_pages_refuse_framing(
 def test_a_short_token_is_refused_when_the_app_is_made() -> None:
     with pytest.raises(ValueError, match="at least 16 characters"):
         app(Repeat.__new__(Repeat), token="short")
+
+
+def test_cookies_holding_any_bytes_are_refused_not_a_server_error(
+    seeded: Repeat, web: Client
+) -> None:
+    """A forged cookie may hold non-ASCII bytes (Starlette reads headers as Latin-1): the
+    checks compare bytes, so the request is refused (403), never a 500."""
+    client = web(token=TOKEN)
+    form = {"queue": "reports", "name": "digest", "action": "pause", "csrf": "\xe9.\xe9"}
+    forged = f"{WRITE_COOKIE}=\xe9\xe9; {CSRF_COOKIE}=\xe9.\xe9"
+    reply = client.post("/schedule", data=form, headers={"cookie": forged.encode("latin-1")})
+    assert reply.status_code == 403
+    assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
