@@ -1,7 +1,7 @@
 """Commands that switch schedulers: `import redbeat`, `import django-celery-beat`, `export`.
 
 The importers read Celery schedule objects, so they live on the Celery side
-(`emq_bridge.migrate.redbeat`, `.django`) and are imported only when their command runs:
+(`emq_bridge.celery.importers.redbeat`, `.django`) and are imported only when their command runs:
 the command line itself never imports Celery.
 """
 
@@ -169,7 +169,7 @@ def import_redbeat(
       emq-bridge import redbeat --from redis://old:6379/0 --dry-run
       emq-bridge import redbeat --from redis://old:6379/0 --timezone Europe/Paris
     """
-    redbeat = _celery_side("emq_bridge.migrate.redbeat")
+    redbeat = _celery_side("emq_bridge.celery.importers.redbeat")
     try:
         old = client_from_url(from_url)
     except Exception as exc:
@@ -215,21 +215,21 @@ def import_django(
     """Import django-celery-beat's periodic tasks into the registry.
 
     Inside the project, `python manage.py emq_import` does the same (add
-    "emq_bridge.migrate.django" to INSTALLED_APPS).
+    "emq_bridge.celery.importers.django" to INSTALLED_APPS).
 
     \b
     Examples:
       emq-bridge import django-celery-beat --database-url postgresql://app@db/app --dry-run
       DJANGO_SETTINGS_MODULE=proj.settings emq-bridge import django-celery-beat
     """
-    standalone = _celery_side("emq_bridge.migrate.django.standalone")
+    standalone = _celery_side("emq_bridge.celery.importers.django.standalone")
     if database_url is not None:
         standalone.setup(database_url, timezone)
     elif os.environ.get("DJANGO_SETTINGS_MODULE"):
         importlib.import_module("django").setup()
     else:
         raise click.UsageError("give --database-url, or set DJANGO_SETTINGS_MODULE")
-    reader = _celery_side("emq_bridge.migrate.django.reader")
+    reader = _celery_side("emq_bridge.celery.importers.django.reader")
     plan = reader.read_periodic_tasks(
         now_ms=settings.repeat().server_time_ms(), queue=queue, source=source
     )

@@ -4,7 +4,6 @@
   fires next, its state and counters; what could not be carried, with the reason), and
   `apply_import`, which upserts it under the importer's own source; a re-run writes nothing.
 * `export` (core): the registry written back as a schedule file (`emq-bridge sync` reads it).
-* `schedules`, `redbeat`, `django` (Celery side: they read Celery schedule objects): the
-  celery-redbeat and django-celery-beat importers. Imported only by the commands that run
-  them, so the core never imports Celery.
+* The celery-redbeat and django-celery-beat importers read Celery schedule objects, so
+  they are part of the Celery adapter: `emq_bridge.celery.importers`.
 """

@@ -20,13 +20,6 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "emq_bridge"
 FRAMEWORKS = ("celery", "dramatiq", "kombu")
 ADAPTERS = ("emq_bridge.celery", "emq_bridge.dramatiq")
-# Built on the Celery adapter: the importers of Celery schedulers' stores (they read Celery
-# schedule objects). The rest of emq_bridge.migrate (plan, export) is core.
-CELERY_SIDE = (
-    "emq_bridge.migrate.schedules",
-    "emq_bridge.migrate.redbeat",
-    "emq_bridge.migrate.django",
-)
 
 
 def module_name(path: Path) -> str:
@@ -39,7 +32,7 @@ def modules() -> dict[str, Path]:
 
 
 def is_adapter(module: str) -> bool:
-    return any(module == a or module.startswith(a + ".") for a in (*ADAPTERS, *CELERY_SIDE))
+    return any(module == a or module.startswith(a + ".") for a in ADAPTERS)
 
 
 def core_modules() -> list[str]:

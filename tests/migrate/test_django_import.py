@@ -65,7 +65,7 @@ def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
                 "PORT": "5432",
             },
         },
-        INSTALLED_APPS=["django_celery_beat", "emq_bridge.migrate.django"],
+        INSTALLED_APPS=["django_celery_beat", "emq_bridge.celery.importers.django"],
         USE_TZ=True,
         TIME_ZONE="UTC",
     )

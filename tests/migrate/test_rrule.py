@@ -11,8 +11,8 @@ from dateutil.rrule import FR, MO
 from redbeat.schedules import rrule
 
 from emq_bridge.cadence import next_runs
-from emq_bridge.migrate.redbeat import importer_app
-from emq_bridge.migrate.schedules import Unrepresentable, carry, epoch_ms
+from emq_bridge.celery.importers.redbeat import importer_app
+from emq_bridge.celery.importers.schedules import Unrepresentable, carry, epoch_ms
 
 PARIS_WINTER = timezone(timedelta(hours=1))  # what redbeat stores: a fixed offset
 START = datetime(2026, 1, 5, 9, 30, tzinfo=PARIS_WINTER)

@@ -17,13 +17,13 @@ from typing import Any
 
 from celery import Celery
 
-from ..celery.entries import json_options, registry_name, resolve_queue
-from ..definition import Declaration, Definition
-from ..errors import ConfigError, EmqError
-from ..registry import Seed
-from ..replies import text
-from ..template import TaskTemplate
-from .plan import Imported, ImportPlan, Refusal
+from ...definition import Declaration, Definition
+from ...errors import ConfigError, EmqError
+from ...migrate.plan import Imported, ImportPlan, Refusal
+from ...registry import Seed
+from ...replies import text
+from ...template import TaskTemplate
+from ..entries import json_options, registry_name, resolve_queue
 from .schedules import Unrepresentable, carry, epoch_ms
 
 __all__ = ["DEFAULT_KEY_PREFIX", "DEFAULT_SOURCE", "importer_app", "read_redbeat"]

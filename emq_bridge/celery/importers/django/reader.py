@@ -20,13 +20,13 @@ from typing import Any
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from ...cadence import At
-from ...celery.entries import json_options, registry_name, resolve_queue
-from ...definition import Declaration, Definition
-from ...errors import EmqError
-from ...registry import Seed
-from ...template import TaskTemplate
-from ..plan import Imported, ImportPlan, Refusal
+from ....cadence import At
+from ....definition import Declaration, Definition
+from ....errors import EmqError
+from ....migrate.plan import Imported, ImportPlan, Refusal
+from ....registry import Seed
+from ....template import TaskTemplate
+from ...entries import json_options, registry_name, resolve_queue
 from ..redbeat import importer_app
 from ..schedules import Carried, Unrepresentable, carry, epoch_ms
 

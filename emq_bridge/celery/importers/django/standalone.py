@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ...errors import ConfigError
+from ....errors import ConfigError
 
 __all__ = ["database_settings", "setup"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError  # type: ignore[import-untyped]
 
+from emq_bridge.celery.importers.django.reader import DEFAULT_SOURCE, read_periodic_tasks
 from emq_bridge.errors import EmqError
 from emq_bridge.keys import DEFAULT_PREFIX
-from emq_bridge.migrate.django.reader import DEFAULT_SOURCE, read_periodic_tasks
 from emq_bridge.migrate.plan import apply_import, result_lines
 from emq_bridge.registry import Repeat
 

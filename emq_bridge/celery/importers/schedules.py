@@ -23,10 +23,10 @@ from typing import Any
 
 from celery import Celery
 
-from ..bounds import Bounds
-from ..cadence import Cadence, Cron, Every
-from ..celery.entries import CelerySchedule, convert_schedule
-from ..errors import EmqError
+from ...bounds import Bounds
+from ...cadence import Cadence, Cron, Every
+from ...errors import EmqError
+from ..entries import CelerySchedule, convert_schedule
 
 __all__ = ["RRULE_CHECKED_SLOTS", "Carried", "Unrepresentable", "carry", "epoch_ms"]
 

@@ -6,6 +6,6 @@ from django.apps import AppConfig  # type: ignore[import-untyped]
 
 
 class EmqImportConfig(AppConfig):  # type: ignore[misc]
-    name = "emq_bridge.migrate.django"
+    name = "emq_bridge.celery.importers.django"
     label = "emq_bridge_migrate"
     verbose_name = "emq-bridge import"
