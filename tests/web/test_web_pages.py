@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from datetime import timedelta
 
 import pytest
 import redis
@@ -29,9 +30,12 @@ HEADER = ["queue", "name", "cadence", "next run", "last outcome", "state", "owne
 def filled(repeat: Repeat) -> Repeat:
     """120 schedules in `alpha`, 30 in `beta` (every tenth owned by `app`, three paused)."""
     now = repeat.server_time_ms()
+    # Hourly on a grid whose next slot is half an hour away, whatever the time of day: no
+    # schedule comes due (nor overdue, `unserved`) while a test reads them.
+    phase = timedelta(milliseconds=(now + 1_800_000) % 3_600_000)
     for queue, count in (("alpha", 120), ("beta", 30)):
         for i in range(count):
-            definition = define(every="1h", template={"task": "t", "args": [i]})
+            definition = define(every="1h", offset=phase, template={"task": "t", "args": [i]})
             repeat.upsert(
                 queue,
                 f"job-{i:03d}",
