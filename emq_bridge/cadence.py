@@ -34,6 +34,7 @@ Missed slots (the pump was down) follow the registration's misfire policy, see `
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import re
@@ -387,28 +388,12 @@ class Cron:
             )
         if self.seed is not None and not isinstance(self.seed, str):
             raise ScheduleError(f"cron seed must be a string, got {type(self.seed).__name__}")
-        fields = CRON_ALIASES.get(self.expr.strip().lower(), self.expr).split()
-        if len(fields) not in (5, 6):
-            raise ScheduleError(
-                f"cron {self.expr!r} must have 5 fields (minute hour day month weekday), "
-                f"6 with seconds first, or be one of {sorted(CRON_ALIASES)}"
-            )
-        try:
-            resolved = " ".join(resolve_hashed(fields, self.seed or ""))
-        except ScheduleError as exc:
-            raise ScheduleError(f"invalid cron {self.expr!r}: {exc}") from None
+        key = (self.expr, self.tz, self.day_and, self.seed)
+        if isinstance(self.tz, str) and isinstance(self.day_and, int):  # hashable: cached
+            resolved = _checked_cron(*key)
+        else:
+            resolved = _check_cron(*key)
         object.__setattr__(self, "resolved", resolved)
-        _zone(self.tz)
-        try:
-            CronSim(resolved, datetime(2000, 1, 1))
-        except (CronSimError, ValueError, KeyError, IndexError) as exc:
-            raise ScheduleError(f"invalid cron {self.expr!r}: {exc}") from exc
-        # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
-        # member with no next run.
-        try:
-            self.next_after(946_684_800_000)
-        except StopIteration as exc:
-            raise ScheduleError(f"cron {self.expr!r} never fires") from exc
 
     @property
     def kind(self) -> str:
@@ -424,65 +409,17 @@ class Cron:
 
         A 6-field expression follows the same rule on its minute and hour fields.
         """
-        minute, hour = self.resolved.split()[-5:-3]
-        return minute.startswith("*") or hour.startswith("*")
+        return _follows_elapsed_time(self.resolved)
 
     def _walls(self, start: datetime) -> Iterator[datetime]:
-        sim = CronSim(self.resolved, start)
-        if self.day_and:
-            # cronsim ORs two restricted day fields as cron does; Celery ANDs them.
-            sim.day_and = True
-        return sim
+        return _cron_walls(self.resolved, self.day_and, start)
 
     def _instants(self, wall: datetime, zone: ZoneInfo) -> list[datetime]:
         """Map a matching wall time to the instants it fires at, by the DST rule."""
-        first = wall.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
-        if first.astimezone(zone).replace(tzinfo=None) == wall:
-            second = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
-            if second != first and self.follows_elapsed_time:
-                return [first, second]  # a repeated wall time, on elapsed time: both
-            return [first]  # a fixed time that repeats fires at its first occurrence
-        if self.follows_elapsed_time:
-            return []  # in a gap, elapsed-time jobs run on the new time
-        # A fixed time in a gap fires at the first valid instant after it: the transition.
-        before = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
-        low, high = before, first
-        while high - low > timedelta(seconds=1):
-            middle = low + (high - low) / 2
-            if middle.astimezone(zone).replace(tzinfo=None) < wall:
-                low = middle
-            else:
-                high = middle
-        return [high.replace(microsecond=0)]
+        return _cron_instants(wall, zone, self.follows_elapsed_time)
 
     def next_after(self, after_ms: int) -> int:
-        # cronsim matches calendar fields on naive wall times; the DST rule is ours
-        # (`_instants`). cronsim's own tz-aware mode drops a slot at Lord Howe's half-hour
-        # fall-back, which tests/test_cadence.py's oracle caught.
-        zone = ZoneInfo(self.tz)
-        after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
-        # Near a transition, start as much wall time early as the clock moves there: in a
-        # repeated hour, a wall time "before" the local time of `after` can still fire after
-        # it. (The shift, not a fixed 3 hours: a seconds cron walks 3 walls a minute.)
-        start = after.astimezone(zone).replace(tzinfo=None)
-        span = _shift_near(zone, after)
-        start -= span
-        walls = self._walls(start)
-        best: datetime | None = None
-        limit: datetime | None = None
-        for wall in walls:
-            if limit is not None and wall > limit:
-                break
-            for instant in self._instants(wall, zone):
-                if instant > after and (best is None or instant < best):
-                    best = instant
-                    wall_of_best = best.astimezone(zone).replace(tzinfo=None)
-                    limit = wall_of_best + max(span, _shift_near(zone, best))
-            if best is not None and _no_transition_near(zone, after, best):
-                break  # wall order is instant order away from transitions
-        if best is None:  # pragma: no cover - cronsim stops only after 50 years
-            raise StopIteration
-        return int(best.timestamp() * 1000)
+        return _cron_next(self.resolved, self.tz, bool(self.day_and), after_ms)
 
     def first_run(self, now_ms: int) -> int:
         return self.next_after(now_ms)
@@ -502,6 +439,109 @@ class Cron:
 
 
 _DST_SPAN = timedelta(hours=3)  # larger than any DST shift (Troll's is 2 h)
+
+
+def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
+    """Return the expression handed to cronsim (alias expanded, `H` resolved); raise
+    `ScheduleError` if it is not a cron that fires in a known zone."""
+    fields = CRON_ALIASES.get(expr.strip().lower(), expr).split()
+    if len(fields) not in (5, 6):
+        raise ScheduleError(
+            f"cron {expr!r} must have 5 fields (minute hour day month weekday), "
+            f"6 with seconds first, or be one of {sorted(CRON_ALIASES)}"
+        )
+    try:
+        resolved = " ".join(resolve_hashed(fields, seed or ""))
+    except ScheduleError as exc:
+        raise ScheduleError(f"invalid cron {expr!r}: {exc}") from None
+    _zone(tz)
+    try:
+        CronSim(resolved, datetime(2000, 1, 1))
+    except (CronSimError, ValueError, KeyError, IndexError) as exc:
+        raise ScheduleError(f"invalid cron {expr!r}: {exc}") from exc
+    # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
+    # member with no next run.
+    try:
+        _cron_next(resolved, tz, bool(day_and), 946_684_800_000)
+    except StopIteration as exc:
+        raise ScheduleError(f"cron {expr!r} never fires") from exc
+    return resolved
+
+
+# A schedule declares the same few crons many times over (a `beat_schedule` of 100,000
+# entries may hold a dozen distinct crontabs), and many registrations of one cron ask for
+# the same next run (a sync's one `now`, a pump's one slot): both are pure, so cached.
+# Errors are not cached: a bad cron is checked again, and fails the same way.
+_checked_cron = functools.lru_cache(maxsize=4096)(_check_cron)
+
+
+def _follows_elapsed_time(resolved: str) -> bool:
+    minute, hour = resolved.split()[-5:-3]
+    return minute.startswith("*") or hour.startswith("*")
+
+
+def _cron_walls(resolved: str, day_and: bool, start: datetime) -> Iterator[datetime]:
+    sim = CronSim(resolved, start)
+    if day_and:
+        # cronsim ORs two restricted day fields as cron does; Celery ANDs them.
+        sim.day_and = True
+    return sim
+
+
+def _cron_instants(wall: datetime, zone: ZoneInfo, elapsed: bool) -> list[datetime]:
+    """Map a matching wall time to the instants it fires at, by the DST rule (`elapsed`:
+    the expression follows elapsed time, see `Cron.follows_elapsed_time`)."""
+    first = wall.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+    if first.astimezone(zone).replace(tzinfo=None) == wall:
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+        if second != first and elapsed:
+            return [first, second]  # a repeated wall time, on elapsed time: both
+        return [first]  # a fixed time that repeats fires at its first occurrence
+    if elapsed:
+        return []  # in a gap, elapsed-time jobs run on the new time
+    # A fixed time in a gap fires at the first valid instant after it: the transition.
+    before = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+    low, high = before, first
+    while high - low > timedelta(seconds=1):
+        middle = low + (high - low) / 2
+        if middle.astimezone(zone).replace(tzinfo=None) < wall:
+            low = middle
+        else:
+            high = middle
+    return [high.replace(microsecond=0)]
+
+
+@functools.lru_cache(maxsize=8192)
+def _cron_next(resolved: str, tz: str, day_and: bool, after_ms: int) -> int:
+    """The next run of a cron after `after_ms`; StopIteration if it has none."""
+    # cronsim matches calendar fields on naive wall times; the DST rule is ours
+    # (`_cron_instants`). cronsim's own tz-aware mode drops a slot at Lord Howe's half-hour
+    # fall-back, which tests/test_cadence.py's oracle caught.
+    zone = ZoneInfo(tz)
+    elapsed = _follows_elapsed_time(resolved)
+    after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
+    # Near a transition, start as much wall time early as the clock moves there: in a
+    # repeated hour, a wall time "before" the local time of `after` can still fire after
+    # it. (The shift, not a fixed 3 hours: a seconds cron walks 3 walls a minute.)
+    start = after.astimezone(zone).replace(tzinfo=None)
+    span = _shift_near(zone, after)
+    start -= span
+    walls = _cron_walls(resolved, day_and, start)
+    best: datetime | None = None
+    limit: datetime | None = None
+    for wall in walls:
+        if limit is not None and wall > limit:
+            break
+        for instant in _cron_instants(wall, zone, elapsed):
+            if instant > after and (best is None or instant < best):
+                best = instant
+                wall_of_best = best.astimezone(zone).replace(tzinfo=None)
+                limit = wall_of_best + max(span, _shift_near(zone, best))
+        if best is not None and _no_transition_near(zone, after, best):
+            break  # wall order is instant order away from transitions
+    if best is None:  # pragma: no cover - cronsim stops only after 50 years
+        raise StopIteration
+    return int(best.timestamp() * 1000)
 
 
 def _shift_near(zone: ZoneInfo, at: datetime) -> timedelta:

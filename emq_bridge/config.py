@@ -574,6 +574,8 @@ def _json(entry: Mapping[str, Any], field: str, kind: type, default: Any) -> Any
     if not isinstance(value, kind):
         wanted = "an array" if kind is list else "a table"
         raise _FieldError(field, f"must be {wanted}, got {_kind(value)}")
+    if not value:  # most entries' options, many kwargs: nothing to check
+        return value
     try:  # before json.dumps, which recurses once per level
         check_structure({field: value})  # the field is level 2 of the template
     except ScheduleError as exc:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,11 +40,11 @@ from .labels import Labels, check_labels, decode_labels, encode_labels
 from .template import (
     MAX_TEMPLATE_BYTES,
     TaskTemplate,
-    check_structure,
-    decode_template,
+    decode_frozen,
     encode_template,
     freeze,
 )
+from .template_pieces import PIECES_FIELD, join_template
 
 __all__ = [
     "DEFINITION_FIELDS",
@@ -78,6 +79,9 @@ DEFINITION_FIELDS = (
     "day_and",
     "misfire",
     "template",
+    # A template stored in pieces (template_pieces.py): their count; upsert.lua drops the
+    # pieces of the template it replaces.
+    PIECES_FIELD,
     "cadence_label",
     "overlap",
     "pause_after_failures",
@@ -138,7 +142,8 @@ class Definition:
             raise ScheduleError(f"bounds must be a Bounds, got {type(self.bounds).__name__}")
         self.bounds.check(self.cadence)
         # A frozen dataclass sets its derived fields through object.__setattr__.
-        object.__setattr__(self, "labels", freeze(check_labels(self.labels)))
+        labels = _NO_LABELS if _no_labels(self.labels) else freeze(check_labels(self.labels))
+        object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "template_json", encode_template(self.template))
         object.__setattr__(self, "digest", _digest(self.to_fields()))
         object.__setattr__(self, "cadence_digest", _cadence_digest(self.cadence, self.bounds))
@@ -169,7 +174,11 @@ class Definition:
             fields["overlap"] = self.overlap
         if self.pause_after_failures is not None:
             fields["pause_after_failures"] = str(self.pause_after_failures)
-        fields.update(self.bounds.to_fields())
+        bounds = self.bounds
+        if not (bounds.start_ms is None and bounds.end_ms is None and bounds.limit is None):
+            fields.update(bounds.to_fields())
+        elif bounds.immediately:
+            fields["immediately"] = "1"
         if self.labels:
             fields["labels"] = encode_labels(self.labels)
         return fields
@@ -198,13 +207,12 @@ class Definition:
         overlap, pause_after = policies_from_fields(fields)
         bounds = Bounds.from_fields(fields)
         bounds.check(cadence)
-        raw = fields.get("template")
-        template = decode_template(raw)
-        check_structure(template)
+        raw = join_template(fields)
+        template = decode_frozen(raw)
         definition = object.__new__(cls)
         # A frozen dataclass sets its fields through object.__setattr__.
         object.__setattr__(definition, "cadence", cadence)
-        object.__setattr__(definition, "template", freeze(template))
+        object.__setattr__(definition, "template", template)
         object.__setattr__(definition, "misfire", misfire)
         object.__setattr__(definition, "overlap", overlap)
         object.__setattr__(definition, "pause_after_failures", pause_after)
@@ -222,6 +230,12 @@ class Definition:
 
 # What a decoded record without labels holds (shared: the pump decodes every record it fires).
 _NO_LABELS = freeze({})
+
+
+def _no_labels(labels: object) -> bool:
+    """True for no labels (most definitions): nothing to check or freeze."""
+    return labels is None or labels is _NO_LABELS or (type(labels) is dict and not labels)
+
 
 Offset = float | timedelta | str | datetime
 """An interval's grid offset: a duration as `every` takes it, or a datetime on the grid."""
@@ -309,11 +323,26 @@ def policies_from_fields(fields: Mapping[str, str]) -> tuple[Overlap, int | None
 
 def _cadence_digest(cadence: Cadence, bounds: Bounds) -> str:
     """The digest of what places the slots: the cadence, and the start and end bounds."""
+    try:
+        return _cached_cadence_digest(cadence, bounds)  # type: ignore[arg-type]  # most are
+    except TypeError:  # an unhashable cadence (a custom one): computed each time
+        return _cadence_digest_of(cadence, bounds)
+
+
+def _cadence_digest_of(cadence: Cadence, bounds: Bounds) -> str:
     return _digest({**cadence.to_fields(), **bounds.when_fields()})
 
 
+# Many registrations share a cadence (a `beat_schedule` of 100,000 entries may hold a few
+# dozen): a cadence and its bounds are frozen values, so their digest is computed once.
+_cached_cadence_digest = functools.lru_cache(maxsize=4096)(_cadence_digest_of)
+# The digest's canonical JSON, as `json.dumps(..., separators=(",", ":"))` writes it (one
+# encoder, built once: `json.dumps` with options builds one per call).
+_CANONICAL = json.JSONEncoder(separators=(",", ":"))
+
+
 def _digest(fields: Mapping[str, str]) -> str:
-    canonical = json.dumps(dict(sorted(fields.items())), separators=(",", ":"))
+    canonical = _CANONICAL.encode(dict(sorted(fields.items())))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 

@@ -137,12 +137,22 @@ class HeartbeatMoves:
         """Remove `pump_id`'s heartbeat from `queues` (a pump that stops)."""
         self._heartbeat(queues, pump_id, "", 1)
 
+    def _script_calls(
+        self,
+        script: Any,
+        calls: Sequence[tuple[builtins.list[str], builtins.list[Any]]],
+        what: str,
+        names: Sequence[str],
+    ) -> builtins.list[Any]:  # pragma: no cover - Repeat's
+        raise NotImplementedError
+
     def _heartbeat(self, queues: Sequence[str], pump_id: str, body: str, ttl_ms: int) -> None:
-        # One call per queue, each on its queue's slot: a pump serves a few queues, and
-        # writes every few seconds.
-        for queue in queues:
-            with redis_errors(f"heartbeat {queue}"):
-                self.scripts.heartbeat(keys=[self.keys(queue).pumps], args=[pump_id, body, ttl_ms])
+        # One call per queue, each on its queue's slot, all in one pipeline: a pump of a
+        # thousand queues writes them in one round trip (one per master on a cluster).
+        calls = [([self.keys(q).pumps], [pump_id, body, ttl_ms]) for q in queues]
+        for reply in self._script_calls(self.scripts.heartbeat, calls, "heartbeat", queues):
+            if isinstance(reply, EmqError):
+                raise reply  # the first queue whose write failed; the others are written
 
     def pumps(self, queues: Iterable[str] | None = None) -> builtins.list[PumpInfo]:
         """Return the live pumps serving any of `queues` (default: every queue with a pump

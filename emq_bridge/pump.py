@@ -1,8 +1,9 @@
 """The pump: scan -> claim -> dispatch -> ack, in batches, on any number of processes.
 
-A tick costs one round trip per queue when nothing is due (`scan.lua`), and four per batch
-when something is (scan, read the records, claim, ack), whatever the batch size. A drain's
-batches start small (`FIRST_BATCH`) and grow to `batch_size`.
+A tick costs one round trip when nothing is due, whatever the number of queues (the first
+`scan.lua` of every queue in one pipeline), and four per batch when something is (scan,
+read the records, claim, ack), whatever the batch size. A drain's batches start small
+(`FIRST_BATCH`) and grow to `batch_size`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
-from .registry import Claim, Repeat, WakeSubscription
+from .registry import Claim, Repeat, Scan, WakeSubscription
 
 __all__ = ["Clock", "Pump", "Tick"]  # Tick lives in events; re-exported for its old path
 
@@ -53,6 +54,9 @@ RECORD_FIELDS = (
 EVICTION_CHECK_S = 60.0
 # The first batch of a drain, before batches grow to `batch_size`.
 FIRST_BATCH = 32
+# A tick's first scan of a queue serves its drain if it is at most this old (and a tenth
+# of the lease); a queue reached later, after others were drained, is scanned again.
+SCAN_FRESH_S = 0.1
 # Decoded definitions kept between ticks, keyed by their raw record fields; the cache is
 # emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
@@ -176,29 +180,52 @@ class Pump:
 
     def _tick(self, now_ms: int | None) -> tuple[Tick, dict[str, RegistryError]]:
         """Drain every queue; a queue whose move fails (a key of the wrong type, a script
-        error) is returned with its error and does not stop the others."""
+        error) is returned with its error and does not stop the others.
+
+        The first scan of every queue goes in one pipeline (`Repeat.scan_many`), so an idle
+        tick is one round trip however many queues the pump serves; only the queues with
+        something due, expired or lost are then drained, one after the other.
+        """
         if now_ms is None and self.clock is not None:
             now_ms = self.clock()
         tick = Tick()
         errors: dict[str, RegistryError] = {}
-        for queue in self.queues:
+        if self._stop.is_set():  # asked to stop: claim nothing more
+            return tick, errors
+        size = min(FIRST_BATCH, self.batch_size)
+        scanned_at = time.monotonic()
+        scans = self.repeat.scan_many(self.queues, size, now_ms)
+        # A drain takes time; a queue drained after it is scanned again, so its claim's
+        # clock and lease deadline are not that much older (a lease must outlive a send).
+        fresh_s = min(SCAN_FRESH_S, self.lease_ms / 10_000)
+        for queue, scan in zip(self.queues, scans, strict=True):
             if self._stop.is_set():  # asked to stop: claim nothing more
                 break
+            if isinstance(scan, RegistryError):
+                errors[queue] = scan
+                continue
+            # An idle queue's scan only says when to wake: no round trip more, however old.
+            fresh = _idle(scan) or time.monotonic() - scanned_at < fresh_s
             try:
-                self._drain(queue, now_ms, tick)
+                self._drain(queue, now_ms, tick, size, scan if fresh else None)
             except RegistryUnavailable:
                 raise
             except RegistryError as exc:
                 errors[queue] = exc
         return tick, errors
 
-    def _drain(self, queue: str, now_ms: int | None, tick: Tick) -> None:
-        # Slow start: a burst's first batch is small, so its first message leaves within
-        # milliseconds; the batches then grow to `batch_size`, where the throughput is.
-        size = min(FIRST_BATCH, self.batch_size)
+    def _drain(
+        self, queue: str, now_ms: int | None, tick: Tick, size: int, scan: Scan | None
+    ) -> None:
+        """Fire batches of `queue` until one is not full, starting from `scan` if given.
+
+        Slow start: a burst's first batch is small (`size`), so its first message leaves
+        within milliseconds; the batches then grow to `batch_size`, where the throughput is.
+        """
         while True:
-            scan = self.repeat.scan(queue, size, now_ms)
-            tick.now_ms = scan.now_ms
+            if scan is None:
+                scan = self.repeat.scan(queue, size, now_ms)
+            tick.now_ms = max(tick.now_ms, scan.now_ms)
             if scan.lost:
                 self._mark_lost(queue, scan.lost)
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
@@ -214,6 +241,7 @@ class Pump:
                 tick.wake_at(scan.earliest_running_ms)  # so a silent worker is lost on time
                 return
             size = min(size * 4, self.batch_size)
+            scan = None
 
     def _mark_lost(self, queue: str, members: list[str]) -> None:
         marked = self.repeat.mark_lost(
@@ -801,6 +829,11 @@ class Pump:
         read_at = self._policy_read_at
         if read_at is None or time.monotonic() - read_at >= self.eviction_check_s:
             self.check_eviction_policy()
+
+
+def _idle(scan: Scan) -> bool:
+    """Whether a scan found nothing to do: nothing due, no expired lease, nothing lost."""
+    return not (scan.due or scan.expired or scan.lost)
 
 
 def _last_runs(

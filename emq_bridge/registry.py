@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -23,8 +24,8 @@ import redis.cluster
 from .backfill import BackfillMoves
 from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
 from .cadence import NEVER_MS, Anchor, Misfire, advance
-from .definition import DEFINITION_FIELDS, Definition, Offset, Overlap, define
-from .errors import ConfigError, RegistryError, ScheduleError
+from .definition import DEFINITION_FIELDS, Declaration, Definition, Offset, Overlap, define
+from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
 from .heartbeat import HeartbeatMoves
 from .keys import (
     DEFAULT_PREFIX,
@@ -39,6 +40,7 @@ from .outcome import HISTORY_SIZE
 from .overlap import overlapped_calls
 from .replies import redis_errors, text
 from .scripts import Scripts
+from .template_pieces import split_template
 from .urls import client_from_url
 
 __all__ = [
@@ -185,6 +187,42 @@ class Claim:
     skipped: list[int] = field(default_factory=list)
     buffered: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
+
+
+def _scan_reply(reply: Any) -> Scan:
+    """Decode a `scan.lua` reply: the JSON text of one array."""
+    now, due, expired, first, first_lease, lost, first_running = json.loads(text(reply))
+    pairs = [(due[i], _due_ms(due[i + 1])) for i in range(0, len(due), 2)]
+    return Scan(
+        int(now),
+        pairs,
+        expired,
+        _score(first),
+        _score(first_lease),
+        lost,
+        _score(first_running),
+    )
+
+
+def _call_or_error(script: Any, keys: list[str], args: list[Any], action: str) -> Any:
+    """Run one script call; its `RegistryError` is returned, `RegistryUnavailable` raised."""
+    try:
+        with redis_errors(action):
+            return script(keys=keys, args=args)
+    except RegistryUnavailable:
+        raise
+    except RegistryError as exc:
+        return exc
+
+
+def _registry_error(error: Exception, action: str) -> RegistryError:
+    """Return what `redis_errors` raises for `error`, a pipeline's error reply."""
+    try:
+        with redis_errors(action):
+            raise error
+    except RegistryError as mapped:  # RegistryUnavailable is one
+        return mapped
+    raise AssertionError("unreachable: redis_errors maps every RedisError")  # pragma: no cover
 
 
 def _score(value: Any) -> int | None:
@@ -517,14 +555,46 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
         `queues` adds queues to check and raise without items (what `sync` does first, so
         that what it reads next can no longer be changed by an older generation).
         """
+        for queue, name, _ in items:
+            validate_name(queue, "queue")
+            validate_name(name, "registration name")
+        return self._upsert(items, source, now_ms, generation, queues, seeds, declared=False)
+
+    def upsert_declared(
+        self,
+        declarations: Sequence[Declaration],
+        *,
+        source: str | None = None,
+        generation: int | None = None,
+        queues: Sequence[str] = (),
+    ) -> list[Upserted]:
+        """Upsert declarations as `upsert_many` does their `(queue, name, definition)`.
+
+        A `Declaration` checked its names and seeded its definition with its name when it
+        was built, so a sync of many does neither again.
+        """
+        items = [(d.queue, d.name, d.definition) for d in declarations]
+        return self._upsert(items, source, None, generation, queues, (), declared=True)
+
+    def _upsert(
+        self,
+        items: Sequence[tuple[str, str, Definition]],
+        source: str | None,
+        now_ms: int | None,
+        generation: int | None,
+        queues: Sequence[str],
+        seeds: Sequence[Seed | None],
+        *,
+        declared: bool,
+    ) -> list[Upserted]:
+        """`upsert_many` of items whose names are valid (`declared`: and whose definitions
+        are seeded with them)."""
         if source is not None:
             validate_name(source, "source")
         gen = generation_arg(generation, source)
         by_queue: dict[str, list[int]] = {}
-        for index, (queue, name, _) in enumerate(items):
-            validate_name(queue, "queue")
-            validate_name(name, "registration name")
-            by_queue.setdefault(queue, []).append(index)
+        for index, item in enumerate(items):
+            by_queue.setdefault(item[0], []).append(index)
         now = self._now(now_ms)
         results: list[Upserted | None] = [None] * len(items)
         chunks = [
@@ -541,18 +611,24 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
                 keys = self.keys(queue)
                 payload = [
                     self._upsert_item(
-                        items[i][1], items[i][2], source, now, seeds[i] if seeds else None
+                        items[i][1],
+                        items[i][2] if declared else items[i][2].for_name(items[i][1]),
+                        source,
+                        now,
+                        seeds[i] if seeds else None,
                     )
                     for i in chunk
                 ]
+                shapes = _share_stale(payload)
                 yield (
                     [keys.registry, keys.generations, *(keys.record(items[i][1]) for i in chunk)],
                     [
                         keys.wake_channel,
                         now,
-                        json.dumps(payload, ensure_ascii=False),
+                        _PAYLOAD.encode(payload),
                         source or "",
                         gen,
+                        _PAYLOAD.encode(shapes),
                     ],
                 )
 
@@ -576,13 +652,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
     def _upsert_item(
         self, name: str, definition: Definition, source: str | None, now: int, seed: Seed | None
     ) -> list[Any]:
-        """Return one item of `upsert.lua`'s ARGV[3]."""
-        definition = definition.for_name(name)  # the seed of a cron's H and of jitter
+        """Return one item of `upsert.lua`'s ARGV[3], for a `definition` seeded with `name`
+        (`Definition.for_name`: the seed of a cron's H and of jitter)."""
         fields = self._record_fields(definition, now, source)
         del fields["created_ms"]  # upsert.lua sets it on create only
-        stale = [f for f in DEFINITION_FIELDS if f not in fields]
-        if source is None:
-            stale.append("source")
         # An update keeps the cadence's grid and does not fire `immediately` again.
         first_run = definition.first_run(now, created=False) if seed is None else seed.first_run_ms
         item = [
@@ -591,18 +664,22 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
             definition.cadence_digest,
             str(first_run),
             _flatten(fields),
-            stale,
+            _stale_fields(fields, source),
             [] if seed is None else _flatten(seed.fields()),
         ]
-        created_run = definition.first_run(now) if seed is None else first_run
-        if created_run != first_run:
-            item.append(str(created_run))
+        if seed is None and definition.bounds.immediately:  # else created the same way
+            created_run = definition.first_run(now)
+            if created_run != first_run:
+                item.append(str(created_run))
         return item
 
     def _record_fields(
         self, definition: Definition, now_ms: int, source: str | None
     ) -> dict[str, str]:
         fields = definition.to_fields()
+        # Stored in pieces of at most 64 bytes, so the record stays a listpack; the digest
+        # is of the whole template (template_pieces.py).
+        fields.update(split_template(fields["template"]))
         fields["digest"] = record_digest(definition, source)
         fields["cadence_digest"] = definition.cadence_digest
         fields["created_ms"] = str(now_ms)
@@ -914,15 +991,30 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
     def digests(self, queue: str) -> dict[str, tuple[str | None, str | None]]:
         """Return `{name: (stored digest, owner)}` for every registration of `queue`.
 
-        One round trip for the names, then one per `FETCH_CHUNK` records, and no decoding:
+        One round trip for the names, then one fetch per `FETCH_CHUNK` records, each sent
+        before the reply of the one before is read (`overlapped_calls`), and no decoding:
         what a sync needs to tell unchanged from changed.
         """
         names = self.names(queue)
+        if not names:
+            return {}
+        keys = self.keys(queue)
+        chunks = [names[start : start + FETCH_CHUNK] for start in range(0, len(names), FETCH_CHUNK)]
+        calls = (([keys.record(n) for n in chunk], ["digest", "source"]) for chunk in chunks)
         found: dict[str, tuple[str | None, str | None]] = {}
-        for start in range(0, len(names), FETCH_CHUNK):
-            chunk = names[start : start + FETCH_CHUNK]
-            for name, fields in self.load_records(queue, chunk, ("digest", "source")).items():
-                found[name] = (fields.get("digest"), fields.get("source"))
+        with redis_errors(f"load {queue}"):
+            replies = overlapped_calls(self.client, self.scripts.fetch, calls)
+            for chunk, reply in zip(chunks, replies, strict=True):
+                # A missing record, or a key that is not a hash, has neither (as `load_records`).
+                for name, row in zip(chunk, json.loads(text(reply)), strict=True):
+                    if isinstance(row, list) and row:
+                        digest, owner = (*row, None)[:2]
+                        found[name] = (
+                            digest if isinstance(digest, str) else None,
+                            owner if isinstance(owner, str) else None,
+                        )
+                    else:
+                        found[name] = (None, None)
         return found
 
     def queues(self) -> builtins.list[str]:
@@ -969,21 +1061,107 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
         """Return what is due in `queue` at `now_ms` (default: the server's clock). No writes."""
         keys = self.keys(queue)
         with redis_errors(f"scan {queue}"):
-            now, due, expired, first, first_lease, lost, first_running = self.scripts.scan(
+            reply = self.scripts.scan(
                 keys=[keys.registry, keys.leases, keys.running],
                 args=["" if now_ms is None else now_ms, batch],
             )
-        due, expired = json.loads(text(due)), json.loads(text(expired))
-        pairs = [(due[i], _due_ms(due[i + 1])) for i in range(0, len(due), 2)]
-        return Scan(
-            int(text(now)),
-            pairs,
-            expired,
-            _score(first),
-            _score(first_lease),
-            json.loads(text(lost)),
-            _score(first_running),
-        )
+        return _scan_reply(reply)
+
+    def scan_many(
+        self, queues: Sequence[str], batch: int, now_ms: int | None = None
+    ) -> builtins.list[Scan | RegistryError]:
+        """Scan each of `queues` as `scan` does, all in one pipeline; one result per queue.
+
+        One round trip whatever the number of queues (see `_script_calls`). A queue whose
+        scan fails (a key of the wrong type) gets its `RegistryError` in place of its
+        `Scan`, and the others are still scanned. Raises `RegistryUnavailable` when Redis
+        cannot be reached.
+        """
+        calls = [
+            ([k.registry, k.leases, k.running], ["" if now_ms is None else now_ms, batch])
+            for k in map(self.keys, queues)
+        ]
+        replies = self._script_calls(self.scripts.scan, calls, "scan", queues)
+        return [r if isinstance(r, RegistryError) else _scan_reply(r) for r in replies]
+
+    def _script_calls(
+        self,
+        script: Any,
+        calls: Sequence[tuple[builtins.list[str], builtins.list[Any]]],
+        what: str,
+        names: Sequence[str],
+    ) -> builtins.list[Any]:
+        """Run the registered `script` once per `(keys, args)` call, all in one pipeline.
+
+        Returns each call's reply, or the `RegistryError` it failed with (told as "<what>
+        <name>", `names` holding one name per call, e.g. its queue), in order: one failing
+        call does not stop the others. Raises `RegistryUnavailable` when Redis cannot be
+        reached. One round trip; on a Redis Cluster, one per master holding any of the
+        keys, all sent before any reply is read.
+        A server that lost the script (a restart, a promoted replica) costs two more, once:
+        EVALSHA is sent without the pipeline's SCRIPT EXISTS, which would cost a round trip
+        every time. On a cluster whose pipeline meets a node that is gone, the calls are run
+        one by one instead: a cluster pipeline retries at once, without backoff, while a
+        single command backs off and follows the new slot table, so a failover is ridden
+        out in one call rather than in a caller's outage and its backoff.
+        """
+        actions = [f"{what} {name}" for name in names]
+        try:
+            replies = self._pipelined(script, calls, what)
+        except RegistryUnavailable:
+            if not self.cluster:
+                raise
+            return [
+                _call_or_error(script, keys, args, action)
+                for (keys, args), action in zip(calls, actions, strict=True)
+            ]
+        lost = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+        if lost:
+            with redis_errors(f"{what}: SCRIPT LOAD"):
+                script.sha = self.client.script_load(script.script)
+            again = self._pipelined(script, [calls[i] for i in lost], what)
+            for i, reply in zip(lost, again, strict=True):
+                replies[i] = reply
+        return [
+            _registry_error(reply, action) if isinstance(reply, Exception) else reply
+            for reply, action in zip(replies, actions, strict=True)
+        ]
+
+    def _route(self, key: str) -> dict[str, Any]:
+        """Return the options that send a pipelined script call on `key` to its master.
+
+        A cluster pipeline left to find a script's keys itself asks a node (`COMMAND
+        GETKEYS`) for each call, one more round trip a call; the client's slot table knows
+        the node. After a failover redis-py refreshes that table and retries the calls that
+        failed. Empty outside a cluster, or for a slot the table does not cover.
+        """
+        if not self.cluster:
+            return {}
+        try:
+            return {"target_nodes": self.client.get_node_from_key(key)}
+        except redis.exceptions.SlotNotCoveredError:
+            return {}
+
+    def _pipelined(
+        self, script: Any, calls: Sequence[tuple[builtins.list[str], builtins.list[Any]]], what: str
+    ) -> builtins.list[Any]:
+        """Run `script` once per `(keys, args)` in one pipeline; replies and errors in order.
+
+        An error reply stands in its call's place; a connection that fails raises
+        `RegistryUnavailable` (a cluster pipeline hands such failures back as replies too).
+        """
+        with redis_errors(what):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                # Not `pipe.evalsha`: a cluster pipeline blocks that method, not the command.
+                pipe.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, *args, **self._route(keys[0])
+                )
+            replies: builtins.list[Any] = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+                raise _registry_error(reply, what)
+        return replies
 
     def load_records(
         self, queue: str, names: Sequence[str], fields: Sequence[str] = DEFINITION_FIELDS
@@ -1222,7 +1400,44 @@ def _pause_text(value: str | None, what: str) -> str:
 
 
 def _flatten(fields: Mapping[str, str]) -> list[str]:
-    return [item for pair in fields.items() for item in pair]
+    return list(itertools.chain.from_iterable(fields.items()))
+
+
+# The definition fields an upsert deletes, per set of fields written (a handful of shapes
+# for any number of records: computed once each).
+_STALE: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
+_MAX_STALE_SHAPES = 4096
+# upsert.lua's items, one JSON argument (one encoder, built once).
+_PAYLOAD = json.JSONEncoder(ensure_ascii=False)
+
+
+def _share_stale(payload: list[list[Any]]) -> list[list[str]]:
+    """Replace each item's list of fields to delete by its index (from 1) in the list of
+    distinct ones returned: upsert.lua's ARGV[6], so a chunk sends each list once."""
+    shapes: list[list[str]] = []
+    index_of: dict[int, int] = {}  # id of a list (all alive in `shapes`) -> its index
+    for item in payload:
+        stale = item[5]
+        index = index_of.get(id(stale))
+        if index is None:
+            shapes.append(stale)
+            index = index_of[id(stale)] = len(shapes)
+        item[5] = index
+    return shapes
+
+
+def _stale_fields(fields: Mapping[str, str], source: str | None) -> list[str]:
+    """Return the definition fields (and the owner, without `source`) a record written with
+    `fields` must not keep."""
+    key = (source is None, tuple(fields))
+    stale = _STALE.get(key)
+    if stale is None:
+        stale = [f for f in DEFINITION_FIELDS if f not in fields]
+        if source is None:
+            stale.append("source")
+        if len(_STALE) < _MAX_STALE_SHAPES:
+            _STALE[key] = stale
+    return stale
 
 
 def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:

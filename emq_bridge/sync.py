@@ -158,7 +158,7 @@ def sync(
     old: dict[tuple[str, str], dict[str, str]] = {}
     try:
         if generation is not None:
-            repeat.upsert_many([], source=source, generation=generation, queues=queues)
+            repeat.upsert_declared([], source=source, generation=generation, queues=queues)
         plan = _plan(repeat, wanted, source, queues, prune)
         old = _old_records(repeat, [*((d.queue, d.name) for d in plan.update), *plan.remove])
         _apply(repeat, plan, applied)
@@ -189,9 +189,7 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
     # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
     # planned as `create` may come back `unchanged` when another sync got there first.
     todo = [*plan.create, *plan.update]
-    results = repeat.upsert_many(
-        [(d.queue, d.name, d.definition) for d in todo], source=source, generation=generation
-    )
+    results = repeat.upsert_declared(todo, source=source, generation=generation)
     for declaration, result in zip(todo, results, strict=True):
         buckets[result].append(declaration)
     for queue, name in plan.remove:
@@ -279,8 +277,10 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
         removed = old.get((queue, name))
         was = f"  (was {_described(removed)})" if removed else ""
         log.warning("sync %s: - %s/%s%s", source, queue, name, was)
-    for d in applied.create:
-        log.info("sync %s: + %s/%s  %s", source, d.queue, d.name, d.definition.cadence.describe())
+    if log.isEnabledFor(logging.INFO):  # a boot sync may create a million: describe none
+        for d in applied.create:
+            described = d.definition.cadence.describe()
+            log.info("sync %s: + %s/%s  %s", source, d.queue, d.name, described)
     if log.isEnabledFor(logging.DEBUG):
         for d in applied.unchanged:
             log.debug("sync %s: = %s/%s", source, d.queue, d.name)

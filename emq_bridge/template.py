@@ -24,6 +24,7 @@ __all__ = [
     "FrozenList",
     "TaskTemplate",
     "check_structure",
+    "decode_frozen",
     "decode_template",
     "encode_template",
     "freeze",
@@ -35,6 +36,11 @@ MAX_TEMPLATE_BYTES = 64 * 1024
 # Objects and arrays nested at most this deep, the template itself counting as 1: deep
 # enough for any task's arguments, far from what a JSON codec or a stack could choke on.
 MAX_TEMPLATE_DEPTH = 32
+# The one canonical encoding of a template (built once: `json.dumps` with options builds an
+# encoder per call, a cost a sync of many schedules pays per schedule).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+)
 
 
 def encode_template(template: object) -> str:
@@ -48,37 +54,25 @@ def encode_template(template: object) -> str:
             f"template must be a JSON object (a dict), got {type(template).__name__}"
         )
     try:
-        text = json.dumps(
-            template, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
-        )
+        text = _CANONICAL.encode(template)
     except (TypeError, ValueError) as exc:
         raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
     except RecursionError as exc:
         raise ScheduleError(
             f"template is nested more than {MAX_TEMPLATE_DEPTH} levels deep"
         ) from exc
-    size = len(text.encode("utf-8", "surrogatepass"))
+    try:
+        encoded: bytes | None = text.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = None  # refused below, once the size and the structure are checked
+    size = len(encoded if encoded is not None else text.encode("utf-8", "surrogatepass"))
     if size > MAX_TEMPLATE_BYTES:
         raise ScheduleError(f"template is {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES}")
-    # After dumps (which refuses cycles) and the size check (which bounds this walk).
+    # After the encoding (which refuses cycles) and the size check (which bounds this walk).
     check_structure(template)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ScheduleError("template holds a string that is not valid UTF-8") from exc
+    if encoded is None:
+        raise ScheduleError("template holds a string that is not valid UTF-8")
     return text
-
-
-def _walk(value: Any) -> Iterator[tuple[Any, int]]:
-    """Yield every value inside `value` with its depth (containers nested around it)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        yield item, depth
-        if isinstance(item, Mapping):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend((child, depth + 1) for child in item)
 
 
 def check_structure(template: Mapping[Any, Any]) -> None:
@@ -87,13 +81,30 @@ def check_structure(template: Mapping[Any, Any]) -> None:
     `json.dumps` would turn `{1: ...}` into `{"1": ...}`: the task would get other kwargs
     than the ones registered.
     """
-    for value, depth in _walk(template):
-        if isinstance(value, Mapping | list | tuple) and depth > MAX_TEMPLATE_DEPTH:
+    # Depth first, visiting containers only: a scalar can break neither rule, and most of a
+    # template's values are scalars.
+    stack: list[tuple[Any, int]] = [(template, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_TEMPLATE_DEPTH:
             raise ScheduleError(f"template is nested more than {MAX_TEMPLATE_DEPTH} levels deep")
-        if isinstance(value, Mapping):
-            for key in value:
-                if not isinstance(key, str):
+        if isinstance(item, Mapping):
+            for key in item:
+                if type(key) is not str and not isinstance(key, str):
                     raise ScheduleError(f"template keys must be strings, got {key!r}")
+            children: Any = item.values()
+        else:
+            children = item
+        for child in children:
+            if type(child) not in _SCALARS and isinstance(child, Mapping | list | tuple):
+                stack.append((child, depth + 1))
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _is_sequence(value: object) -> bool:
+    return type(value) is tuple or isinstance(value, Sequence)
 
 
 def _finite(value: Any) -> Any:
@@ -112,6 +123,33 @@ def decode_template(raw: str | None) -> dict[str, Any]:
     if not isinstance(template, dict):
         raise ScheduleError(f"record template is a JSON {type(template).__name__}, not an object")
     return template
+
+
+def decode_frozen(raw: str | None) -> FrozenDict:
+    """Decode a record's template straight into read-only containers; raise `ScheduleError`
+    on anything but a JSON object nested at most `MAX_TEMPLATE_DEPTH` deep.
+
+    What the pump runs for every registration it fires: one pass over the decoded JSON
+    (its keys are strings by construction, so only the depth is checked), recursing at most
+    `MAX_TEMPLATE_DEPTH` levels; a deeper record is refused at that level.
+    """
+    frozen: FrozenDict = _frozen_json(decode_template(raw), 1)
+    return frozen
+
+
+def _frozen_json(value: Any, depth: int) -> Any:
+    if depth > MAX_TEMPLATE_DEPTH:
+        raise ScheduleError(f"template is nested more than {MAX_TEMPLATE_DEPTH} levels deep")
+    if type(value) is dict:
+        return FrozenDict(
+            {
+                key: item if type(item) in _SCALARS else _frozen_json(item, depth + 1)
+                for key, item in value.items()
+            }
+        )
+    return FrozenList(
+        [item if type(item) in _SCALARS else _frozen_json(item, depth + 1) for item in value]
+    )
 
 
 class FrozenDict(dict[str, Any]):
@@ -219,10 +257,11 @@ class TaskTemplate:
                 f"template 'task' must be a non-empty string (the task or actor name), "
                 f"got {self.task!r}"
             )
-        if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):
-            raise ScheduleError(f"args must be a list or tuple, got {type(self.args).__name__}")
+        args = self.args
+        if type(args) is not list and (isinstance(args, str | bytes) or not _is_sequence(args)):
+            raise ScheduleError(f"args must be a list or tuple, got {type(args).__name__}")
         for what, value in (("kwargs", self.kwargs), ("options", self.options)):
-            if not isinstance(value, Mapping):
+            if type(value) is not dict and not isinstance(value, Mapping):
                 raise ScheduleError(f"{what} must be a dict, got {type(value).__name__}")
 
     def to_dict(self) -> dict[str, Any]:

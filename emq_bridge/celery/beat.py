@@ -66,6 +66,10 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
 
     #: Seconds between registry checks at most, so runtime changes are picked up quickly.
     max_interval = 5
+    #: celery-redbeat's `beat_init` receiver, connected whenever `redbeat.schedulers` is
+    #: imported (sentry-sdk's Celery integration imports it), takes its beat lock unless the
+    #: scheduler has no `lock_key`: this one has none, and needs no lock.
+    lock_key = None
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.pump: Pump | None = None

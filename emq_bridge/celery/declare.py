@@ -35,6 +35,7 @@ from ..sync import SyncPlan, sync
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
+    Entries,
     convert_entry,
     json_options,
     resolve_queue,
@@ -208,7 +209,8 @@ def _decorated(app: Celery) -> list[Declaration]:
         label = f"@recurring on {task.name}"
         try:
             options = json_options(schedule.options or {}, label)
-            bound = replace(schedule, options=options)
+            # `replace` checks the schedule again (a `define`): only when an option changed.
+            bound = schedule if options == schedule.options else replace(schedule, options=options)
             queue = resolve_queue(app, task.name, options, schedule.args, schedule.kwargs)
             zone = zone_name(app.timezone) if schedule.cron is not None else None
             found.append(bound.bind(task.name, queue, default_tz=zone))
@@ -264,8 +266,9 @@ def app_schedule(app: Celery) -> AppSchedule:
     check = bool(_setting(app, "emq_bridge_check_tasks", True))
     declarations: list[Declaration] = []
     custom: dict[tuple[str, str], CelerySchedule] = {}
+    context = Entries(app, check)  # the conf, tasks and routing, read once for all entries
     for key, raw in _beat_entries(app).items():
-        declaration, live = convert_entry(app, key, raw, check_task=check)
+        declaration, live = convert_entry(app, key, raw, context=context)
         declarations.append(declaration)
         if live is not None:
             custom[(declaration.queue, declaration.name)] = live

@@ -19,7 +19,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ __all__ = [
     "PLACEHOLDER",
     "PLACEHOLDER_EVERY_MS",
     "CelerySchedule",
+    "Entries",
     "convert_entry",
     "convert_schedule",
     "crontab_expr",
@@ -336,6 +337,48 @@ def resolve_queue(
     return str(name or app.conf.task_default_queue)
 
 
+@dataclass(slots=True)
+class Entries:
+    """What converting many entries of one app reads once: its settings, its tasks, and
+    the queues its routing gave (when no `task_routes` can route on the arguments).
+
+    `app_schedule` builds one per conversion of the `beat_schedule`, so the conf is read as
+    it stands then; a lone `convert_entry` builds its own.
+    """
+
+    app: Celery
+    check_task: bool = True
+    tasks: Mapping[str, Any] = field(init=False)
+    deadline: Any = field(init=False)
+    # (task, the `queue` option) -> queue; None when a `task_routes` route may see the
+    # arguments, so that each entry is routed on its own.
+    queues: dict[tuple[str, Any], str] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tasks = self.app.tasks
+        self.deadline = self.app.conf.get("beat_cron_starting_deadline")
+        self.queues = None if self.app.amqp.router.routes else {}
+
+    def queue(self, task: str, options: Mapping[str, Any], args: Any, kwargs: Any) -> str:
+        """Return `resolve_queue(...)` for the app, once per task and `queue` option when
+        the routing depends on nothing else."""
+        wanted = options.get("queue")
+        if self.queues is None or not isinstance(wanted, str | None):
+            return resolve_queue(self.app, task, options, args, kwargs)
+        key = (task, wanted if "queue" in options else _NO_QUEUE)
+        found = self.queues.get(key)
+        if found is None:
+            found = self.queues[key] = resolve_queue(self.app, task, options, args, kwargs)
+        return found
+
+
+_NO_BOUNDS = Bounds()  # frozen: one for every entry without bounds keys
+_NO_QUEUE = object()  # an entry without a `queue` option (not one whose `queue` is None)
+# Any `last_run_at`: the entry's own is Celery's beat state, which the registry does not
+# take, and `ScheduleEntry` reads the clock (through the app's time zone) when none is given.
+_NEVER_RAN = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
 def _lazy_free(values: Iterable[Any], label: str) -> None:
     for value in values:
         if isinstance(value, BeatLazyFunc):
@@ -356,6 +399,8 @@ def _policies(raw: Mapping[str, Any], label: str) -> tuple[Overlap, int | None]:
 
 def _when(cadence: Cadence, when: Mapping[str, Any]) -> tuple[Cadence, Bounds]:
     """Apply an entry's bounds keys (`WHEN_KEYS`) to its cadence; `ScheduleError` if bad."""
+    if not when:  # most entries
+        return cadence, _NO_BOUNDS
     if "offset" in when:
         if not isinstance(cadence, Every):
             raise ScheduleError("offset applies to interval schedules only")
@@ -376,7 +421,7 @@ def _when(cadence: Cadence, when: Mapping[str, Any]) -> tuple[Cadence, Bounds]:
 
 
 def _misfire(
-    app: Celery, raw: Mapping[str, Any], cadence: Cadence, label: str
+    deadline: Any, raw: Mapping[str, Any], cadence: Cadence, label: str
 ) -> tuple[Misfire, int | None, int | None]:
     """Return the entry's misfire policy, catch-up window (ms) and `all`'s bound.
 
@@ -387,7 +432,6 @@ def _misfire(
     misfire = raw.get("misfire", "coalesce")
     try:
         window = catchup_window_ms(raw.get("catchup_window"))
-        deadline = app.conf.get("beat_cron_starting_deadline")
         if window is None and deadline is not None and isinstance(cadence, Cron):
             window = catchup_window_ms(deadline)
         check_misfire(misfire, window, raw.get("catchup_max"))
@@ -397,9 +441,12 @@ def _misfire(
 
 
 def convert_entry(
-    app: Celery, key: str, raw: Any, *, check_task: bool = True
+    app: Celery, key: str, raw: Any, *, check_task: bool = True, context: Entries | None = None
 ) -> tuple[Declaration, CelerySchedule | None]:
     """Return the declaration of one `beat_schedule` entry; raise `ConfigError` if it is bad.
+
+    `context` (an `Entries`) carries what many conversions of one app share; given, its
+    `check_task` is the one that applies.
 
     Besides Celery's keys, a dict entry may hold emq-bridge's `overlap` ("allow", "skip",
     "buffer_one", "replace"), `pause_after_failures` (a whole number, or None), `misfire`,
@@ -408,6 +455,7 @@ def convert_entry(
     `immediately` (`WHEN_KEYS`); `at` (an aware datetime or a list) instead of `schedule` is
     a one-off; `labels` (a dict of str -> str) tags the registration.
     """
+    ctx = context if context is not None else Entries(app, check_task)
     label = f"beat_schedule[{key!r}]"
     overlap: Overlap = "allow"
     pause_after_failures: int | None = None
@@ -415,7 +463,7 @@ def convert_entry(
     labels: Any = None
     if isinstance(raw, ScheduleEntry):
         entry = raw
-    elif isinstance(raw, Mapping):
+    elif type(raw) is dict or isinstance(raw, Mapping):
         if "schedule" in raw:  # maybe_schedule fails on a string with an AttributeError
             _check_schedule_value(raw["schedule"], label)
         overlap, pause_after_failures = _policies(raw, label)
@@ -426,6 +474,7 @@ def convert_entry(
         ignored = (*POLICY_KEYS, *WHEN_KEYS, AT_KEY, LABELS_KEY)
         celery_keys = {k: v for k, v in raw.items() if k not in ignored}
         try:
+            celery_keys.setdefault("last_run_at", _NEVER_RAN)
             entry = ScheduleEntry(**dict(celery_keys, name=key, app=app))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{label}: Celery rejects this entry: {exc}") from exc
@@ -434,7 +483,7 @@ def convert_entry(
     task = entry.task
     if not isinstance(task, str) or not task:
         raise ConfigError(f"{label} has no 'task' (the name of the task to send)")
-    if check_task and task not in app.tasks:
+    if ctx.check_task and task not in ctx.tasks:
         raise ConfigError(
             f"{label}: unknown task {task!r}; import the module that defines it "
             "(app.conf.imports / include / autodiscover_tasks), or set "
@@ -451,7 +500,8 @@ def convert_entry(
             raise ConfigError(f"{label}: {exc}") from exc
     else:
         cadence = convert_schedule(entry.schedule, app, label)
-    misfire, window, most = _misfire(app, raw if isinstance(raw, Mapping) else {}, cadence, label)
+    policies = raw if isinstance(raw, Mapping) else {}
+    misfire, window, most = _misfire(ctx.deadline, policies, cadence, label)
     custom = cadence if isinstance(cadence, CelerySchedule) else None
     try:
         template = TaskTemplate(task, args, kwargs, options).to_dict()
@@ -469,7 +519,7 @@ def convert_entry(
             catchup_max=most,
             labels=labels if labels is not None else {},
         )
-        queue = resolve_queue(app, task, options, args, kwargs)
+        queue = ctx.queue(task, options, args, kwargs)
         declaration = Declaration(queue, registry_name(key), definition)
     except EmqError as exc:
         raise ConfigError(f"{label}: {exc}") from exc

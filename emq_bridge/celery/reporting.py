@@ -146,23 +146,31 @@ def reporter_for(app: Celery) -> Reporter | None:
 def occurrence_of(request: Any, app: Celery) -> dict[str, Any] | None:
     """Return the occurrence a task request serves, as `lifecycle.report_of` reads it, or
     None for a task emq-bridge did not send. ValueError if its headers are garbled."""
-    due = header(request, DUE_HEADER)
-    schedule = header(request, SCHEDULE_HEADER)
+    # Protocol 2 makes a message's headers attributes of the request (its __dict__); an
+    # eager `apply(headers=...)` keeps them in `request.headers` (`header` reads both).
+    # Read the attributes at once: this runs before every task of a worker.
+    fields = getattr(request, "__dict__", None)
+    if fields is None or DUE_HEADER not in fields:
+        get: Any = lambda name: header(request, name)  # noqa: E731 - the rare, slow path
+    else:
+        get = fields.get
+    due = get(DUE_HEADER)
+    schedule = get(SCHEDULE_HEADER)
     ident = getattr(request, "id", None)
     if due is None or schedule is None or not ident:
         return None
     if not isinstance(schedule, str):
         raise ValueError(f"its {SCHEDULE_HEADER} header is not a string: {schedule!r}")
     due_ms = int(due)
-    triggered = bool(header(request, TRIGGERED_HEADER))
+    triggered = bool(get(TRIGGERED_HEADER))
     queue, name = _split_schedule(app, schedule, str(ident), due_ms, triggered)
     return {
         "id": str(ident),
         "queue": queue,
         "name": name,
         "due_ms": due_ms,
-        "released_ms": header(request, RELEASED_HEADER),
-        "redelivered": bool(header(request, REDELIVERED_HEADER)),
+        "released_ms": get(RELEASED_HEADER),
+        "redelivered": bool(get(REDELIVERED_HEADER)),
         "triggered": triggered,
     }
 
@@ -172,16 +180,16 @@ def _split_schedule(
 ) -> tuple[str, str]:
     """Cut `"<queue>/<name>"`. Both may hold '/': then the cut whose occurrence id is the
     task id is the one (else the first '/')."""
-    cuts = [index for index, char in enumerate(schedule) if char == "/"]
-    if not cuts:
+    first = schedule.find("/")
+    if first < 0:
         raise ValueError(f"its {SCHEDULE_HEADER} header is not '<queue>/<name>': {schedule!r}")
-    if len(cuts) > 1:
+    if schedule.find("/", first + 1) >= 0:
         prefix = registry_prefix(app)
-        for cut in cuts:
+        for cut in (index for index, char in enumerate(schedule) if char == "/"):
             queue, name = schedule[:cut], schedule[cut + 1 :]
             if occurrence_id(prefix, queue, name, due_ms, triggered=triggered) == ident:
                 return queue, name
-    return schedule[: cuts[0]], schedule[cuts[0] + 1 :]
+    return schedule[:first], schedule[first + 1 :]
 
 
 # The `started` report of a task being run, and its reporter, kept on the task's request

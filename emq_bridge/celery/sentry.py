@@ -22,8 +22,9 @@ with `monitor_beat_tasks=True` (read again for each occurrence, as sentry-sdk's 
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
@@ -52,6 +53,11 @@ _UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60))
 
 def _celery_integration() -> Any:
     """Return sentry-sdk's active Celery integration, else None."""
+    if "sentry_sdk.integrations.celery" not in sys.modules:
+        # Not loaded, so not active. Importing it would import celery-redbeat where it is
+        # installed (sentry-sdk patches it), whose `beat_init` receiver assumes its own
+        # scheduler.
+        return None
     try:
         import sentry_sdk
         from sentry_sdk.integrations.celery import CeleryIntegration
@@ -118,12 +124,31 @@ class BeatMonitors:
     entry's key, as Celery's beat names the monitor, and its schedule object.
     """
 
-    def __init__(self, app: Celery, entries: Mapping[tuple[str, str], tuple[str, Any]]) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        entries: Mapping[tuple[str, str], tuple[str, Any]]
+        | Callable[[], Mapping[tuple[str, str], tuple[str, Any]]],
+    ) -> None:
         self.app = app
-        self.entries = dict(entries)
+        # A callable is read at the first monitored beat: a beat whose process never turns
+        # monitoring on (most, even with sentry-sdk installed) converts its schedule once,
+        # for its sync, not twice.
+        self._entries: dict[tuple[str, str], tuple[str, Any]] | None = (
+            None if callable(entries) else dict(entries)
+        )
+        self._load = entries if callable(entries) else None
         # Each entry's monitor config, built at its first beat: an entry Sentry Crons cannot
         # monitor is logged once, not at every beat (sentry-sdk logs it only with debug on).
         self._configs: dict[tuple[str, str], dict[str, Any]] = {}
+
+    @property
+    def entries(self) -> dict[tuple[str, str], tuple[str, Any]]:
+        """(queue, registration name) -> (monitor slug, Celery schedule)."""
+        if self._entries is None:
+            assert self._load is not None
+            self._entries = dict(self._load())
+        return self._entries
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any] | None:
         """Capture `occurrence`'s `in_progress` check-in and return the headers its task
@@ -178,6 +203,12 @@ def beat_monitors(app: Celery) -> BeatMonitors | None:
         import sentry_sdk  # noqa: F401  # installed: monitors decide per occurrence
     except ImportError:
         return None
+    if monitoring():  # on already: read them now, not during the first tick
+        return BeatMonitors(app, _monitored_entries(app))
+    return BeatMonitors(app, lambda: _monitored_entries(app))
+
+
+def _monitored_entries(app: Celery) -> dict[tuple[str, str], tuple[str, Any]]:
     from .declare import _beat_entries  # what Celery's beat installs, as the beat syncs it
 
     entries: dict[tuple[str, str], tuple[str, Any]] = {}
@@ -193,4 +224,4 @@ def beat_monitors(app: Celery) -> BeatMonitors | None:
             log.debug("no Sentry monitor for beat_schedule[%r]: %s", key, exc)
             continue
         entries[(declaration.queue, declaration.name)] = (entry.name, entry.schedule)
-    return BeatMonitors(app, entries)
+    return entries

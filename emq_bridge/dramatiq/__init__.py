@@ -31,7 +31,13 @@ except ImportError as exc:  # pragma: no cover - exercised without dramatiq inst
     ) from exc
 
 from ..definition import Schedule
-from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher, build_message
+from .dispatch import (
+    DramatiqDispatcher,
+    PipelinedDramatiqDispatcher,
+    build_message,
+    can_pipeline,
+    dramatiq_dispatcher,
+)
 from .middleware import DEFAULT_SOURCE, BootError, RecurringMiddleware, RecurringOptionError
 from .schedule import (
     OPTION_DUE_MS,
@@ -73,9 +79,11 @@ __all__ = [
     "Schedule",
     "broker_declarations",
     "build_message",
+    "can_pipeline",
     "check_actors",
     "cron",
     "current_occurrence",
+    "dramatiq_dispatcher",
     "every",
     "import_broker",
     "load_target",

@@ -1,9 +1,11 @@
 """`DramatiqDispatcher`: each occurrence becomes a real `dramatiq.Message`.
 
-Part of `emq_bridge.dramatiq`. The message goes through `broker.enqueue`, so the
-broker's middleware runs, and carries the occurrence id as its `message_id` and the
-registration name, nominal time and previous-run context in its options (see
-`OccurrenceInfo`), which the worker's `RecurringMiddleware` reports from.
+Part of `emq_bridge.dramatiq`. The message goes through `broker.enqueue` (or, on a
+`RedisBroker`, through `PipelinedDramatiqDispatcher`, which does what `enqueue` does for a
+whole batch in one round trip), so the broker's middleware runs, and carries the occurrence
+id as its `message_id` and the registration name, nominal time and previous-run context in
+its options (see `OccurrenceInfo`), which the worker's `RecurringMiddleware` reports from.
+`dramatiq_dispatcher` picks between the two.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from .schedule import (
     OPTION_TRIGGERED,
 )
 
-__all__ = ["DramatiqDispatcher", "PipelinedDramatiqDispatcher", "build_message"]
+__all__ = [
+    "DramatiqDispatcher",
+    "PipelinedDramatiqDispatcher",
+    "build_message",
+    "can_pipeline",
+    "dramatiq_dispatcher",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +62,20 @@ def build_message(
     actor = broker.actors.get(template.task)
     if actor is None:
         raise PermanentDispatchError(f"{where}: {_undeclared(template.task)}")
-    options = dict(template.options)
-    options.update(
-        {
-            OPTION_DUE_MS: occurrence.due_ms,
-            OPTION_NAME: occurrence.name,
-            OPTION_QUEUE: occurrence.queue,
-            OPTION_REDELIVERED: occurrence.redelivered,
-            OPTION_TRIGGERED: occurrence.triggered,
-            OPTION_BACKFILL: occurrence.backfill,
-            OPTION_RELEASED_MS: occurrence.released_ms,
-            OPTION_PREVIOUS_DUE_MS: occurrence.previous_due_ms,
-            OPTION_LAST_SUCCESS_MS: occurrence.last_success_ms,
-            **extra_options,
-        }
-    )
+    # One dict built once per message (the template's options first, ours over them).
+    options = {
+        **template.options,
+        OPTION_DUE_MS: occurrence.due_ms,
+        OPTION_NAME: occurrence.name,
+        OPTION_QUEUE: occurrence.queue,
+        OPTION_REDELIVERED: occurrence.redelivered,
+        OPTION_TRIGGERED: occurrence.triggered,
+        OPTION_BACKFILL: occurrence.backfill,
+        OPTION_RELEASED_MS: occurrence.released_ms,
+        OPTION_PREVIOUS_DUE_MS: occurrence.previous_due_ms,
+        OPTION_LAST_SUCCESS_MS: occurrence.last_success_ms,
+        **extra_options,
+    }
     return dramatiq.Message(
         queue_name=actor.queue_name,
         actor_name=actor.actor_name,
@@ -125,7 +132,10 @@ class DramatiqDispatcher:
 
 
 class PipelinedDramatiqDispatcher(DramatiqDispatcher):
-    """Opt-in fast path on a `RedisBroker`: a claimed batch is enqueued in one round trip.
+    """The fast path on a `RedisBroker`: a claimed batch is enqueued in one round trip.
+
+    `dramatiq_dispatcher` (the middleware's and `emq-bridge pump`'s default) chooses it
+    for a broker `can_pipeline` accepts; constructed directly, it takes any `RedisBroker`.
 
     For each message it does what `RedisBroker.enqueue` does (Dramatiq 2.x): a fresh
     `redis_message_id`, the `before_enqueue` middleware hook, the broker's own `dispatch`
@@ -192,3 +202,63 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
             else:
                 broker.emit_after("enqueue", message, None)
         return errors
+
+
+# The Dramatiq major version whose `RedisBroker.enqueue` the pipelined path reproduces, and
+# its tests run on: the automatic choice takes the fast path on that version only.
+PIPELINED_DRAMATIQ_MAJOR = 2
+# What the pipelined path stands in for: a broker overriding any of them (a subclass, or a
+# patch on the instance) sends as it decides, so it keeps `broker.enqueue`.
+_ENQUEUE_METHODS = (
+    "enqueue",
+    "_dispatch",
+    "__getattr__",
+    "_should_do_maintenance",
+    "_max_unpack_size",
+)
+
+
+def can_pipeline(broker: dramatiq.Broker) -> bool:
+    """Say whether `PipelinedDramatiqDispatcher` sends on `broker` what `broker.enqueue` would.
+
+    True for a `RedisBroker` of Dramatiq 2.x whose enqueue is Dramatiq's own: not overridden
+    by a subclass or on the instance, nor replaced by a wrapper from another module.
+    """
+    from dramatiq.brokers.redis import RedisBroker
+
+    if not isinstance(broker, RedisBroker) or _major(dramatiq.__version__) != (
+        PIPELINED_DRAMATIQ_MAJOR
+    ):
+        return False
+    kind = type(broker)
+    for name in _ENQUEUE_METHODS:
+        method = getattr(kind, name, None)
+        if method is not getattr(RedisBroker, name, None) or name in vars(broker):
+            return False
+        if getattr(method, "__module__", None) != RedisBroker.__module__:
+            return False
+    if any("do_enqueue" in vars(k) for k in kind.__mro__) or "do_enqueue" in vars(broker):
+        return False
+    scripts = getattr(broker, "scripts", None)
+    return isinstance(scripts, dict) and "dispatch" in scripts
+
+
+def _major(version: str) -> int | None:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def dramatiq_dispatcher(
+    broker: dramatiq.Broker, pipelined: bool | None = None
+) -> DramatiqDispatcher:
+    """Return the dispatcher for `broker`: `pipelined=None` chooses, `True` or `False` say.
+
+    None (automatic) is `PipelinedDramatiqDispatcher` where `can_pipeline(broker)`, else
+    `DramatiqDispatcher`; both send the same messages through the same middleware hooks.
+    True on a broker that is not a `RedisBroker` raises `ConfigError`.
+    """
+    if pipelined is None:
+        pipelined = can_pipeline(broker)
+    elif not isinstance(pipelined, bool):
+        raise ConfigError(f"pipelined must be True, False or None (automatic), got {pipelined!r}")
+    return PipelinedDramatiqDispatcher(broker) if pipelined else DramatiqDispatcher(broker)

@@ -30,7 +30,7 @@ from ..pump import Pump
 from ..registry import Repeat, generation_arg
 from ..reporting import HEARTBEAT_S, Reporter
 from ..sync import SyncPlan, sync
-from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
+from .dispatch import PipelinedDramatiqDispatcher, dramatiq_dispatcher
 from .outcomes import MessageOutcomes
 from .schedule import (
     RECURRING_OPTION,
@@ -93,9 +93,13 @@ class RecurringMiddleware(Middleware):
     deploy raises: a worker of an older generation syncs nothing (one WARNING), so workers of
     two versions booting in turn never flip a schedule back and forth. With `run_pump`, each
     worker process runs one pump thread on `pump_queues` (default: every queue the broker
-    declares); `pipelined=True` makes it send through `PipelinedDramatiqDispatcher` (a
-    `RedisBroker` only). `listeners` (`emq_bridge.events.PumpEvents`) hear what each worker
-    process's pump does: `listeners=[emq_bridge.metrics.MetricsEvents()]` counts it.
+    declares). It sends through `dramatiq_dispatcher(broker, pipelined)`: by default
+    (`pipelined=None`) a claimed batch in one round trip on a `RedisBroker`
+    (`PipelinedDramatiqDispatcher`, same messages and hooks as `broker.enqueue`), one
+    `broker.enqueue` per message on any other broker; `pipelined=False` always enqueues one by
+    one, `True` requires the fast path (a `RedisBroker` only). `listeners`
+    (`emq_bridge.events.PumpEvents`) hear what each worker process's pump does:
+    `listeners=[emq_bridge.metrics.MetricsEvents()]` counts it.
 
     With `report` (the default) each worker process reports what becomes of the occurrences
     it runs (started, succeeded, retrying, failed, skipped: `outcomes.MessageOutcomes`) to
@@ -123,7 +127,7 @@ class RecurringMiddleware(Middleware):
         pump_queues: Iterable[str] | None = None,
         lease_ms: int = 60_000,
         max_sleep_s: float = 5.0,
-        pipelined: bool = False,
+        pipelined: bool | None = None,
         generation: int | None = None,
         report: bool = True,
         history_size: int = HISTORY_SIZE,
@@ -155,6 +159,11 @@ class RecurringMiddleware(Middleware):
         self.sync_at_boot = sync_at_boot
         self.prune = prune
         self.pump_queues = tuple(validate_name(q, "queue") for q in pump_queues or ())
+        if pipelined is not None and not isinstance(pipelined, bool):
+            raise ConfigError(
+                "RecurringMiddleware(pipelined=...) must be True, False or None (automatic), "
+                f"got {pipelined!r}"
+            )
         self.pipelined = pipelined
         self.lease_ms = lease_ms
         self.max_sleep_s = max_sleep_s
@@ -328,7 +337,7 @@ class RecurringMiddleware(Middleware):
         pump = Pump(
             self.registry(broker),
             self.queues(broker, self.declarations),
-            PipelinedDramatiqDispatcher(broker) if self.pipelined else DramatiqDispatcher(broker),
+            dramatiq_dispatcher(broker, self.pipelined),
             lease_ms=self.lease_ms,
             max_sleep_s=self.max_sleep_s,
             history_size=self.history_size,
@@ -341,7 +350,13 @@ class RecurringMiddleware(Middleware):
         )
         self.pump = pump
         self._pump_thread.start()
-        log.info("emq-bridge pump started in the worker on queues %s", ", ".join(pump.queues))
+        log.info(
+            "emq-bridge pump started in the worker on queues %s (%s)",
+            ", ".join(pump.queues),
+            "pipelined"
+            if isinstance(pump.dispatcher, PipelinedDramatiqDispatcher)
+            else "one broker.enqueue per message",
+        )
         return pump
 
     def stop_pump(self, timeout_s: float = PUMP_JOIN_S) -> None:

@@ -14,7 +14,7 @@ from dramatiq.brokers.redis import RedisBroker
 from ..dispatch import PumpTarget
 from ..errors import ConfigError
 from ..registry import Repeat
-from .dispatch import DramatiqDispatcher, PipelinedDramatiqDispatcher
+from .dispatch import dramatiq_dispatcher
 from .middleware import DEFAULT_SOURCE, RecurringMiddleware
 from .schedule import broker_declarations
 
@@ -62,7 +62,9 @@ def _middleware(broker: dramatiq.Broker) -> RecurringMiddleware | None:
 def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     """Import a Dramatiq app (`module:broker` or `module`) and return what a pump needs.
 
-    `pipelined=True` sends through `PipelinedDramatiqDispatcher` (a `RedisBroker` only).
+    `pipelined=True` sends through `PipelinedDramatiqDispatcher` (a `RedisBroker` only);
+    otherwise the dispatcher is the one the app's workers use: `RecurringMiddleware(pipelined=
+    ...)`, automatic by default (`dramatiq_dispatcher`: pipelined on a `RedisBroker`).
 
     The module is imported so its decorators run. The declarations are the schedules on
     the broker's actors; the source, queues, registry and pump settings follow the broker's
@@ -77,13 +79,15 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         queues = tuple(sorted({d.queue for d in declarations} | set(broker.get_declared_queues())))
         if not queues:
             raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
-        dispatcher = _dispatcher(broker, pipelined)
+        # `--pipelined` asks for the fast path; without it the choice is automatic (None).
+        dispatcher = dramatiq_dispatcher(broker, True if pipelined else None)
         return PumpTarget(dispatcher, queues, declarations, DEFAULT_SOURCE)
     queues = middleware.queues(broker, declarations)
     if not queues:
         raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
     return PumpTarget(
-        _dispatcher(broker, pipelined),
+        # `--pipelined` asks for the fast path; without it the pump sends as the workers do.
+        dramatiq_dispatcher(broker, True if pipelined else middleware.pipelined),
         queues,
         declarations,
         middleware.source,
@@ -91,10 +95,6 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         lease_ms=middleware.lease_ms,
         max_sleep_s=middleware.max_sleep_s,
     )
-
-
-def _dispatcher(broker: dramatiq.Broker, pipelined: bool) -> DramatiqDispatcher:
-    return PipelinedDramatiqDispatcher(broker) if pipelined else DramatiqDispatcher(broker)
 
 
 def _worker_registry(middleware: RecurringMiddleware, broker: dramatiq.Broker) -> Repeat | None:

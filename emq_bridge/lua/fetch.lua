@@ -7,10 +7,23 @@
 -- where a field is missing). A record key that is not a hash (edited by hand) gives an
 -- empty array, so one broken record never fails the load of the others. One JSON text,
 -- not nested arrays, because a client parses it in one C call instead of one per value.
+-- A template stored in pieces (template_pieces.py) comes back whole in its `template` slot,
+-- with `template_pieces` false, when both fields are asked for.
+local template_at, pieces_at
+for j, field in ipairs(ARGV) do
+  if field == 'template' then template_at = j elseif field == 'template_pieces' then pieces_at = j end
+end
 local out = {}
 for i, key in ipairs(KEYS) do
   local values = redis.pcall('HMGET', key, unpack(ARGV))
   if type(values) == 'table' and values.err then values = {} end
+  local count = pieces_at and template_at and tonumber(values[pieces_at])
+  if count and values[template_at] then
+    local parts = {values[template_at]}
+    for n = 2, count do parts[n] = redis.call('HGET', key, 'template.' .. n) or '\0' end
+    values[template_at] = table.concat(parts)
+    values[pieces_at] = false
+  end
   out[i] = values
 end
 if #out == 0 then return '[]' end  -- cjson would write an empty table as {}

@@ -21,7 +21,12 @@
 -- Returns 1 parked now, 0 parked already (only the leases dropped), -1 no such registration,
 -- -2 the template changed (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason')
+local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason', 'template_pieces')
+if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): compare it whole
+  local parts = {cur[1]}
+  for n = 2, tonumber(cur[4]) or 1 do parts[n] = redis.call('HGET', KEYS[2], 'template.' .. n) or '' end
+  cur[1] = table.concat(parts)
+end
 if cur[1] ~= ARGV[3] then return -2 end
 for i = 7, #ARGV do
   local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])

@@ -7,13 +7,16 @@
 -- ARGV[2]  now, epoch ms (created_ms of a new record)
 -- ARGV[3]  JSON array of items, one per record key (may be empty), each
 --          [name, digest (covers the owner too), cadence digest, first run ms (a string),
---           [record field, value, ...], [definition fields to delete, ...],
+--           [record field, value, ...], the definition fields to delete (an index into
+--           ARGV[6], or the list itself),
 --           [seed field, value, ...] (written on create only: an importer's paused state
 --           and counters; may be absent),
 --           the first run of a created record when it differs from item 4 (`immediately`;
 --           may be absent)]
 -- ARGV[4]  the source the items belong to ('' for none)
 -- ARGV[5]  the generation of that source's declarations ('' for none: no check)
+-- ARGV[6]  JSON array of the distinct lists of fields to delete, which items name by their
+--          index from 1 (may be absent): the items of a sync share a handful of them.
 --
 -- The items travel as one JSON argument: a boot sync of many schedules would otherwise
 -- spend most of its client time encoding arguments.
@@ -105,13 +108,29 @@ local function rebase_limit(record, before, remaining)
   end
 end
 
+-- True when `fields` (field, value, ...) hold a bound a created record must apply: a
+-- limit, an end or one-off instants (else `rebase_limit` and `place` change nothing).
+local function bounded(fields)
+  for j = 1, #fields, 2 do
+    local f = fields[j]
+    if f == 'limit' or f == 'end_ms' or f == 'at' then return true end
+  end
+  return false
+end
+
+local shapes = ARGV[6] and cjson.decode(ARGV[6]) or {}
+
 local function upsert(record, item)
   local name, digest, cadence_digest, first_run, fields, stale, seed =
     item[1], item[2], item[3], item[4], item[5], item[6], item[7]
+  if type(stale) == 'number' then stale = shapes[stale] end
   if redis.call('EXISTS', record) == 0 then
     redis.call('HSET', record, 'created_ms', ARGV[2], unpack(fields))
-    rebase_limit(record, nil, nil)
-    first_run = place(record, item[8] or first_run)
+    first_run = item[8] or first_run
+    if bounded(fields) then
+      rebase_limit(record, nil, nil)
+      first_run = place(record, first_run)
+    end
     local paused = false
     if seed and #seed > 0 then
       redis.call('HSET', record, unpack(seed))
@@ -134,6 +153,14 @@ local function upsert(record, item)
     if not (paused or completed) then score = place(record, after_fired(record, first_run, nil, last)) end
     redis.call('ZADD', registry, score, name)
     return 2
+  end
+  -- The pieces of a template stored in pieces (template_pieces.py) go with it; the new
+  -- fields write the new template's own.
+  local pieces = tonumber(redis.call('HGET', record, 'template_pieces'))
+  if pieces and pieces > 1 then
+    local old_pieces = {}
+    for n = 2, pieces do old_pieces[n - 1] = 'template.' .. n end
+    redis.call('HDEL', record, unpack(old_pieces))
   end
   if #stale > 0 then redis.call('HDEL', record, unpack(stale)) end
   redis.call('HSET', record, unpack(fields))

@@ -131,6 +131,7 @@ CARRIED_FIELDS = frozenset(
         "limit",
         "immediately",
         "template",
+        "template_pieces",  # how a long template is stored (template_pieces.py): the template
         "overlap",
         "pause_after_failures",
         # Jitter and exclusions (`_shaping`); the seed of jitter and H is the name's.

@@ -221,13 +221,20 @@ def test_a_real_worker_runs_each_pipelined_occurrence_once_with_its_id(
                 queue,
                 name,
                 every="1h",
-                template={"task": "emqp.record", "args": [i], "options": options},
+                template={
+                    "task": "emqp.record",
+                    "args": [i],
+                    "kwargs": {"name": name, "nested": {"of": [i, "ünï ✓", None]}},
+                    "options": options,
+                },
                 now_ms=T0,
             )
         fast = PipelinedCeleryDispatcher(emqp_app.app)
         tick = Pump(repeat, [queue], fast, batch_size=128).run_once(now_ms=T0 + HOUR)
         fast.close()
         assert len(tick.dispatched) == len(names) and not tick.failed
+        # Distinct arguments, two option sets: two plans (message skeletons), not 301.
+        assert len([plan for plan in fast._plans.values() if plan is not None]) == 2
 
         import os
 
@@ -270,6 +277,7 @@ def test_a_real_worker_runs_each_pipelined_occurrence_once_with_its_id(
             assert entry["id"] == occurrence_id(prefix, queue, name, T0 + HOUR)
             assert entry["due"] == T0 + HOUR
             assert entry["args"] == [i]
+            assert entry["kwargs"] == {"name": name, "nested": {"of": [i, "ünï ✓", None]}}
     finally:
         monkey_env.undo()
         sys.path.remove(str(tmp_path))

@@ -160,14 +160,16 @@ def assert_message_ids_are_occurrence_ids(app: App, seen: list[dict[str, Any]]) 
 # -- real workers on real brokers -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["enqueue", "pipelined"])
+@pytest.mark.parametrize(
+    "pipelined", [False, True, None], ids=["enqueue", "pipelined", "auto-is-pipelined"]
+)
 def test_a_redis_worker_runs_a_one_second_schedule_once_per_second_with_its_nominal_time(
     redis_url: str,
     client: redis.Redis,
     prefix: str,
     names: tuple[str, str],
     apps: list[Any],
-    pipelined: bool,
+    pipelined: bool | None,
 ) -> None:
     queue, namespace = names
     broker = RedisBroker(url=redis_url, namespace=namespace)
@@ -180,7 +182,7 @@ def test_a_redis_worker_runs_a_one_second_schedule_once_per_second_with_its_nomi
         pipelined=pipelined,
     )
     start(apps, app)
-    kind = PipelinedDramatiqDispatcher if pipelined else DramatiqDispatcher
+    kind = DramatiqDispatcher if pipelined is False else PipelinedDramatiqDispatcher
     wait_for(lambda: app.middleware.pump is not None, 10, "the pump thread")
     assert type(app.middleware.pump.dispatcher) is kind  # type: ignore[union-attr]
     wait_for(lambda: len(app.seen()) >= 4, 30, "four executions")
@@ -208,6 +210,9 @@ def test_a_rabbitmq_worker_runs_a_one_second_schedule_once_per_second_with_its_n
     app = build_app(broker, client, prefix, queue, [{"every": "1s"}], repeat=redis_url)
     worker = start(apps, app)
     try:
+        wait_for(lambda: app.middleware.pump is not None, 10, "the pump thread")
+        # The automatic choice keeps one `broker.enqueue` per message off a RedisBroker.
+        assert type(app.middleware.pump.dispatcher) is DramatiqDispatcher  # type: ignore[union-attr]
         wait_for(lambda: len(app.seen()) >= 4, 30, "four executions")
         seen = app.seen()
         assert_consecutive_slots(seen, 1000)

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from emq_bridge import ConfigError, Repeat, occurrence_id
-from emq_bridge.dramatiq import DramatiqDispatcher, load_target
+from emq_bridge.dramatiq import DramatiqDispatcher, PipelinedDramatiqDispatcher, load_target
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,10 @@ from emq_bridge.dramatiq import RecurringMiddleware, every, recurring
 
 broker = RedisBroker(url=os.environ["REDIS_URL"], namespace=os.environ["APP_NAMESPACE"])
 broker.add_middleware(CurrentMessage())
-broker.add_middleware(RecurringMiddleware(prefix=os.environ["APP_PREFIX"], max_sleep_s=0.5))
+PIPELINED = {"auto": None, "off": False}[os.environ.get("APP_PIPELINED", "auto")]
+broker.add_middleware(
+    RecurringMiddleware(prefix=os.environ["APP_PREFIX"], max_sleep_s=0.5, pipelined=PIPELINED)
+)
 dramatiq.set_broker(broker)
 client = redis.Redis.from_url(os.environ["REDIS_URL"])
 QUEUE = os.environ["APP_QUEUE"]
@@ -155,6 +158,7 @@ def test_three_workers_booting_at_once_make_one_registration_per_name_and_fire_e
     finally:
         output = worker.stop()
     assert output.count("emq-bridge pump started") == 3, output
+    assert output.count("(pipelined)") == 3, output  # the automatic choice on a RedisBroker
     repeat = Repeat(client, app.prefix)
     registrations = repeat.list(app.queue)
     assert sorted(r.name for r in registrations) == ["fast", "hourly", "slow-a", "slow-b"]
@@ -190,7 +194,8 @@ def test_load_target_imports_the_app_and_returns_its_dispatcher_queues_and_decla
     for key in ("REDIS_URL", "APP_PREFIX", "APP_NAMESPACE", "APP_QUEUE"):
         monkeypatch.setenv(key, app.env[key])
     target = load_target(f"{app.module}:broker")
-    assert isinstance(target.dispatcher, DramatiqDispatcher)
+    # The workers' dispatcher: automatic, so pipelined on the app's RedisBroker.
+    assert type(target.dispatcher) is PipelinedDramatiqDispatcher
     assert target.queues == (app.queue,)
     assert target.source == "dramatiq"
     assert sorted(d.name for d in target.declarations) == ["fast", "hourly", "slow-a", "slow-b"]
@@ -282,3 +287,29 @@ def test_the_demo_shows_executions_as_they_happen_then_a_summary(
     assert "+ demo/heartbeat  every 1s" in out
     assert "heartbeat()            heartbeat      slot" in out
     assert "Summary after" in out and "distinct occurrence ids" in out
+
+
+@pytest.mark.parametrize(
+    ("setting", "flag", "expected"),
+    [
+        ("auto", False, PipelinedDramatiqDispatcher),
+        ("off", False, DramatiqDispatcher),
+        ("off", True, PipelinedDramatiqDispatcher),
+    ],
+    ids=["auto", "opted-out", "opted-out-but---pipelined"],
+)
+def test_the_standalone_pump_sends_as_the_workers_do_unless_told_pipelined(
+    app: AppDir,
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str,
+    flag: bool,
+    expected: type[DramatiqDispatcher],
+) -> None:
+    monkeypatch.setattr(dramatiq.broker, "global_broker", dramatiq.broker.global_broker)
+    for key in ("REDIS_URL", "APP_PREFIX", "APP_NAMESPACE", "APP_QUEUE"):
+        monkeypatch.setenv(key, app.env[key])
+    monkeypatch.setenv("APP_PIPELINED", setting)
+    module = f"{app.module}_{setting}_{flag}"  # imported afresh: its middleware reads the env
+    (app.root / f"{module}.py").write_text(APP)
+    target = load_target(f"{module}:broker", pipelined=flag)
+    assert type(target.dispatcher) is expected

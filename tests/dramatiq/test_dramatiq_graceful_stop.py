@@ -4,9 +4,13 @@ The worker's shutdown calls `before_worker_shutdown`, which stops the pump threa
 the batch in hand (what it has not enqueued within half a second is handed back) and the
 worker exits. A second pump then sends everything left at once, and each occurrence id is
 enqueued exactly once. The worker consumes another queue, so the burst's messages stay in
-the broker to be counted. Enqueueing is slowed to 30 ms a message and the worker is stopped
-in the burst's third batch (500 occurrences: 15 s to send, longer than the worker waits for
-its pump thread), so finishing that batch is not an option.
+the broker to be counted.
+
+Sent one `broker.enqueue` at a time (`pipelined=False`), enqueueing is slowed to 30 ms a
+message and the worker is stopped in the burst's third batch (500 occurrences: 15 s to send,
+longer than the worker waits for its pump thread), so finishing that batch is not an option.
+Sent pipelined (the automatic choice on a `RedisBroker`), a batch is one send, finished: with
+2 ms a message the worker stops once the batch in hand is in, having claimed nothing more.
 """
 
 from __future__ import annotations
@@ -51,13 +55,16 @@ APP = textwrap.dedent("""
 
 
     class SlowEnqueue(Middleware):
-        def before_enqueue(self, broker, message, delay):  # 30 ms a message: a slow broker
-            time.sleep(0.03)
+        def before_enqueue(self, broker, message, delay):  # a slow broker
+            time.sleep(float(env["GS_DELAY_S"]))
 
 
+    pipelined = {"auto": None, "off": False}[env["GS_PIPELINED"]]
     broker = RedisBroker(url=env["GS_REDIS"], namespace=env["GS_NAMESPACE"])
     broker.add_middleware(SlowEnqueue())
-    broker.add_middleware(RecurringMiddleware(prefix=env["GS_PREFIX"], max_sleep_s=0.5))
+    broker.add_middleware(
+        RecurringMiddleware(prefix=env["GS_PREFIX"], max_sleep_s=0.5, pipelined=pipelined)
+    )
     dramatiq.set_broker(broker)
 
 
@@ -72,8 +79,16 @@ APP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize(
+    ("pipelined", "delay_s"), [("off", 0.03), ("auto", 0.002)], ids=["enqueue", "pipelined"]
+)
 def test_sigterm_to_a_worker_during_a_burst_leaves_nothing_leased_and_sends_each_id_once(
-    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+    tmp_path: Path,
+    redis_url: str,
+    prefix: str,
+    client: redis.Redis,
+    pipelined: str,
+    delay_s: float,
 ) -> None:
     token = uuid.uuid4().hex[:8]
     queue, namespace, module = f"{prefix}-q", f"ns{token}", f"gs_dramatiq_{token}"
@@ -89,6 +104,8 @@ def test_sigterm_to_a_worker_during_a_burst_leaves_nothing_leased_and_sends_each
         "GS_PREFIX": prefix,
         "GS_QUEUE": queue,
         "GS_NAMESPACE": namespace,
+        "GS_PIPELINED": pipelined,
+        "GS_DELAY_S": str(delay_s),
     }
     messages = f"{namespace}:{queue}.msgs"
     log = tmp_path / "worker.log"
@@ -123,6 +140,10 @@ def test_sigterm_to_a_worker_during_a_burst_leaves_nothing_leased_and_sends_each
         assert took_s < 8, f"the worker took {took_s:.1f}s to stop"
         sent_by_worker = client.hlen(messages)
         assert 0 < sent_by_worker < BURST, output[-3000:]
+        path = {"auto": "(pipelined)", "off": "(one broker.enqueue per message)"}[pipelined]
+        assert f"pump started in the worker on queues {queue}, {queue}-idle {path}" in output
+        if pipelined == "auto":  # whole batches: the one in hand finished, no other claimed
+            assert (sent_by_worker - FIRST_BATCHES) % 500 == 0, sent_by_worker
         left = [lease for lease in repeat.leases(queue) if lease[2] > repeat.server_time_ms()]
         assert left == [], f"{len(left)} occurrence(s) wait out their lease"
 

@@ -1,0 +1,97 @@
+"""A template stored in pieces of at most 64 bytes: the record stays a compact listpack, and
+everything that reads it sees the whole template."""
+
+from __future__ import annotations
+
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emq_bridge import Pump, Repeat
+from emq_bridge.template_pieces import (
+    MAX_PIECES,
+    PIECE_BYTES,
+    PIECES_FIELD,
+    join_template,
+    split_template,
+)
+from emq_bridge.testing import RecordingDispatcher
+
+T0 = 1_900_000_000_000
+HOUR_MS = 3_600_000
+
+
+def long_template(i: int, width: int = 1) -> dict[str, object]:
+    """A template of about 100 bytes per `width`, with args of its own."""
+    return {
+        "task": "reports.nightly",
+        "args": [i, "é" * 20 * width],
+        "kwargs": {"report": "daily" * width, "limit": 100},
+        "options": {"queue": "reports"},
+    }
+
+
+@given(st.text(max_size=PIECE_BYTES * (MAX_PIECES + 2)))
+def test_split_then_join_gives_the_text_back(text: str) -> None:
+    fields = split_template(text)
+    assert join_template(fields) == text
+    if PIECES_FIELD in fields:
+        pieces = [fields["template"]] + [
+            fields[f"template.{n}"] for n in range(2, int(fields[PIECES_FIELD]) + 1)
+        ]
+        assert len(pieces) == int(fields[PIECES_FIELD]) <= MAX_PIECES
+        assert all(0 < len(piece.encode()) <= PIECE_BYTES for piece in pieces)
+        assert set(fields) == {
+            "template",
+            PIECES_FIELD,
+            *(f"template.{n}" for n in range(2, len(pieces) + 1)),
+        }
+    else:
+        assert fields == {"template": text}
+
+
+def test_short_and_very_long_templates_stay_whole() -> None:
+    assert split_template("x" * PIECE_BYTES) == {"template": "x" * PIECE_BYTES}
+    huge = "y" * (PIECE_BYTES * MAX_PIECES + 1)
+    assert split_template(huge) == {"template": huge}
+    assert PIECES_FIELD in split_template("z" * (PIECE_BYTES + 1))
+
+
+def test_a_record_with_a_long_template_is_a_listpack_and_fires_it_whole(
+    repeat: Repeat, client: redis.Redis
+) -> None:
+    template = long_template(7)
+    repeat.register("q", "nightly", every="1h", template=template, now_ms=T0)
+    record = repeat.keys("q").record("nightly")
+    assert client.object("encoding", record) == b"listpack"
+    assert client.hget(record, PIECES_FIELD) is not None
+    assert repeat.get("q", "nightly").definition.template == template
+    recording = RecordingDispatcher()
+    Pump(repeat, ["q"], recording).run_once(now_ms=T0 + HOUR_MS)
+    assert [dict(o.template) for o in recording.occurrences] == [template]
+
+
+def test_an_update_to_a_shorter_template_leaves_no_old_piece(
+    repeat: Repeat, client: redis.Redis
+) -> None:
+    from emq_bridge import Declaration, define, sync
+
+    def declared(template: dict[str, object]) -> list[Declaration]:
+        return [Declaration("q", "nightly", define(every="1h", template=template))]
+
+    sync(repeat, declared(long_template(1, width=4)), "app")
+    record = repeat.keys("q").record("nightly")
+    many = int(client.hget(record, PIECES_FIELD) or 0)
+    assert many > 4
+    sync(repeat, declared(long_template(1)), "app")
+    fields = {k.decode(): v.decode() for k, v in client.hgetall(record).items()}
+    assert int(fields[PIECES_FIELD]) < many
+    assert not [
+        f for f in fields if f.startswith("template.") and int(f[9:]) > int(fields[PIECES_FIELD])
+    ]
+    assert repeat.get("q", "nightly").definition.template == long_template(1)
+    sync(repeat, declared({"task": "short"}), "app")
+    fields = {k.decode(): v.decode() for k, v in client.hgetall(record).items()}
+    assert fields["template"] == '{"task":"short"}'
+    assert not [f for f in fields if f.startswith("template.") or f == PIECES_FIELD]
+    assert repeat.get("q", "nightly").definition.template == {"task": "short"}
