@@ -115,9 +115,9 @@ def emq_dispatcher(path: str, url: str) -> tuple[Any, str]:
 
     `celery`: `CeleryDispatcher(app)` (every message through `apply_async`);
     `celery-pipelined`: the opt-in `PipelinedCeleryDispatcher(app)`; `dramatiq`:
-    `DramatiqDispatcher(broker)` (every message through `broker.enqueue`);
-    `dramatiq-pipelined`: the opt-in `PipelinedDramatiqDispatcher(broker)` (a claimed batch
-    in one round trip).
+    `DramatiqDispatcher(broker)` (every message through `broker.enqueue`; the middleware's
+    `pipelined=False`); `dramatiq-pipelined`: `PipelinedDramatiqDispatcher(broker)` (a
+    claimed batch in one round trip; the middleware's default on a RedisBroker).
     """
     if path == "celery":
         from emq_bridge.celery import CeleryDispatcher
