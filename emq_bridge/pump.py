@@ -27,6 +27,8 @@ from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
 from .registry import Claim, Repeat, Scan, WakeSubscription
+from .template import decode_frozen
+from .template_pieces import join_template
 
 __all__ = ["Clock", "Pump", "Tick"]  # Tick lives in events; re-exported for its old path
 
@@ -57,6 +59,8 @@ FIRST_BATCH = 32
 # A tick's first scan of a queue serves its drain if it is at most this old (and a tenth
 # of the lease); a queue reached later, after others were drained, is scanned again.
 SCAN_FRESH_S = 0.1
+# Where the template is among a record's definition fields (the decode cache's keys).
+_TEMPLATE_AT = DEFINITION_FIELDS.index("template")
 # Decoded definitions kept between ticks, keyed by their raw record fields; the cache is
 # emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
@@ -149,6 +153,8 @@ class Pump:
         self.events = Broadcast([LoggingEvents(), *listeners])
         self._stop = threading.Event()
         self._decoded: dict[tuple[str | None, ...], _Firing] = {}
+        # The same, keyed by every definition field but the template (see `_decode`).
+        self._shapes: dict[tuple[str | None, ...], _Firing] = {}
         self._decoded_bytes = 0
         # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
@@ -589,15 +595,25 @@ class Pump:
         firing = self._decoded.get(key)
         try:
             if firing is None:
-                definition = Definition.from_fields(fields)
-                firing = _Firing(
-                    definition.cadence,
-                    definition.misfire,
-                    definition.template,
-                    definition.overlap,
-                    definition.catchup_window_ms,
-                    definition.catchup_max,
-                )
+                # Registrations that differ only in their template (a per-tenant schedule,
+                # a beat_schedule with its own args) share the rest of their decode.
+                rest = key[:_TEMPLATE_AT] + key[_TEMPLATE_AT + 1 :]
+                shape = self._shapes.get(rest)
+                if shape is None:
+                    definition = Definition.from_fields(fields)
+                    firing = _Firing(
+                        definition.cadence,
+                        definition.misfire,
+                        definition.template,
+                        definition.overlap,
+                        definition.catchup_window_ms,
+                        definition.catchup_max,
+                    )
+                    if len(self._shapes) >= DECODED_CACHE_SIZE:
+                        self._shapes.clear()
+                    self._shapes[rest] = firing
+                else:
+                    firing = replace(shape, template=decode_frozen(join_template(fields)))
                 self._remember(key, firing, len(fields.get("template") or ""))
             if self.resolve_cadence is not None:
                 cadence = self.resolve_cadence(queue, name, firing.cadence)

@@ -1181,7 +1181,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
         # Undecodable bytes in a hand-edited record become U+FFFD, as `text` does elsewhere.
         rows = json.loads(text(reply))
         return {
-            name: {f: v for f, v in zip(fields, row, strict=False) if isinstance(v, str)}
+            name: {f: v for f, v in zip(fields, row, strict=False) if type(v) is str}
             if isinstance(row, list)
             else {}
             for name, row in zip(names, rows, strict=True)

@@ -232,3 +232,36 @@ def test_add_without_an_app_says_on_stderr_that_the_task_name_was_not_checked(
     assert code == 0 and "added q/ghost" in out
     [note] = err.strip().splitlines()
     assert f"task {GHOST!r} was not checked" in note and "--dramatiq SPEC" in note
+
+
+def test_a_registration_whose_template_is_stored_in_pieces_is_parked_too(
+    any_repeat: Repeat,
+) -> None:
+    # park.lua compares the template the pump read with the record's, joined from its
+    # pieces (template_pieces.py): a long template must not look changed.
+    template = {"task": GHOST, "args": ["x" * 150], "kwargs": {"tenant": "t0000001"}}
+    any_repeat.register("q", "ghost", every="1s", template=template, now_ms=T0)
+    assert any_repeat.client.hget(any_repeat.keys("q").record("ghost"), "template_pieces")
+    tick = Pump(any_repeat, ["q"], Broker()).run_once(now_ms=T0 + SECOND)
+    assert tick.parked == ["ghost"]
+    ghost = any_repeat.get("q", "ghost")
+    assert ghost is not None and ghost.paused and ghost.parked_reason
+
+
+def test_a_corrupt_template_beside_records_that_share_its_other_fields_is_parked_alone(
+    any_repeat: Repeat,
+) -> None:
+    # The pump decodes the fields registrations share once (only their templates differ);
+    # a template edited by hand into a non-object is still refused, for its record only.
+    for i in range(3):
+        template = {"task": "t", "args": [i]}
+        any_repeat.register("q", f"job-{i}", every="1s", template=template, now_ms=T0)
+    any_repeat.client.hset(any_repeat.keys("q").record("job-1"), "template", "[1, 2]")
+    broker = Broker()
+    tick = Pump(any_repeat, ["q"], broker).run_once(now_ms=T0 + SECOND)
+    assert sorted(o.name for o in broker.sent) == ["job-0", "job-2"]
+    assert [dict(o.template)["args"] for o in sorted(broker.sent, key=lambda o: o.name)] == [
+        [0],
+        [2],
+    ]
+    assert tick.parked == ["job-1"]

@@ -95,3 +95,14 @@ def test_an_update_to_a_shorter_template_leaves_no_old_piece(
     assert fields["template"] == '{"task":"short"}'
     assert not [f for f in fields if f.startswith("template.") or f == PIECES_FIELD]
     assert repeat.get("q", "nightly").definition.template == {"task": "short"}
+
+
+def test_a_pieced_template_reads_and_fires_whole_on_both_servers(any_repeat: Repeat) -> None:
+    # fakeredis (the helpers users test with) runs the same Lua joins as the server.
+    template = long_template(3, width=3)
+    any_repeat.register("q", "nightly", every="1h", template=template, now_ms=T0)
+    assert any_repeat.client.hget(any_repeat.keys("q").record("nightly"), PIECES_FIELD)
+    assert any_repeat.get("q", "nightly").definition.template == template
+    recording = RecordingDispatcher()
+    Pump(any_repeat, ["q"], recording).run_once(now_ms=T0 + HOUR_MS)
+    assert [dict(o.template) for o in recording.occurrences] == [template]
