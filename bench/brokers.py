@@ -117,7 +117,8 @@ def emq_dispatcher(path: str, url: str) -> tuple[Any, str]:
     `celery-pipelined`: the opt-in `PipelinedCeleryDispatcher(app)`; `dramatiq`:
     `DramatiqDispatcher(broker)` (every message through `broker.enqueue`; the middleware's
     `pipelined=False`); `dramatiq-pipelined`: `PipelinedDramatiqDispatcher(broker)` (a
-    claimed batch in one round trip; the middleware's default on a RedisBroker).
+    claimed batch in one round trip); `dramatiq-auto`: `dramatiq_dispatcher(broker)`, the
+    choice `RecurringMiddleware` makes by default (pipelined on a plain RedisBroker).
     """
     if path == "celery":
         from emq_bridge.celery import CeleryDispatcher
@@ -127,9 +128,15 @@ def emq_dispatcher(path: str, url: str) -> tuple[Any, str]:
         from emq_bridge.celery import PipelinedCeleryDispatcher
 
         return PipelinedCeleryDispatcher(celery_app(url)), "PipelinedCeleryDispatcher(app)"
-    from emq_bridge.dramatiq import DramatiqDispatcher, PipelinedDramatiqDispatcher
+    from emq_bridge.dramatiq import (
+        DramatiqDispatcher,
+        PipelinedDramatiqDispatcher,
+        dramatiq_dispatcher,
+    )
 
     broker = dramatiq_broker(url)
     if path == "dramatiq-pipelined":
         return PipelinedDramatiqDispatcher(broker), "PipelinedDramatiqDispatcher(broker)"
+    if path == "dramatiq-auto":
+        return dramatiq_dispatcher(broker), "dramatiq_dispatcher(broker)"
     return DramatiqDispatcher(broker), "DramatiqDispatcher(broker)"

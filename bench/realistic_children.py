@@ -29,7 +29,7 @@ import redis
 
 from emq_bridge.occurrence import Occurrence
 
-from .brokers import celery_app, db_url, dramatiq_broker
+from .brokers import db_url, dramatiq_broker, emq_dispatcher
 from .common import DB_REGISTRY, QUEUE, TASK, TEMPLATE, count_client_traffic
 from .realistic_workload import emq_app, template_of
 from .scenarios import _CTX, Child
@@ -168,34 +168,11 @@ class BatchLagRecorder(LagRecorder):
         return errors  # type: ignore[no-any-return]
 
 
-def _dispatcher(path: str, url: str) -> Any:
-    if path == "celery-pipelined":
-        from emq_bridge.celery import PipelinedCeleryDispatcher
-
-        return PipelinedCeleryDispatcher(celery_app(url))
-    if path == "celery":
-        from emq_bridge.celery import CeleryDispatcher
-
-        return CeleryDispatcher(celery_app(url))
-    from emq_bridge.dramatiq import (
-        DramatiqDispatcher,
-        PipelinedDramatiqDispatcher,
-        dramatiq_dispatcher,
-    )
-
-    broker = dramatiq_broker(url)
-    if path == "dramatiq-pipelined":
-        return PipelinedDramatiqDispatcher(broker)
-    if path == "dramatiq-per-message":
-        return DramatiqDispatcher(broker)
-    return dramatiq_dispatcher(broker)  # the default choice, as the middleware makes it
-
-
 def _pump(params: dict[str, Any], ready: Event, go: Event, results: Connection) -> None:
     from emq_bridge import Pump, Repeat
 
     url = params["url"]
-    dispatcher = _dispatcher(params["path"], url)
+    dispatcher, _ = emq_dispatcher(params["path"], url)
     warm = _warm_up_occurrence()
     if params["path"].startswith("dramatiq"):
         warm = Occurrence(QUEUE, "warm-up", 0, str(uuid.uuid4()), template_of(0), 0)

@@ -143,8 +143,8 @@ def dramatiq_drain(
     (automatic) choice, True the pipelined dispatcher, False one enqueue per message."""
     params: dict[str, Any] = {"url": server.url, "pipelined": pipelined, "report": report}
     if job == "pump":
-        params["path"] = {None: "dramatiq", True: "dramatiq-pipelined"}.get(
-            pipelined, "dramatiq-per-message"
+        params["path"] = {None: "dramatiq-auto", True: "dramatiq-pipelined"}.get(
+            pipelined, "dramatiq"
         )
     procs = start_procs([(job, params)])
     due = now_ms() + idle_then_lead_ms(emq, n)

@@ -134,10 +134,8 @@ class BeatMonitors:
         # A callable is read at the first monitored beat: a beat whose process never turns
         # monitoring on (most, even with sentry-sdk installed) converts its schedule once,
         # for its sync, not twice.
-        self._entries: dict[tuple[str, str], tuple[str, Any]] | None = (
-            None if callable(entries) else dict(entries)
-        )
-        self._load = entries if callable(entries) else None
+        self._entries = None if callable(entries) else dict(entries)
+        self._load = entries
         # Each entry's monitor config, built at its first beat: an entry Sentry Crons cannot
         # monitor is logged once, not at every beat (sentry-sdk logs it only with debug on).
         self._configs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -145,10 +143,9 @@ class BeatMonitors:
     @property
     def entries(self) -> dict[tuple[str, str], tuple[str, Any]]:
         """(queue, registration name) -> (monitor slug, Celery schedule)."""
-        if self._entries is None:
-            assert self._load is not None
+        if self._entries is None and callable(self._load):
             self._entries = dict(self._load())
-        return self._entries
+        return self._entries or {}
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any] | None:
         """Capture `occurrence`'s `in_progress` check-in and return the headers its task
