@@ -5,13 +5,15 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
 `emq_schedule`) and only for an app whose `emq_bridge_report` is on (the default):
 
 * `task_prerun` (in the pool process): `started`;
-* `task_success`: `succeeded`;
+* `task_postrun`: `succeeded` when the task returned (its state `SUCCESS`), `skipped` for an
+  `Ignore` (what `Task.replace()` raises), `failed` for a `Reject` without requeue;
 * `task_failure`: `failed`, with `"Type: message"`; also sent by the main process when a
   pool process died (`WorkerLostError`), as Celery records that task's result;
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
-* `task_revoked` (in the main process): `revoked`;
-* `task_postrun`: `skipped` for an `Ignore` (what `Task.replace()` raises), `failed` for a
-  `Reject` without requeue.
+* `task_revoked` (in the main process): `revoked`.
+
+Success is read at `task_postrun`, not `task_success`: Celery sends each signal only while
+it has receivers, and postrun is needed anyway, so a task costs two signals, not three.
 
 The attempt is `request.retries + 1`. A worker killed as a whole (SIGKILL, its host gone)
 reports nothing: its occurrences are marked `lost` by the pump once they go
@@ -53,7 +55,7 @@ from .dispatch import (
     header,
 )
 
-__all__ = ["FLUSH_S", "occurrence_of", "reporter_for"]
+__all__ = ["FLUSH_S", "occurrence_of", "reporter_for", "started_report"]
 
 log = logging.getLogger("emq_bridge.celery")
 
@@ -175,6 +177,48 @@ def occurrence_of(request: Any, app: Celery) -> dict[str, Any] | None:
     }
 
 
+# Schedule headers `"<queue>/<name>"` with one '/' already cut and checked: a worker runs
+# the same few registrations over and over (bounded: emptied when it grows past this).
+_CUTS: dict[str, tuple[str, str]] = {}
+_MAX_CUTS = 10_000
+
+
+def started_report(request: Any, app: Celery, attempt: int) -> Report | None:
+    """Return the `started` report of the task `request` serves, or None for a task
+    emq-bridge did not send; ValueError if its headers are garbled. What `report_of` makes of
+    `occurrence_of`, read straight from the request where its registration was seen before:
+    this runs before every task of a worker."""
+    fields = getattr(request, "__dict__", None)
+    schedule = fields.get(SCHEDULE_HEADER) if fields is not None else None
+    cut = _CUTS.get(schedule) if isinstance(schedule, str) else None
+    if fields is None or cut is None:  # its registration's first task here, or not ours
+        occurrence = occurrence_of(request, app)
+        if occurrence is None:
+            return None
+        item = report_of("started", occurrence, attempt=attempt)
+        if isinstance(schedule, str) and schedule.count("/") == 1:
+            if len(_CUTS) >= _MAX_CUTS:
+                _CUTS.clear()
+            _CUTS[schedule] = (item.queue, item.name)
+        return item
+    due, ident = fields.get(DUE_HEADER), fields.get("id")
+    if due is None or not ident:
+        return None
+    released = fields.get(RELEASED_HEADER)
+    return Report(
+        "started",
+        cut[0],
+        cut[1],
+        str(ident),
+        int(due),
+        _now_ms(),
+        attempt,
+        None if released in (None, "") else int(released),
+        bool(fields.get(REDELIVERED_HEADER)),
+        bool(fields.get(TRIGGERED_HEADER)),
+    )
+
+
 def _split_schedule(
     app: Celery, schedule: str, ident: str, due_ms: int, triggered: bool
 ) -> tuple[str, str]:
@@ -222,15 +266,21 @@ def _report(
         reporter = reporter_for(app)
         if reporter is None:
             return
+        attempt = int(getattr(request, "retries", 0) or 0) + 1
+        if kind == "started":
+            start = started_report(request, app, attempt)
+            if start is None:
+                return
+            _process.used.add(id(reporter))
+            reporter.report(start)
+            setattr(request, _START, (reporter, start))
+            return
         occurrence = occurrence_of(request, app)
         if occurrence is None:
             return
-        attempt = int(getattr(request, "retries", 0) or 0) + 1
         item = report_of(kind, occurrence, attempt=attempt, error=error, hold_ms=hold_ms)
         _process.used.add(id(reporter))
         reporter.report(item)
-        if kind == "started":
-            setattr(request, _START, (reporter, item))
     except Exception as exc:  # a report must never fail the task
         log.warning(
             "emq-bridge: the %s report of task %s was not sent: %s",
@@ -272,10 +322,6 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     _report("started", task, getattr(task, "request", None))
 
 
-def _on_success(sender: Any = None, **_: Any) -> None:
-    _report("succeeded", sender, getattr(sender, "request", None))
-
-
 def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
     # In the main process (a pool process died) Celery pushes the request for its receivers;
     # for a hard time limit it does not, and nothing is reported here (the occurrence is
@@ -299,7 +345,9 @@ def _on_postrun(
     sender: Any = None, task: Any = None, retval: Any = None, state: str | None = None, **_: Any
 ) -> None:
     task = task or sender
-    if state == "IGNORED":
+    if state == "SUCCESS":
+        _report("succeeded", task, getattr(task, "request", None))
+    elif state == "IGNORED":
         _report("skipped", task, getattr(task, "request", None), error=retval)
     elif state == "REJECTED" and not getattr(retval, "requeue", False):
         reason = getattr(retval, "reason", None)
@@ -317,7 +365,6 @@ def _on_shutdown(**_: Any) -> None:
 _RECEIVERS = (
     (signals.worker_init, _on_worker_init),
     (signals.task_prerun, _on_prerun),
-    (signals.task_success, _on_success),
     (signals.task_failure, _on_failure),
     (signals.task_retry, _on_retry),
     (signals.task_revoked, _on_revoked),

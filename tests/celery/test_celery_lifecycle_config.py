@@ -32,8 +32,9 @@ from emq_bridge.celery import (
     reporter_for,
 )
 from emq_bridge.celery.dispatch import occurrence_headers
-from emq_bridge.celery.reporting import occurrence_of
+from emq_bridge.celery.reporting import occurrence_of, started_report
 from emq_bridge.errors import ConfigError
+from emq_bridge.lifecycle import report_of
 
 T0 = 1_900_000_000_000
 
@@ -262,6 +263,37 @@ def test_a_schedule_header_whose_names_hold_a_slash_is_cut_where_the_id_matches(
         assert found is not None
         assert (found["queue"], found["name"]) == (queue, name)
     assert occurrence_of(Context({"id": "t", "emq_due_ms": T0}), app) is None
+
+
+def test_a_started_report_read_straight_from_the_request_is_the_one_report_of_makes(
+    make_app: Any, prefix: str
+) -> None:
+    """A worker's second task of a registration takes the fast path (`_CUTS`): the same
+    report, field for field, as `report_of(occurrence_of(...))`, and the same errors."""
+    app = make_app()
+    cases = [
+        ("fast-q", "nightly", {"emq_released_ms": T0 + 7}),
+        ("fast-q", "nightly", {"emq_released_ms": "", "emq_redelivered": True}),
+        ("fast-q", "nightly", {"emq_triggered": True}),
+        ("a/b", "c", {}),  # two '/': cut by the id, never cached
+        ("a", "b/c", {}),
+    ]
+    for _ in range(2):  # the first round fills the cache, the second reads from it
+        for queue, name, extra in cases:
+            triggered = bool(extra.get("emq_triggered"))
+            ident = occurrence_id(prefix, queue, name, T0, triggered=triggered)
+            fields = {"id": ident, "emq_due_ms": T0, "emq_schedule": f"{queue}/{name}", **extra}
+            request = Context(fields)
+            found = started_report(request, app, 2)
+            occurrence = occurrence_of(request, app)
+            assert found is not None and occurrence is not None
+            expected = report_of("started", occurrence, attempt=2, at_ms=found.at_ms)
+            assert found == expected
+    garbled = Context({"id": "x", "emq_due_ms": "soon", "emq_schedule": "fast-q/nightly"})
+    with pytest.raises(ValueError):
+        started_report(garbled, app, 1)
+    assert started_report(Context({"id": "t", "emq_schedule": "fast-q/nightly"}), app, 1) is None
+    assert started_report(Context({"id": "t"}), app, 1) is None
 
 
 # -- the receivers, through Celery's own apply ---------------------------------------------
