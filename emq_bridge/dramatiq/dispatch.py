@@ -11,17 +11,23 @@ its options (see `OccurrenceInfo`), which the worker's `RecurringMiddleware` rep
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
-from uuid import uuid4
+from collections.abc import Callable, Sequence
+from itertools import groupby
+from typing import Any, NamedTuple
 
 import dramatiq
-from dramatiq.common import current_millis
 
 from ..dispatch import batch_failure
 from ..errors import ConfigError, DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
+from .batch_enqueue import (
+    EnqueueScript,
+    encoder,
+    enqueue_hook,
+    redis_message_id,
+    writes_as_dispatch_lua,
+)
 from .schedule import (
     OPTION_BACKFILL,
     OPTION_DUE_MS,
@@ -54,14 +60,13 @@ def build_message(
     the message's queue. An unreadable template or an undeclared actor can never be sent:
     `PermanentDispatchError` (the pump parks the registration).
     """
-    where = f"{occurrence.queue}/{occurrence.name}"
     try:
         template = TaskTemplate.read(occurrence.template)
     except ScheduleError as exc:
-        raise PermanentDispatchError(f"{where}: {exc}") from exc
+        raise PermanentDispatchError(f"{_where(occurrence)}: {exc}") from exc
     actor = broker.actors.get(template.task)
     if actor is None:
-        raise PermanentDispatchError(f"{where}: {_undeclared(template.task)}")
+        raise PermanentDispatchError(f"{_where(occurrence)}: {_undeclared(template.task)}")
     # One dict built once per message (the template's options first, ours over them).
     options = {
         **template.options,
@@ -84,6 +89,10 @@ def build_message(
         options=options,
         message_id=occurrence.id,
     )
+
+
+def _where(occurrence: Occurrence) -> str:
+    return f"{occurrence.queue}/{occurrence.name}"  # built on failure only: not per message
 
 
 def _undeclared(actor: str) -> str:
@@ -132,17 +141,22 @@ class DramatiqDispatcher:
 
 
 class PipelinedDramatiqDispatcher(DramatiqDispatcher):
-    """The fast path on a `RedisBroker`: a claimed batch is enqueued in one round trip.
+    """The fast path on a `RedisBroker`: a claimed batch is enqueued in one script call.
 
     `dramatiq_dispatcher` (the middleware's and `emq-bridge pump`'s default) chooses it
     for a broker `can_pipeline` accepts; constructed directly, it takes any `RedisBroker`.
 
     For each message it does what `RedisBroker.enqueue` does (Dramatiq 2.x): a fresh
-    `redis_message_id`, the `before_enqueue` middleware hook, the broker's own `dispatch`
-    script with the same arguments, then `after_enqueue`; only the script calls of a batch
-    share one pipeline. It reads broker attributes that are not public API
-    (`scripts`, `_should_do_maintenance`, `_max_unpack_size`), so it is tied to the Dramatiq
-    versions its tests run (a real worker consumes what it writes).
+    `redis_message_id` option, the `before_enqueue` middleware hook, the encoding by
+    Dramatiq's encoder, the writes of the `enqueue` command of the broker's `dispatch`
+    script, then `after_enqueue`. The writes of a batch are one call of
+    `lua/dramatiq_enqueue.lua` (up to `ENQUEUE_CALL_SIZE` messages a call), which writes
+    Dramatiq's keys itself (`batch_enqueue.py`). So it relies on internals of Dramatiq that
+    are not public API: the keys and values `dispatch.lua` writes (`<namespace>:<queue>`,
+    `<namespace>:<queue>.msgs`, `<namespace>:__heartbeats__`), the broker's `namespace`,
+    `broker_id` and `client`, and `Message.encode` under the default `JSONEncoder`. It is
+    tied to the Dramatiq versions its tests run (they compare its writes with `enqueue`'s,
+    and a real worker consumes them); `can_pipeline` accepts Dramatiq 2.x only.
     """
 
     def __init__(self, broker: dramatiq.Broker) -> None:
@@ -154,54 +168,100 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
                 "use DramatiqDispatcher"
             )
         super().__init__(broker)
+        self.script = EnqueueScript(broker)
 
     def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
-        """Enqueue `occurrences` in one pipeline; return None or the error of each."""
-        broker: Any = self.broker
+        """Enqueue `occurrences` in one script call; return None or the error of each.
+
+        A message that cannot be built, or that a `before_enqueue` hook refuses (a
+        `MiddlewareError`), fails alone; a call the client could not make fails the
+        messages it carried and those after it (`batch_failure`).
+        """
+        broker = self.broker
         errors: list[BaseException | None] = [None] * len(occurrences)
-        prepared: list[tuple[int, dramatiq.Message[Any]]] = []
+        # Looked up once a batch: the same for each of its messages.
+        before = enqueue_hook(broker, "before")
+        after = enqueue_hook(broker, "after")
+        encode = encoder()
+        # Per queue, in batch order, as each queue's list is consumed.
+        by_queue: dict[str, list[_Prepared]] = {}
         for index, occurrence in enumerate(occurrences):
+            redis_id = redis_message_id()
             try:
-                message = build_message(broker, occurrence, redis_message_id=str(uuid4()))
-                broker.emit_before("enqueue", message, None)
+                message = build_message(broker, occurrence, redis_message_id=redis_id)
+                if before is not None:
+                    before(message, None)
+                encoded = encode(message)  # after the hook, as in enqueue: it may add options
             except Exception as exc:  # a MiddlewareError refuses this message only
                 errors[index] = exc
                 continue
-            prepared.append((index, message))
-        if not prepared:
-            return errors
-        dispatch = broker.scripts["dispatch"]
-        pipe = broker.client.pipeline(transaction=False)
-        for _, message in prepared:
-            dispatch(
-                keys=[broker.namespace],
-                args=[
-                    "enqueue",
-                    current_millis(),
-                    message.queue_name,
-                    broker.broker_id,
-                    broker.heartbeat_timeout,
-                    broker.dead_message_ttl,
-                    broker._should_do_maintenance("enqueue"),
-                    broker._max_unpack_size(),
-                    message.options["redis_message_id"],
-                    message.encode(),
-                ],
-                client=pipe,
+            by_queue.setdefault(message.queue_name, []).append(
+                _Prepared(index, message, redis_id, encoded)
             )
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except Exception as exc:  # the connection failed: none of the batch is known to be in
-            failure = batch_failure(exc)
-            for index, _ in prepared:
-                errors[index] = failure
-            return errors
-        for (index, message), reply in zip(prepared, replies, strict=True):
-            if isinstance(reply, Exception):
-                errors[index] = reply
-            else:
-                broker.emit_after("enqueue", message, None)
+        prepared = [item for items in by_queue.values() for item in items]
+        for start in range(0, len(prepared), ENQUEUE_CALL_SIZE):
+            failure = self._send(prepared[start : start + ENQUEUE_CALL_SIZE], after, errors)
+            if failure is not None:  # the client failed: the rest waits for its leases
+                for item in prepared[start + ENQUEUE_CALL_SIZE :]:
+                    errors[item.position] = failure
+                break
         return errors
+
+    def _send(
+        self,
+        part: list[_Prepared],
+        after: Callable[[dramatiq.Message[Any], None], None] | None,
+        errors: list[BaseException | None],
+    ) -> DispatchError | None:
+        """Write `part` in one call, then run `after_enqueue` for each message written.
+
+        Return the failure of a call the client could not make (each message of `part`
+        then carries it), else None.
+        """
+        groups = [
+            (queue, [(item.redis_id, item.encoded) for item in run])
+            for queue, run in _by_queue(part)
+        ]
+        try:
+            refused = self.script.write(groups)
+        except Exception as exc:  # the connection (or the script as a whole) failed: none
+            failure = batch_failure(exc)  # of the call is known to be in
+            for item in part:
+                errors[item.position] = failure
+            return failure
+        for (_, run), error in zip(_by_queue(part), refused, strict=True):
+            for item in run:
+                if error is not None:
+                    errors[item.position] = DispatchError(
+                        f"the broker did not take message {item.message.message_id} on queue "
+                        f"{item.message.queue_name!r}: {error}"
+                    )
+                elif after is not None:
+                    after(item.message, None)
+        return None
+
+
+class _Prepared(NamedTuple):
+    """A message of a batch, ready to write: its place in the batch, the message, its
+    Redis id and its bytes (a tuple: one is made per message)."""
+
+    position: int
+    message: dramatiq.Message[Any]
+    redis_id: str
+    encoded: bytes
+
+
+def _by_queue(part: list[_Prepared]) -> list[tuple[str, list[_Prepared]]]:
+    return [(queue, list(run)) for queue, run in groupby(part, key=_queue_of)]
+
+
+def _queue_of(item: _Prepared) -> str:
+    return item.message.queue_name
+
+
+# The most messages one script call carries: a bigger batch is several calls, so that no
+# one call holds the server for long (a few milliseconds per thousand small messages).
+ENQUEUE_CALL_SIZE = 1000
 
 
 # The Dramatiq major version whose `RedisBroker.enqueue` the pipelined path reproduces, and
@@ -222,7 +282,9 @@ def can_pipeline(broker: dramatiq.Broker) -> bool:
     """Say whether `PipelinedDramatiqDispatcher` sends on `broker` what `broker.enqueue` would.
 
     True for a `RedisBroker` of Dramatiq 2.x whose enqueue is Dramatiq's own: not overridden
-    by a subclass or on the instance, nor replaced by a wrapper from another module.
+    by a subclass or on the instance, nor replaced by a wrapper from another module, and
+    whose `dispatch` script writes what `lua/dramatiq_enqueue.lua` writes in its stead
+    (`writes_as_dispatch_lua`).
     """
     from dramatiq.brokers.redis import RedisBroker
 
@@ -239,8 +301,7 @@ def can_pipeline(broker: dramatiq.Broker) -> bool:
             return False
     if any("do_enqueue" in vars(k) for k in kind.__mro__) or "do_enqueue" in vars(broker):
         return False
-    scripts = getattr(broker, "scripts", None)
-    return isinstance(scripts, dict) and "dispatch" in scripts
+    return writes_as_dispatch_lua(broker)
 
 
 def _major(version: str) -> int | None:
