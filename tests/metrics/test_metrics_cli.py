@@ -46,9 +46,11 @@ def test_a_scrape_during_a_1000_schedule_run_counts_every_dispatch_and_registrat
     try:
         samples = wait_for(
             lambda: scrape(url),
+            # Two ticks at least: on a slow machine one tick can send two rounds of slots.
             lambda s: (
                 sample(s, "emq_bridge_occurrences_dispatched_total", queue="mq")
                 >= 2 * (SCHEDULES - 1)
+                and sample(s, "emq_bridge_pump_ticks_total") >= 2
             ),
             timeout_s=30,
         )
