@@ -218,10 +218,8 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
         Return the failure of a call the client could not make (each message of `part`
         then carries it), else None.
         """
-        groups = [
-            (queue, [(item.redis_id, item.encoded) for item in run])
-            for queue, run in _by_queue(part)
-        ]
+        runs = _by_queue(part)
+        groups = [(queue, [(item.redis_id, item.encoded) for item in run]) for queue, run in runs]
         try:
             refused = self.script.write(groups)
         except Exception as exc:  # the connection (or the script as a whole) failed: none
@@ -229,7 +227,7 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
             for item in part:
                 errors[item.position] = failure
             return failure
-        for (_, run), error in zip(_by_queue(part), refused, strict=True):
+        for (_, run), error in zip(runs, refused, strict=True):
             for item in run:
                 if error is not None:
                     errors[item.position] = DispatchError(
