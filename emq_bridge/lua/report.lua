@@ -93,8 +93,9 @@ for i, report in ipairs(reports) do
   local record, history = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
   -- One read of what the record says: whether it exists, the newest nominal time its history
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
-  -- occurrence in flight, and whether there is a failure streak to clear.
-  local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures')
+  -- occurrence in flight, whether there is a failure streak to clear, and the overlap policy.
+  local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures',
+                          'overlap')
   if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
       if redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
@@ -151,7 +152,13 @@ for i, report in ipairs(reports) do
           if error ~= '' then set('last_error', error) end
           redis.call('HSET', record, unpack(sets, 1, ns))
         else
-          redis.call('ZREM', running, member)
+          -- Only a report of this occurrence (which makes its entry, so it is not `later`), a
+          -- guarded claim or a buffered slot's release (both set `inflight`; `overlap` names the
+          -- policy) put it in `running`: an unguarded occurrence's first report has nothing to
+          -- remove there, and spares the command (a folded start and end is such a report).
+          if not (later and not inflight and not cur[5]) then
+            redis.call('ZREM', running, member)
+          end
           set('last_finished_ms', at)
           local started = tonumber(entry[4])
           if started then

@@ -112,6 +112,31 @@ def test_cancel_removes_history_and_in_flight(repeat: Repeat) -> None:
     assert repeat.client.keys(f"{repeat.prefix}:*") == []
 
 
+@pytest.mark.parametrize("then_allow", [False, True])
+def test_an_end_reported_without_its_start_leaves_nothing_in_flight(
+    any_repeat: Repeat, then_allow: bool
+) -> None:
+    """A final report alone (no `started` seen) of an occurrence a guarded claim put in flight
+    takes it out of `running`, also after the policy was changed to `allow` meanwhile; one of
+    an unguarded occurrence (report.lua then skips the removal) leaves `running` empty too."""
+    t0 = _start(any_repeat)
+    keys = any_repeat.keys("q")
+    any_repeat.upsert("q", "free", every="1s", template=TEMPLATE, now_ms=t0)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    pump = Pump(any_repeat, ["q"], RecordingDispatcher())
+    fired = {o.name: o for o in _fire(pump, t0 + 1000)}
+    assert any_repeat.client.zrange(keys.running, 0, -1) == [f"job {t0 + 1000}".encode()]
+    if then_allow:
+        any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    assert any_repeat.finished(fired["free"], ok=True)
+    assert any_repeat.finished(fired["job"], ok=True)
+    assert any_repeat.client.zcard(keys.running) == 0
+    assert {o.name for o in _fire(pump, t0 + 2000)} == {"free", "job"}
+    for name in ("free", "job"):
+        (entry,) = any_repeat.history("q", name, 1)
+        assert (entry.due_ms, entry.status) == (t0 + 1000, "succeeded")
+
+
 def test_history_stays_capped_under_ten_thousand_occurrences(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
