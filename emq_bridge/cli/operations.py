@@ -134,8 +134,15 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
     schedule_file = load_schedule_file(file)
     repeat = settings.repeat()
     plan = plan_sync(repeat, schedule_file.declarations, schedule_file.source, prune=prune)
-    touched = [(d.queue, d.name) for d in plan.update] + list(plan.remove)
-    old = {key: r for key in touched if (r := repeat.get(*key)) is not None}
+    touched: dict[str, list[str]] = {}
+    for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
+        touched.setdefault(queue, []).append(name)
+    # One read per chunk of records, not a round trip each: a file may change them all.
+    old = {
+        (queue, name): registration
+        for queue, names in touched.items()
+        for name, registration in repeat.get_many(queue, names).items()
+    }
     if not dry_run:
         plan = sync(repeat, schedule_file.declarations, schedule_file.source, prune=prune)
     if as_json:

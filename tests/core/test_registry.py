@@ -365,3 +365,20 @@ def test_closing_the_registry_closes_its_connections_and_a_later_move_reconnects
     assert all(c._sock is None for c in pooled)  # disconnected
     assert repeat.server_time_ms() > 0
     repeat.close()
+
+
+def test_get_many_reads_the_registrations_that_exist_in_chunks(
+    any_repeat: Repeat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import emq_bridge.registry
+
+    monkeypatch.setattr(emq_bridge.registry, "READ_CHUNK", 2)  # five names: three reads
+    for name in ("a", "b", "c", "d"):
+        any_repeat.register("q", name, every="1h", template={"task": name})
+    found = any_repeat.get_many("q", ["d", "gone", "a", "b", "c"])
+    assert sorted(found) == ["a", "b", "c", "d"]
+    assert found["d"] == any_repeat.get("q", "d")
+    assert found["a"].definition.template == {"task": "a"}
+    assert any_repeat.get_many("q", []) == {}
+    with pytest.raises(InvalidName):
+        any_repeat.get_many("q", ["a", "no spaces"])
