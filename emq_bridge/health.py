@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .errors import RegistryError
 from .heartbeat import PumpInfo
 from .registry import Registration, Repeat
 
@@ -65,9 +66,10 @@ def check(
     """Check `queues` (default: every queue with a registry under the prefix).
 
     Healthy when there is at least one queue, each has a live pump, and none's earliest
-    active next run passed more than `max_lag_ms` ago (server clock). Costs one round trip
-    per queue for the earliest run, one pipeline for the pumps. Raises
-    `RegistryUnavailable`/`RegistryError` when Redis fails.
+    active next run passed more than `max_lag_ms` ago (server clock). Costs one pipeline for
+    every queue's earliest run, one for the pumps and the server's clock: three round trips
+    however many queues (and the SCAN that finds them when `queues` is not given). Raises
+    `RegistryUnavailable`/`RegistryError` when Redis fails (the first failing queue's error).
     """
     if max_lag_ms < 0:
         raise ValueError("max_lag_ms must not be negative")
@@ -75,8 +77,10 @@ def check(
     pumps = repeat.pumps_by_queue(names)
     found = []
     now_ms = 0
-    for queue in names:
-        scan = repeat.scan(queue, 1)  # its clock and earliest score, read-only
+    # Each queue's clock and earliest score, read-only, all in one pipeline.
+    for queue, scan in zip(names, repeat.scan_many(names, 1), strict=True):
+        if isinstance(scan, RegistryError):
+            raise scan
         now_ms = scan.now_ms
         earliest = scan.due[0][0] if scan.due else None
         found.append(QueueHealth(queue, tuple(pumps[queue]), earliest, scan.earliest_ms))

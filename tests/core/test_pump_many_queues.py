@@ -224,3 +224,31 @@ def test_a_pump_of_a_thousand_queues_wakes_on_one_subscription_for_the_last_queu
 
 def all_subscribed(client: redis.Redis, channels: set[str]) -> bool:
     return all(count >= 1 for _, count in client.pubsub_numsub(*channels))
+
+
+def test_a_health_check_over_a_thousand_queues_is_three_round_trips(
+    counted: RoundTrips, prefix: str
+) -> None:
+    """The earliest run of every queue in one pipeline, their pumps in another, the server's
+    clock: as many round trips for 1,000 queues as for one. A broken queue fails the check
+    with its own error."""
+    from emq_bridge import health
+
+    repeat = Repeat(counted.client, prefix)
+    register_everywhere(repeat)
+    Pump(repeat, QUEUES, RecordingDispatcher()).step()  # a pump lives: its heartbeat
+    health.check(repeat, QUEUES)  # the scan script is known to the server from here on
+
+    results: list[health.Health] = []
+    trips = counted.during(lambda: results.append(health.check(repeat, QUEUES)))
+
+    assert trips == 3
+    (result,) = results
+    assert result.ok, result.reason
+    assert len(result.queues) == 1000
+    assert {item.queue for item in result.queues if item.pumps} == set(QUEUES)
+    registry = repeat.keys("q0500").registry
+    counted.client.delete(registry)
+    counted.client.set(registry, "a string where a sorted set belongs")
+    with pytest.raises(RegistryError, match="scan q0500: WRONGTYPE"):
+        health.check(repeat, QUEUES)
