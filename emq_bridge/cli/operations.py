@@ -106,6 +106,22 @@ def _plan_json(plan: SyncPlan, dry_run: bool) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def _own_diff(verbosity: int) -> Iterator[None]:
+    """Hold back the sync's own WARNING line per changed schedule (what a boot sync logs)
+    unless `-v` asks for more: the command prints each change once, as its diff."""
+    logger = logging.getLogger("emq_bridge.sync")
+    if verbosity > 0:
+        yield
+        return
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
 @click.command("sync")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
@@ -144,7 +160,8 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         for name, registration in repeat.get_many(queue, names).items()
     }
     if not dry_run:
-        plan = sync(repeat, schedule_file.declarations, schedule_file.source, prune=prune)
+        with _own_diff(settings.verbosity):
+            plan = sync(repeat, schedule_file.declarations, schedule_file.source, prune=prune)
     if as_json:
         click.echo(to_json(_plan_json(plan, dry_run)))
         return

@@ -303,9 +303,13 @@ def test_sync_prints_the_plan_as_a_diff_and_dry_run_writes_nothing(
         "~ reports/digest  every 15m -> every 5m",
         "- reports/nightly  cron 0 9 * * * (Europe/Paris)",
     ]
+    assert "reports/digest" not in changed.stderr  # each change told once, as the diff
     assert sorted(repeat.names("reports")) == ["digest", "manual"]
     same = run("sync", str(path))
     assert same.stdout.splitlines() == ["= reports/digest  every 5m"]
+    path.write_text(FILE)
+    verbose = run("-v", "sync", str(path))  # -v: the sync's own log lines as well
+    assert "WARNING emq_bridge.sync: sync ops: ~ reports/digest" in verbose.stderr
 
 
 def test_sync_no_prune_keeps_dropped_schedules_and_json_parses(
