@@ -39,7 +39,7 @@ from .outcome import HistoryEntry, Report
 from .pump import Pump
 from .registry import Registered, Registration, Repeat, Upserted
 from .reporting import Reporter
-from .sync import SyncPlan, plan_sync, sync
+from .sync import SyncPlan, apply_plan, plan_sync, sync
 from .template import MAX_TEMPLATE_BYTES, MAX_TEMPLATE_DEPTH, TaskTemplate
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "Tick",
     "Upserted",
     "advance",
+    "apply_plan",
     "catch_up",
     "define",
     "next_runs",

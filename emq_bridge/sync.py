@@ -24,7 +24,8 @@ from .errors import ConfigError, EmqError
 from .keys import validate_name
 from .registry import Repeat, StaleGeneration, Upserted, generation_arg, record_digest
 
-__all__ = ["Declaration", "SyncPlan", "plan_sync", "sync"]  # Declaration lives in definition
+# Declaration lives in definition.
+__all__ = ["Declaration", "SyncPlan", "apply_plan", "plan_sync", "sync"]
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,21 @@ def sync(
             exc.live,
             exc.queue,
         )
+    _log(applied, old)
+    return applied
+
+
+def apply_plan(repeat: Repeat, plan: SyncPlan) -> SyncPlan:
+    """Apply `plan` as `plan_sync` returned it (one made without a generation): upsert what it
+    creates or updates, cancel what it removes, log it as `sync` does, and return what was
+    done. Each write re-checks the digest or the owner it changes, so a registry that moved
+    since the plan was read converges as after `sync`; what `plan_sync` read is not read
+    again (`emq-bridge sync` shows a plan, then applies that one)."""
+    if plan.generation is not None or plan.refused_by is not None:
+        raise ValueError("a plan with a generation is applied by sync(generation=...)")
+    applied = SyncPlan(plan.source)
+    old = _old_records(repeat, [*((d.queue, d.name) for d in plan.update), *plan.remove])
+    _apply(repeat, plan, applied)
     _log(applied, old)
     return applied
 

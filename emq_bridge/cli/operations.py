@@ -22,7 +22,7 @@ from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
 from ..heartbeat import Heartbeat
 from ..pump import Pump
 from ..registry import Registration, Repeat
-from ..sync import SyncPlan, plan_sync, sync
+from ..sync import SyncPlan, apply_plan, plan_sync, sync
 from .context import Settings, given_as, pass_settings, redact_url
 from .frameworks import framework_options, given_frameworks, load_target
 from .metrics import metrics_options, serve_pump_metrics
@@ -159,9 +159,9 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         for queue, names in touched.items()
         for name, registration in repeat.get_many(queue, names).items()
     }
-    if not dry_run:
+    if not dry_run:  # the plan shown is the one applied: the registry is read once
         with _own_diff(settings.verbosity):
-            plan = sync(repeat, schedule_file.declarations, schedule_file.source, prune=prune)
+            plan = apply_plan(repeat, plan)
     if as_json:
         click.echo(to_json(_plan_json(plan, dry_run)))
         return

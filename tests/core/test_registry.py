@@ -302,6 +302,31 @@ def test_an_unchanged_sync_reads_digests_and_writes_nothing(repeat: Repeat) -> N
     assert repeat.digests("reports")["job-0"][1] == "app"
 
 
+def test_apply_plan_applies_what_plan_sync_read_and_converges_with_a_sync_between(
+    any_repeat: Repeat,
+) -> None:
+    from emq_bridge import Declaration, apply_plan, define, plan_sync, sync
+
+    def declared(every: str, names: list[str]) -> list[Declaration]:
+        return [Declaration("reports", n, define(every=every, template=TEMPLATE)) for n in names]
+
+    sync(any_repeat, declared("5m", ["kept", "changed", "dropped"]), "app")
+    wanted = declared("5m", ["kept"]) + declared("10m", ["changed", "new", "raced"])
+    plan = plan_sync(any_repeat, wanted, "app")
+    assert [d.name for d in plan.create] == ["new", "raced"]
+    assert ([d.name for d in plan.update], plan.remove) == (["changed"], [("reports", "dropped")])
+    sync(any_repeat, declared("10m", ["raced"]), "other", prune=False)  # after the plan was read
+
+    applied = apply_plan(any_repeat, plan)
+    assert [d.name for d in applied.create] == ["new"]
+    assert sorted(d.name for d in applied.update) == ["changed", "raced"]  # now "app"'s
+    assert applied.remove == [("reports", "dropped")]
+    assert sorted(any_repeat.names("reports")) == ["changed", "kept", "new", "raced"]
+    assert plan_sync(any_repeat, wanted, "app").changes == 0
+    with pytest.raises(ValueError, match="generation"):
+        apply_plan(any_repeat, plan_sync(any_repeat, wanted, "app", generation=3))
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     parts=st.lists(st.text(min_size=1, max_size=12), min_size=3, max_size=3),
