@@ -161,7 +161,7 @@ def sync(
         if generation is not None:
             repeat.upsert_declared([], source=source, generation=generation, queues=queues)
         plan = _plan(repeat, wanted, source, queues, prune)
-        old = _old_records(repeat, [*((d.queue, d.name) for d in plan.update), *plan.remove])
+        old = _old_records(repeat, plan)
         _apply(repeat, plan, applied)
     except StaleGeneration as exc:
         applied.refused_by = exc.live
@@ -187,7 +187,7 @@ def apply_plan(repeat: Repeat, plan: SyncPlan) -> SyncPlan:
     if plan.generation is not None or plan.refused_by is not None:
         raise ValueError("a plan with a generation is applied by sync(generation=...)")
     applied = SyncPlan(plan.source)
-    old = _old_records(repeat, [*((d.queue, d.name) for d in plan.update), *plan.remove])
+    old = _old_records(repeat, plan)
     _apply(repeat, plan, applied)
     _log(applied, old)
     return applied
@@ -213,12 +213,14 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
             applied.remove.append((queue, name))
 
 
-def _old_records(
-    repeat: Repeat, keys: list[tuple[str, str]]
-) -> dict[tuple[str, str], dict[str, str]]:
-    """Read the records a sync is about to update or remove, to log what changes."""
+def _old_records(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], dict[str, str]]:
+    """Read the records `plan` is about to update or remove, for the WARNING lines `_log`
+    writes of them; nothing when those lines are not logged (`emq-bridge sync` shows its own
+    diff)."""
+    if not log.isEnabledFor(logging.WARNING):
+        return {}
     by_queue: dict[str, list[str]] = {}
-    for queue, name in keys:
+    for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
         by_queue.setdefault(queue, []).append(name)
     fields = (*DEFINITION_FIELDS, "source")
     return {
