@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 
+from emq_bridge.events import PumpEvents
 from emq_bridge.occurrence import Occurrence
 
 from .brokers import db_url, dramatiq_broker, emq_dispatcher
@@ -183,15 +184,51 @@ def _pump(params: dict[str, Any], ready: Event, go: Event, results: Connection) 
         batch = callable(getattr(dispatcher, "dispatch_batch", None))
         recorder = BatchLagRecorder(dispatcher) if batch else LagRecorder(dispatcher)
     repeat = Repeat(redis.Redis.from_url(db_url(url, DB_REGISTRY)), EMQ_PREFIX)
-    pump = Pump(repeat, params.get("queues", [QUEUE]), recorder or dispatcher)
+    claims = ClaimCounter(repeat)
+    pump = Pump(repeat, params.get("queues", [QUEUE]), recorder or dispatcher, listeners=[claims])
     repeat.server_time_ms()
     ready.set()
     go.wait()
     if seconds is not None:
         threading.Timer(seconds, pump.stop).start()
+    cpu_s = time.process_time()
     pump.run()
+    cpu_s = time.process_time() - cpu_s
     if recorder is not None:
-        results.send({"due": recorder.due, "lag": recorder.lag})
+        results.send(
+            {
+                "due": recorder.due,
+                "lag": recorder.lag,
+                "cpu_s": cpu_s,
+                "scanned": claims.scanned,
+                "claimed": claims.claimed,
+            }
+        )
+
+
+class ClaimCounter(PumpEvents):
+    """Count what a pump's scans found due and what its claims took of it: with several
+    pumps on one queue, the rest went to another pump's claim (read, decoded, not sent)."""
+
+    def __init__(self, repeat: Any) -> None:
+        self.scanned = 0
+        self.claimed = 0
+        scan, scan_many = repeat.scan, repeat.scan_many
+
+        def counted_scan(*args: Any, **kwargs: Any) -> Any:
+            found = scan(*args, **kwargs)
+            self.scanned += len(found.due)
+            return found
+
+        def counted_scan_many(*args: Any, **kwargs: Any) -> Any:
+            found = scan_many(*args, **kwargs)
+            self.scanned += sum(len(f.due) for f in found if hasattr(f, "due"))
+            return found
+
+        repeat.scan, repeat.scan_many = counted_scan, counted_scan_many
+
+    def on_claim(self, queue: str, batch: Sequence[Occurrence]) -> None:
+        self.claimed += len(batch)
 
 
 JOBS = {"beat": _beat, "dramatiq-worker": _dramatiq_worker, "pump": _pump}

@@ -19,6 +19,19 @@ REDBEAT = "celery-redbeat"
 BARE = "bare enqueue loop"
 
 
+# The label's end that marks a sustained row at a lower rate (secondary, no aim judged).
+LOWER_RATE = " (lower rate)"
+
+
+def _percent(share: Any) -> str:
+    return "—" if share is None else f"{100 * share:.0f}%"
+
+
+def sustained_label(rate: int, pumps: int) -> str:
+    """The label of a sustained row at a lower rate than the aim's."""
+    return f"{rate:,}/s, {pumps} pump{'s' if pumps > 1 else ''}, pipelined Celery{LOWER_RATE}"
+
+
 def _get(medians: Medians, scenario: str, system: str, n: int | None = None) -> dict[str, Any]:
     sizes = medians.get(scenario, {}).get(system, {})
     if n is None:  # the one size measured
@@ -406,9 +419,38 @@ def rest_table(medians: Medians) -> list[str]:
             f"nominal) p50 {_fmt(sus.get('lag_p50_ms'), 1)} ms, p99 "
             f"{_fmt(sus.get('lag_p99_ms'), 1)} ms, max {_fmt(sus.get('lag_max_ms'), 1)} ms; "
             f"{_fmt(sus.get('messages'))} messages read back, {_fmt(sus.get('duplicates'))} "
-            f"duplicates. {sus.get('error', '')}",
+            f"duplicates; per occurrence sent, the pumps' CPU "
+            f"{_fmt(sus.get('pump_cpu_us_per_occ'))} µs and the server's "
+            f"{_fmt(sus.get('server_cpu_us_per_occ'))} µs; "
+            f"{_percent(sus.get('lost_to_other_pumps'))} of what a pump's scans found due "
+            f"went to the other pump's claim. {sus.get('error', '')}",
             "",
         ]
+    low = [
+        (label, figures)
+        for label, sizes in medians.get("sustained", {}).items()
+        if label.endswith(LOWER_RATE)
+        for figures in sizes.values()
+    ]
+    if low:
+        out += [
+            "Secondary rows, at lower rates (no aim is judged on them): where the pumps, the "
+            "server and this reader do not take every CPU.",
+            "",
+            "| rate, pumps | achieved /s | p50 ms | p99 ms | max ms | duplicates "
+            "| pump CPU µs/occ | server CPU µs/occ | lost to the other pump |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        ]
+        for label, figures in low:
+            out.append(
+                f"| {label.removesuffix(LOWER_RATE)} | {_fmt(figures.get('rate'))} | "
+                f"{_fmt(figures.get('lag_p50_ms'), 1)} | {_fmt(figures.get('lag_p99_ms'), 1)} | "
+                f"{_fmt(figures.get('lag_max_ms'), 1)} | {_fmt(figures.get('duplicates'))} | "
+                f"{_fmt(figures.get('pump_cpu_us_per_occ'))} | "
+                f"{_fmt(figures.get('server_cpu_us_per_occ'))} | "
+                f"{_percent(figures.get('lost_to_other_pumps'))} |"
+            )
+        out.append("")
     page = _get(medians, "list", "emq-bridge list --limit 50")
     if page:
         out += [

@@ -524,6 +524,7 @@ def sustained(
     celery = redis.Redis.from_url(db_url(server.url, DB_CELERY))
     celery.delete(QUEUE)  # the warm-up messages
     go = now_ms()
+    cpu_before = server.admin.info("cpu")
     for proc in procs:
         proc.start()
     seen: Counter[bytes] = Counter()
@@ -535,6 +536,7 @@ def sustained(
         else:
             time.sleep(0.05)
     reports = [proc.result(30) for proc in procs]
+    cpu_after = server.admin.info("cpu")
     for proc in procs:
         proc.kill()
     start_ms, stop_ms = go + warm_s * 1000, go + (warm_s + seconds) * 1000
@@ -546,8 +548,17 @@ def sustained(
     ]
     celery.close()
     server.flush()
+    # Where the CPU went, per occurrence sent, over the whole run (warm-up included): the
+    # pumps' processes and the server's (this reader's share of the server is in it too).
+    sent = sum(len(report["due"]) for report in reports)
+    server_cpu_s = sum(cpu_after[k] - cpu_before[k] for k in ("used_cpu_user", "used_cpu_sys"))
+    scanned = sum(report["scanned"] for report in reports)
     return {
         "pumps": pumps,
+        "pump_cpu_us_per_occ": 1e6 * sum(r["cpu_s"] for r in reports) / max(1, sent),
+        "server_cpu_us_per_occ": 1e6 * server_cpu_s / max(1, sent),
+        # Of what the pumps' scans found due, the share another pump's claim took first.
+        "lost_to_other_pumps": 1 - sum(r["claimed"] for r in reports) / max(1, scanned),
         "target_rate": rate,
         "rate": len(lags) / seconds,
         "lag_p50_ms": percentile(lags, 50),
