@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 import redis
+from quiet import quiet_offset
 
 from emq_bridge import Registration, Repeat
 from emq_bridge.embedded import EmbeddedServer
@@ -69,12 +70,13 @@ APP = textwrap.dedent("""
         worker_hijack_root_logger=True,
     )
     HOUR = 3600.0
+    QUIET = env["EMQL_OFFSET"]  # the hourly entries' next slot far from now: only triggers run
     SCHEDULES = {
         "main": {
-            "ok": {"task": "emql.ok", "schedule": HOUR},
-            "fail": {"task": "emql.fail", "schedule": HOUR},
-            "flaky": {"task": "emql.flaky", "schedule": HOUR},
-            "selfkill": {"task": "emql.selfkill", "schedule": HOUR},
+            "ok": {"task": "emql.ok", "schedule": HOUR, "offset": QUIET},
+            "fail": {"task": "emql.fail", "schedule": HOUR, "offset": QUIET},
+            "flaky": {"task": "emql.flaky", "schedule": HOUR, "offset": QUIET},
+            "selfkill": {"task": "emql.selfkill", "schedule": HOUR, "offset": QUIET},
             "slow": {"task": "emql.slow", "schedule": 1.0, "overlap": "skip"},
             "flop": {
                 "task": "emql.fail", "schedule": 1.0, "overlap": "skip",
@@ -82,7 +84,7 @@ APP = textwrap.dedent("""
             },
         },
         "lost": {"hang": {"task": "emql.hang", "schedule": 1.0, "overlap": "skip"}},
-        "outage": {"outage": {"task": "emql.outage", "schedule": HOUR}},
+        "outage": {"outage": {"task": "emql.outage", "schedule": HOUR, "offset": QUIET}},
     }
     STACK = env["EMQL_STACK"]
     app.conf.beat_schedule = SCHEDULES[STACK]
@@ -193,6 +195,9 @@ class Fleet:
     stacks: dict[str, Stack] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     marks: dict[str, Any] = field(default_factory=dict)
+    # One grid offset for every process: a top of the hour mid-run would fire the hourly
+    # entries once more (a second failure of `fail`, a second run of `outage`).
+    offset: str = field(default_factory=quiet_offset)
 
     def stack(self, key: str, registry_url: str) -> Stack:
         prefix = f"t{uuid.uuid4().hex[:10]}"
@@ -206,6 +211,7 @@ class Fleet:
             EMQL_STACK=key,
             EMQL_HEARTBEAT_S=str(HEARTBEAT_S),
             EMQL_PUMP_SLEEP_S=str(PUMP_SLEEP_S),
+            EMQL_OFFSET=self.offset,
         )
         self.stacks[key] = Stack(key, prefix, f"{prefix}-q", registry_url, env)
         return self.stacks[key]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner
+from quiet import quiet_offset
 
 from emq_bridge import Pump, Repeat, ScheduleError, occurrence_id
 from emq_bridge.celery.dispatch import BACKFILL_HEADER, occurrence_headers
@@ -230,10 +231,12 @@ def test_a_real_dramatiq_worker_sees_the_backfilled_slot_with_its_live_id(
         seen.append(occurrence_of(CurrentMessage.get_current_message()))
         done.set()
 
-    repeat.upsert("bfq", "nightly", definition=define(every="1d", template={"task": "bf_task"}))
+    # The day's slot far from now: a midnight before the pump would send it as well.
+    nightly = define(every="1d", offset=quiet_offset("1d"), template={"task": "bf_task"})
+    repeat.upsert("bfq", "nightly", definition=nightly)
     now = repeat.server_time_ms()
     day = 86_400_000
-    slot = (now // day - 2) * day
+    slot = nightly.cadence.next_after(now - 3 * day)  # a slot of its grid, two days back
     assert repeat.backfill("bfq", "nightly", slot, slot).queued == [slot]
     Pump(repeat, ["bfq"], DramatiqDispatcher(broker)).run_once()
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)

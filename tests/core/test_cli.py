@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from quiet import quiet_offset
 from registry_state import snapshot
 
-from emq_bridge import Every, Repeat, occurrence_id
+from emq_bridge import Every, Repeat, define, occurrence_id
 from emq_bridge.cli import cli
 from emq_bridge.cli.context import redact_url
 
@@ -90,7 +91,11 @@ def test_list_prints_a_table_with_cadence_next_run_in_the_schedule_zone_and_stat
 
 
 def test_list_json_parses_and_carries_every_field_a_script_needs(run: Run, repeat: Repeat) -> None:
-    repeat.register("reports", "digest", every="15m", template={"task": "t", "args": [1]})
+    # A slot far from now: one passing before `list` would leave the next run in the past.
+    offset = quiet_offset("15m")
+    repeat.register(
+        "reports", "digest", every="15m", offset=offset, template={"task": "t", "args": [1]}
+    )
     repeat.register("emails", "retry", cron="*/5 * * * *", template={"task": "r"})
     everything = json.loads(run("list", "--json").stdout)
     assert sorted((r["queue"], r["name"]) for r in everything) == [
@@ -100,7 +105,8 @@ def test_list_json_parses_and_carries_every_field_a_script_needs(run: Run, repea
     only = json.loads(run("list", "reports", "--json").stdout)
     assert len(only) == 1
     digest = only[0]
-    assert digest["cadence"] == "every 15m"
+    assert digest["cadence"] == define(every="15m", offset=offset).cadence.describe()
+    assert digest["cadence"].startswith("every 15m offset ")
     assert digest["every_ms"] == 900_000
     assert digest["state"] == "active"
     assert digest["template"] == {"task": "t", "args": [1]}
@@ -264,7 +270,8 @@ def test_pause_and_resume_change_the_state_and_report_no_ops(run: Run, repeat: R
 def test_trigger_prints_a_fresh_occurrence_id_that_a_pump_then_dispatches(
     run: Run, repeat: Repeat, prefix: str
 ) -> None:
-    repeat.register("reports", "digest", every="1h", template={"task": "t"})
+    # A top of the hour before the pump would send the hour's slot too.
+    repeat.register("reports", "digest", every="1h", offset=quiet_offset(), template={"task": "t"})
     triggered = run("trigger", "reports", "digest")
     assert triggered.exit_code == 0
     occurrence_id = triggered.stdout.strip()
@@ -390,7 +397,9 @@ def test_pump_once_syncs_a_file_and_pushes_due_occurrences_onto_a_list(
     run: Run, repeat: Repeat, tmp_path: Path, prefix: str
 ) -> None:
     path = tmp_path / "schedules.toml"
-    path.write_text(FILE)
+    # digest's slot far from now: one passing between the sync and the pump would be sent.
+    quiet = f'every = "15m"\noffset = "{quiet_offset("15m")}"\n'
+    path.write_text(FILE.replace('every = "15m"\n', quiet))
     repeat.register(
         "reports", "due", every="1h", template={"task": "d"}, now_ms=0
     )  # due since 1970

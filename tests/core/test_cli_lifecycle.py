@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from quiet import quiet_offset
 from registry_state import snapshot
 
-from emq_bridge import Occurrence, Pump, Repeat
+from emq_bridge import Occurrence, Pump, Repeat, define
 from emq_bridge.cli import cli
 from emq_bridge.lifecycle import report_of
 from emq_bridge.testing import RecordingDispatcher
@@ -304,7 +305,15 @@ def test_show_list_and_history_print_what_workers_reported_of_occurrences_a_pump
 def test_the_third_failure_in_a_row_parks_the_schedule_and_list_and_show_say_why(
     run: Run, repeat: Repeat
 ) -> None:
-    repeat.register("reports", "sync", every="1h", template=TEMPLATE, pause_after_failures=3)
+    # A top of the hour mid-test would fire the hour's slot next to a trigger.
+    repeat.register(
+        "reports",
+        "sync",
+        every="1h",
+        offset=quiet_offset(),
+        template=TEMPLATE,
+        pause_after_failures=3,
+    )
     dispatcher = RecordingDispatcher()
     pump = Pump(repeat, ["reports"], dispatcher)
     for n in range(3):
@@ -367,7 +376,10 @@ def test_show_and_history_of_an_occurrence_lost_then_of_a_failure_reported_witho
 ) -> None:
     t0 = start_ms(repeat)
     hour = 3_600_000
-    repeat.register("reports", "sync", every="1h", template=TEMPLATE, now_ms=t0)
+    # The first slot half an hour after t0: a top of the hour just after t0 would fire it
+    # next to the first trigger.
+    offset = quiet_offset(now_ms=t0)
+    repeat.register("reports", "sync", every="1h", offset=offset, template=TEMPLATE, now_ms=t0)
     dispatcher = RecordingDispatcher()
     pump = Pump(repeat, ["reports"], dispatcher)
     repeat.trigger("reports", "sync", now_ms=t0 + 1000)  # one that ran 250 ms, first
@@ -385,7 +397,7 @@ def test_show_and_history_of_an_occurrence_lost_then_of_a_failure_reported_witho
     assert "  status    lost (no word from its worker in time)" in lines
     assert "  lost      1" in lines
     row = run("history", "reports", "sync").stdout.splitlines()[1]
-    slot = (t0 // hour + 1) * hour  # the first slot of the hourly grid after t0
+    slot = define(every="1h", offset=offset).cadence.next_after(t0)  # the first slot after t0
     assert row.split() == [utc(slot), "lost", "1", utc(t0 + hour + 50), "-", "-"]
 
     # A worker that reports only the end: no duration (not the one of an occurrence before).
@@ -433,7 +445,8 @@ def test_history_help_shows_examples() -> None:
 def test_the_console_script_prints_history_as_json(
     redis_url: str, prefix: str, repeat: Repeat
 ) -> None:
-    repeat.register("reports", "sync", every="1h", template=TEMPLATE)
+    # A top of the hour before the pump would fire the hour's slot next to the trigger.
+    repeat.register("reports", "sync", every="1h", offset=quiet_offset(), template=TEMPLATE)
     repeat.trigger("reports", "sync")
     dispatcher = RecordingDispatcher()
     occurrence = fire(Pump(repeat, ["reports"], dispatcher), dispatcher)

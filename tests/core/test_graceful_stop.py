@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import pytest
 import redis
+from quiet import quiet_offset
 
 from emq_bridge import Occurrence, Pump, Repeat
 from emq_bridge.definition import define
@@ -30,9 +31,12 @@ HOUR = 3_600_000
 LEASE_MS = 60_000
 
 
-def register_due(repeat: Repeat, queue: str, n: int, now_ms: int) -> None:
-    """Register `n` hourly schedules in `queue`, all due at `now_ms`."""
-    definition = define(every="1h", template={"task": "t"})
+def register_due(
+    repeat: Repeat, queue: str, n: int, now_ms: int, offset: str | None = None
+) -> None:
+    """Register `n` hourly schedules in `queue`, all due at `now_ms` (on the grid shifted by
+    `offset`)."""
+    definition = define(every="1h", offset=offset, template={"task": "t"})
     items = [(queue, f"job-{i:05d}", definition) for i in range(n)]
     repeat.upsert_many(items, now_ms=now_ms - HOUR)
 
@@ -124,7 +128,8 @@ def test_stop_during_a_slow_batch_returns_at_once_and_hands_back_what_is_left(
     repeat: Repeat,
 ) -> None:
     now = repeat.server_time_ms()
-    register_due(repeat, "q", 400, now)
+    # Real pumps: a top of the hour mid-test would make all 400 due again.
+    register_due(repeat, "q", 400, now, offset=quiet_offset())
     # A burst's batches are 32, then 128: stopped in the second, 128 x 50 ms would take 6 s.
     slow = Slow(0.05, after=34)
     pump = Pump(repeat, ["q"], slow, batch_size=400, lease_ms=LEASE_MS)
@@ -153,7 +158,8 @@ def test_sigterm_to_the_pump_command_during_a_burst_leaves_nothing_leased(
     redis_url: str, prefix: str, repeat: Repeat, client: redis.Redis
 ) -> None:
     queue, out_key = "burst", f"{prefix}:out"
-    register_due(repeat, queue, 3_000, repeat.server_time_ms())
+    # Real pumps: a top of the hour mid-test would make all 3,000 due again.
+    register_due(repeat, queue, 3_000, repeat.server_time_ms(), offset=quiet_offset())
     command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
     command += ["pump", queue, "--list-key", out_key]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 import redis
+from quiet import quiet_offset
 
 from emq_bridge import Occurrence, Pump, PumpEvents, Repeat
 from emq_bridge.testing import RecordingDispatcher
@@ -61,8 +62,11 @@ def race(redis_url: str, prefix: str, seconds: dict[str, float]) -> tuple[Counte
     """Pump A sends five due occurrences slowly, leases 0.4 s; pump B ticks all along."""
     setup = Repeat(redis.Redis.from_url(redis_url), prefix)
     now = setup.server_time_ms()
+    offset = quiet_offset()  # a top of the hour mid-race would make each job due again
     for i in range(5):
-        setup.register("q", f"job-{i}", every="1h", template=TEMPLATE, now_ms=now - HOUR - 10)
+        setup.register(
+            "q", f"job-{i}", every="1h", offset=offset, template=TEMPLATE, now_ms=now - HOUR - 10
+        )
     slow, fast, lost = Slow(seconds), RecordingDispatcher(), Lost()
     a = Pump(setup, ["q"], slow, lease_ms=400, listeners=[lost])
     done = threading.Event()

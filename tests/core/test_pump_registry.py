@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from quiet import quiet_offset
 
 from emq_bridge import Repeat, occurrence_id
 from emq_bridge.cli import cli, operations
@@ -63,7 +64,7 @@ broker.add_middleware(
 )
 
 
-@recurring(every="1h")
+@recurring(every="1h", offset={offset!r})
 @dramatiq.actor(broker=broker, queue_name={queue!r})
 def tick():
     pass
@@ -116,7 +117,10 @@ def write_app(tmp_path: Path, prefix: str, kind: str, **urls: str) -> App:
     queue = f"{prefix}-q"
     app_prefix = f"{prefix}app"
     text = CELERY_APP if kind == "celery" else DRAMATIQ_APP
-    source = text.format(module=module, prefix=app_prefix, queue=queue, **urls)
+    # The Dramatiq app's hourly slot far from now: one passing between two `pump --once`
+    # runs would be sent next to the trigger.
+    offset = quiet_offset()
+    source = text.format(module=module, prefix=app_prefix, queue=queue, offset=offset, **urls)
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
     attribute = "app" if kind == "celery" else "broker"
     return App(module, f"{module}:{attribute}", urls["registry"], app_prefix, queue, prefix)

@@ -21,6 +21,7 @@ from pathlib import Path
 import dramatiq
 import pytest
 import redis
+from quiet import quiet_offset
 
 from emq_bridge import ConfigError, Repeat, occurrence_id
 from emq_bridge.dramatiq import DramatiqDispatcher, PipelinedDramatiqDispatcher, load_target
@@ -71,7 +72,10 @@ def slow(tag):
     record(tag)
 
 
-@dramatiq.actor(queue_name=QUEUE, recurring=every("1h", name="hourly"))
+# Its slot far from now (APP_OFFSET): a pump run at the top of the hour would send it.
+@dramatiq.actor(
+    queue_name=QUEUE, recurring=every("1h", name="hourly", offset=os.environ.get("APP_OFFSET"))
+)
 def hourly():
     record()
 """
@@ -102,6 +106,7 @@ class AppDir:
             "APP_PREFIX": prefix,
             "APP_NAMESPACE": f"dq{token}",
             "APP_QUEUE": self.queue,
+            "APP_OFFSET": quiet_offset(),
             "PYTHONPATH": os.pathsep.join([str(root), str(REPO)]),
         }
 

@@ -30,6 +30,7 @@ import dramatiq
 import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from quiet import quiet_offset
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.definition import define
@@ -94,7 +95,8 @@ def test_sigterm_to_a_worker_during_a_burst_leaves_nothing_leased_and_sends_each
     queue, namespace, module = f"{prefix}-q", f"ns{token}", f"gs_dramatiq_{token}"
     (tmp_path / f"{module}.py").write_text(APP)
     repeat = Repeat(client, prefix)
-    definition = define(every="1h", template={"task": "noop"})
+    # Due now, the next slot far off: a top of the hour mid-test would send the burst again.
+    definition = define(every="1h", offset=quiet_offset(), template={"task": "noop"})
     now = repeat.server_time_ms()
     repeat.upsert_many([(queue, f"r{i:05d}", definition) for i in range(BURST)], now_ms=now - HOUR)
     env = {

@@ -39,6 +39,7 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
+from quiet import quiet_offset
 
 from emq_bridge import ConfigError, Repeat, ScheduleError
 from emq_bridge.dramatiq import (
@@ -170,7 +171,8 @@ APP = textwrap.dedent("""
         time.sleep(float(env["LC_SLOW_S"]))
 
 
-    @schedule("outcomes", every="1h")
+    # Triggered only: its hourly slot is far from now (a top of the hour would run it again).
+    @schedule("outcomes", every="1h", offset=env["LC_OFFSET"])
     @dramatiq.actor(queue_name=Q)
     def once():
         message = CurrentMessage.get_current_message()
@@ -265,6 +267,7 @@ def build_app(root: Path, broker_url: str, group: str, registry_url: str | None 
         "LC_HEARTBEAT_S": str(HEARTBEAT_S),
         "LC_MAX_SLEEP_S": str(MAX_SLEEP_S),
         "LC_SLOW_S": str(SLOW_S),
+        "LC_OFFSET": quiet_offset(),
     }
     return app
 
@@ -758,7 +761,8 @@ def test_without_reports_nothing_is_recorded_and_guarded_declarations_are_warned
     broker.add_middleware(middleware)
     ran: list[int] = []
 
-    @recurring(every="1h", overlap="skip")
+    # A top of the hour before the pump would send the hour's slot next to the trigger.
+    @recurring(every="1h", offset=quiet_offset(), overlap="skip")
     @dramatiq.actor(broker=broker, queue_name="q")
     def job() -> None:
         info = current_occurrence()

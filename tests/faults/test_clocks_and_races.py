@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import redis
+from quiet import quiet_offset
 
 from emq_bridge import Pump, Repeat, define
 from emq_bridge.embedded import EmbeddedServer
@@ -27,9 +28,12 @@ def test_a_pump_on_a_host_with_a_wrong_clock_fires_on_the_server_clock(
 ) -> None:
     client = redis.Redis.from_url(own_server.url)
     repeat = Repeat(client, "clock")
+    # Half a minute from its next slot (on the real clock, before it is skewed): a minute
+    # turning while the pump ticks would fire `minutely` next to `fast`.
+    offset = quiet_offset("1m")
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)
-    repeat.register("q", "minutely", every_ms=60_000)
+    repeat.register("q", "minutely", every_ms=60_000, offset=offset)
     repeat.register("q", "fast", every_ms=200)
     dispatcher = RecordingDispatcher()
     pump = Pump(repeat, ["q"], dispatcher)

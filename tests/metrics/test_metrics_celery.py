@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from quiet import quiet_offset, quiet_zone
 
 from emq_bridge import Repeat
 
@@ -41,13 +42,16 @@ APP = textwrap.dedent("""
         emq_bridge_redis_url=env["M_BROKER"],
         emq_bridge_prefix=env["M_PREFIX"],
         task_default_queue=env["M_QUEUE"],
+        # A zone where Celery's celery.backend_cleanup (04:00) is far from now: it would run too.
+        timezone=env["M_TZ"],
         result_backend=None,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         beat_max_loop_interval=0.2,
     )
-    app.conf.beat_schedule = {
-        f"w{i}": {"task": "mapp.work", "schedule": 3600.0} for i in range(int(env["M_RUNS"]))
+    app.conf.beat_schedule = {  # triggered only: their hourly slot is far from now
+        f"w{i}": {"task": "mapp.work", "schedule": 3600.0, "offset": env["M_OFFSET"]}
+        for i in range(int(env["M_RUNS"]))
     }
     install_outcomes()  # inherited by the pool processes
     notes = redis.Redis.from_url(env["M_BROKER"])
@@ -83,6 +87,8 @@ def test_outcome_counters_of_three_prefork_processes_add_up_on_one_scrape(
         M_QUEUE=queue,
         M_RUNS=str(RUNS),
         M_PORT=str(worker_port),
+        M_OFFSET=quiet_offset(),
+        M_TZ=quiet_zone(4),
     )
     worker_env = {**base, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")}
     # The pump too: its endpoint then adds up its directory's files.

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import Run
+from quiet import quiet_offset
 
 from emq_bridge import Repeat
 from emq_bridge.calendars import Calendar, ExcludeItem
@@ -195,8 +196,11 @@ FORMATS = pytest.mark.parametrize("fmt", ["toml", "json"])
 def test_a_jittered_registration_comes_back_with_its_jitter(
     run: Run, repeat: Repeat, client: redis.Redis, prefix: str, tmp_path: Path, fmt: str
 ) -> None:
+    # The interval's slot far from now: one passing between the upsert here and the sync of
+    # the file would start the synced copy a slot later.
+    interval = define(every="15m", offset=quiet_offset("15m"), jitter="90s", template=TASK)
     for name, definition in (
-        ("interval", define(every="15m", jitter="90s", template=TASK)),
+        ("interval", interval),
         ("cron", define(cron="0 9 * * 1-5", tz="Europe/Paris", jitter=1.5, template=TASK)),
     ):
         repeat.upsert("q", name, definition=definition, source="app")

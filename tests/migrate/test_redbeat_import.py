@@ -22,12 +22,15 @@ import redis
 from celery import Celery
 from celery.schedules import crontab, schedule
 from conftest import Run, snapshot
+from quiet import quiet_hour
 from redbeat import RedBeatSchedulerEntry
 from redbeat.schedules import rrule
 
 from emq_bridge import Repeat
 
 ZONE = "Europe/Paris"
+# Hours of the day about twelve hours from now, in ZONE (the app's) and in UTC.
+QUIET_HOUR, QUIET_HOUR_UTC = quiet_hour(ZONE), quiet_hour()
 
 
 @pytest.fixture
@@ -57,9 +60,13 @@ def make_entries(app: Celery) -> datetime:
     now = datetime.now(timezone.utc)
     grid = now.replace(microsecond=0) - timedelta(seconds=20)
     save(app, "every-5s", schedule(timedelta(seconds=5)), last_run_at=now - timedelta(seconds=1))
-    save(app, "quarterly", crontab(minute="*/15"), last_run_at=now)
-    save(app, "nightly", crontab(minute=0, hour=3), last_run_at=now - timedelta(days=3))
-    save(app, "weekdays", crontab(minute=30, hour=9, day_of_week="mon-fri"), last_run_at=now)
+    # The crontabs' and the daily rrule's hours are far from now: a slot passing while a test
+    # runs would make one due (or fire it twice).
+    quarterly = crontab(minute="*/15", hour=QUIET_HOUR)
+    save(app, "quarterly", quarterly, last_run_at=now)
+    save(app, "nightly", crontab(minute=0, hour=QUIET_HOUR), last_run_at=now - timedelta(days=3))
+    weekdays = crontab(minute=30, hour=QUIET_HOUR, day_of_week="mon-fri")
+    save(app, "weekdays", weekdays, last_run_at=now)
     # A 5-second rrule that started 20 s ago and last ran on its latest slot.
     last_slot = grid + timedelta(seconds=20)
     save(app, "rrule-5s", rrule("SECONDLY", interval=5, dtstart=grid), last_run_at=last_slot)
@@ -67,7 +74,10 @@ def make_entries(app: Celery) -> datetime:
         app,
         "rrule-daily",
         rrule(
-            "DAILY", byhour=6, byminute=45, dtstart=datetime(2026, 1, 1, 6, 45, tzinfo=timezone.utc)
+            "DAILY",
+            byhour=QUIET_HOUR_UTC,
+            byminute=45,
+            dtstart=datetime(2026, 1, 1, QUIET_HOUR_UTC, 45, tzinfo=timezone.utc),
         ),
         last_run_at=now,
     )
@@ -115,10 +125,10 @@ def test_redbeat_entries_are_imported_at_the_slot_redbeat_fires_next_and_again_c
         else:
             assert registration.next_run_ms == pytest.approx(expected, abs=50), name
     assert repeat.get("celery", "weekdays").definition.cadence.describe() == (
-        f"cron 30 9 * * 1,2,3,4,5 ({ZONE})"
+        f"cron 30 {QUIET_HOUR} * * 1,2,3,4,5 ({ZONE})"
     )
-    assert (
-        repeat.get("celery", "rrule-daily").definition.cadence.describe() == "cron 45 6 * * * (UTC)"
+    assert repeat.get("celery", "rrule-daily").definition.cadence.describe() == (
+        f"cron 45 {QUIET_HOUR_UTC} * * * (UTC)"
     )
     assert repeat.get("celery", "every-5s").last_fired_ms is not None
 

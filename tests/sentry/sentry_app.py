@@ -28,6 +28,14 @@ crons_capture.init([CeleryIntegration(monitor_beat_tasks=True, exclude_beat_task
 
 QUEUE = os.environ["SENTRY_QUEUE"]
 BEAT_S = 2.5
+# From the test: an hour of the day far from now, and emq-bridge's grid offsets whose next
+# slot is far from now. The entries fire once at start; a slot of theirs within a second of
+# that start would be a second beat too soon.
+QUIET_HOUR = os.environ["SENTRY_QUIET_HOUR"]
+OFFSETS = {
+    "hourly-interval": os.environ["SENTRY_QUIET_OFFSET_2H"],
+    "every-two-minutes": os.environ["SENTRY_QUIET_OFFSET_2M"],
+}
 
 
 class QuickMinute(schedule):  # type: ignore[misc]  # celery is untyped
@@ -53,13 +61,24 @@ app.conf.update(
     beat_schedule={
         # A name with spaces: the monitor slug is the entry's name, the registration's
         # name has them replaced.
-        "digest every quarter": {"task": "sentry_app.ok", "schedule": crontab(minute="*/15")},
+        "digest every quarter": {
+            "task": "sentry_app.ok",
+            "schedule": crontab(minute="*/15", hour=QUIET_HOUR),
+        },
         "weekday paris": {
             "task": "sentry_app.ok",
             "schedule": crontab(minute="30", hour="9", day_of_week="mon-fri"),
         },
-        "hourly-interval": {"task": "sentry_app.fail", "schedule": timedelta(hours=2)},
-        "every-two-minutes": {"task": "sentry_app.ok", "schedule": 120.0},
+        "hourly-interval": {
+            "task": "sentry_app.fail",
+            "schedule": timedelta(hours=2),
+            "offset": OFFSETS["hourly-interval"],
+        },
+        "every-two-minutes": {
+            "task": "sentry_app.ok",
+            "schedule": 120.0,
+            "offset": OFFSETS["every-two-minutes"],
+        },
         # Beat after beat during the test: one succeeds, one fails.
         "quick-ok": {"task": "sentry_app.ok", "schedule": QuickMinute(60)},
         "quick-fail": {"task": "sentry_app.fail", "schedule": QuickMinute(60)},
@@ -74,6 +93,7 @@ if os.environ.get("SENTRY_SIDE") == "celery":
     # Celery's beat: every entry last ran days ago, so each is due at start (one beat).
     for entry in app.conf.beat_schedule.values():
         entry["last_run_at"] = datetime.now(timezone.utc) - timedelta(days=3)
+        entry.pop("offset", None)  # emq-bridge's key; Celery's intervals count from the last run
 
 
 def seed() -> None:

@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+from quiet import quiet_hour, quiet_offset
 from test_sentry_crons import check_ins
 
 HERE = Path(__file__).resolve().parent
@@ -21,6 +22,7 @@ TIMEOUT_S = 45
 def test_a_dramatiq_worker_sends_a_check_in_pair_per_occurrence_with_its_schedule(
     tmp_path: Path, redis_url: str, prefix: str
 ) -> None:
+    hour = quiet_hour("Europe/Paris")  # the quarter hours of an hour far from now
     env = {
         **os.environ,
         "PYTHONPATH": str(HERE),
@@ -28,6 +30,8 @@ def test_a_dramatiq_worker_sends_a_check_in_pair_per_occurrence_with_its_schedul
         "SENTRY_QUEUE": f"{prefix}-q",
         "SENTRY_PREFIX": prefix,
         "SENTRY_ENVELOPES": str(tmp_path / "worker.jsonl"),
+        "SENTRY_QUIET_HOUR": str(hour),
+        "SENTRY_QUIET_OFFSET": quiet_offset("2h"),
     }
     seeded = subprocess.run(
         [sys.executable, "-c", "import dramatiq_crons_app as a; a.seed()"],
@@ -61,7 +65,7 @@ def test_a_dramatiq_worker_sends_a_check_in_pair_per_occurrence_with_its_schedul
     configs = {c["monitor_slug"]: c["monitor_config"] for c in found}
     assert configs == {
         "quarterly-digest": {
-            "schedule": {"type": "crontab", "value": "*/15 * * * *"},
+            "schedule": {"type": "crontab", "value": f"*/15 {hour} * * *"},
             "timezone": "Europe/Paris",
         },
         "two-hourly-sync": {

@@ -12,6 +12,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from conftest import Client, table_rows
+from quiet import quiet_hour, quiet_offset
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
@@ -68,7 +69,9 @@ def test_the_table_shows_cadence_next_run_in_the_schedules_zone_outcome_state_an
         template={"task": "n"},
         source="app",
     )
-    repeat.upsert("reports", "sync", every="15m", template={"task": "s"})
+    # A slot far from now: one passing before the pump would be sent next to the trigger.
+    offset = quiet_offset("15m")
+    repeat.upsert("reports", "sync", every="15m", offset=offset, template={"task": "s"})
     recorder = RecordingDispatcher()
     repeat.trigger("reports", "sync")
     Pump(repeat, ["reports"], recorder).run_once()
@@ -85,7 +88,8 @@ def test_the_table_shows_cadence_next_run_in_the_schedules_zone_outcome_state_an
     assert nightly[2] == "cron 0 9 * * * (Europe/Paris)"
     assert nightly[3] == "- (paused)"
     assert nightly[5:] == ["paused", "app", ""]
-    assert sync[2] == "every 15m"
+    assert sync[2] == define(every="15m", offset=offset).cadence.describe()
+    assert sync[2].startswith("every 15m offset ")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((in \d+ (min|s)|now)\)", sync[3]), (
         sync[3]
     )
@@ -218,9 +222,13 @@ def test_a_filtered_page_stops_reading_at_its_budget_and_offers_to_read_on(
 def test_the_schedule_page_shows_definition_next_runs_history_streak_and_timeline(
     repeat: Repeat, web: Client
 ) -> None:
-    repeat.upsert("reports", "hourly", every="1h", template={"task": "h", "args": [1]})
-    repeat.upsert("reports", "quarter", every="15m", template={"task": "q"})
-    repeat.upsert("reports", "digest", every="1h", template={"task": "d"}, pause_after_failures=5)
+    # Slots far from now: one passing between two pump runs would be sent with a trigger.
+    hour, quarter = quiet_offset(), quiet_offset("15m")
+    repeat.upsert("reports", "hourly", every="1h", offset=hour, template={"task": "h", "args": [1]})
+    repeat.upsert("reports", "quarter", every="15m", offset=quarter, template={"task": "q"})
+    repeat.upsert(
+        "reports", "digest", every="1h", offset=hour, template={"task": "d"}, pause_after_failures=5
+    )
     recorder = RecordingDispatcher()
     pump = Pump(repeat, ["reports"], recorder)
     outcomes = [(True, None), (False, "ValueError: no rows"), (False, "ValueError: again")]
@@ -379,7 +387,8 @@ def test_the_timeline_estimates_what_fires_too_often_to_count_and_skips_the_paus
     repeat: Repeat,
 ) -> None:
     repeat.upsert("fast", "every-second", every="1s", template={"task": "t"})
-    repeat.upsert("fast", "daily", cron="30 4 * * *", template={"task": "t"})
+    # At an hour far from now: just after 04:30 its next run would be past the window's end.
+    repeat.upsert("fast", "daily", cron=f"30 {quiet_hour()} * * *", template={"task": "t"})
     repeat.upsert("fast", "held", every="1m", template={"task": "t"})
     repeat.pause("fast", "held")
     now = repeat.server_time_ms()
@@ -396,7 +405,15 @@ def test_the_filters_read_each_state_from_the_record_as_show_does(repeat: Repeat
     repeat.upsert("states", "running", every="1h", template={"task": "t"})
     repeat.upsert("states", "held", every="1h", template={"task": "t"})
     repeat.pause("states", "held")
-    repeat.upsert("states", "broken", every="1h", template={"task": "t"}, pause_after_failures=1)
+    # A top of the hour before the first pump run would fire `broken` twice.
+    repeat.upsert(
+        "states",
+        "broken",
+        every="1h",
+        offset=quiet_offset(),
+        template={"task": "t"},
+        pause_after_failures=1,
+    )
     repeat.upsert("states", "done", every="1s", limit=1, template={"task": "t"})
     recorder = RecordingDispatcher()
     pump = Pump(repeat, ["states"], recorder)
