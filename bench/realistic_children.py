@@ -208,7 +208,7 @@ def _pump(params: dict[str, Any], ready: Event, go: Event, results: Connection) 
 
 class ClaimCounter(PumpEvents):
     """Count what a pump's scans found due and what its claims took of it: with several
-    pumps on one queue, the rest went to another pump's claim (read, decoded, not sent)."""
+    pumps on one queue, the rest went to another pump's claim (read and offered, not sent)."""
 
     def __init__(self, repeat: Any) -> None:
         self.scanned = 0
