@@ -49,6 +49,7 @@ from cronsim import CronSim, CronSimError
 
 from .errors import ScheduleError
 from .hashed import resolve_hashed, uses_hash
+from .millis import floor_ms
 
 __all__ = [
     "MAX_CRON_CHARS",
@@ -197,7 +198,7 @@ def parse_every_ms(value: int | timedelta | str) -> int:
     if isinstance(value, bool):
         raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
     if isinstance(value, timedelta):
-        every_ms = int(value.total_seconds() * 1000)
+        every_ms = floor_ms(value)
     elif isinstance(value, int):
         every_ms = value
     elif isinstance(value, str):

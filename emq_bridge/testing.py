@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .dispatch import Dispatcher
+from .millis import floor_ms, instant_ms
 from .occurrence import Occurrence
 from .pump import Pump
 from .registry import Repeat
@@ -46,18 +47,18 @@ class ManualClock:
     """A clock in epoch ms that moves only when the test says so."""
 
     def __init__(self, start: int | datetime = datetime(2030, 1, 1, tzinfo=timezone.utc)) -> None:
-        self.now_ms = int(start.timestamp() * 1000) if isinstance(start, datetime) else int(start)
+        self.now_ms = instant_ms(start) if isinstance(start, datetime) else int(start)
 
     def __call__(self) -> int:
         return self.now_ms
 
     def advance(self, by: int | timedelta) -> int:
         """Move forward by ms or a `timedelta`; return the new now."""
-        self.now_ms += int(by.total_seconds() * 1000) if isinstance(by, timedelta) else int(by)
+        self.now_ms += floor_ms(by) if isinstance(by, timedelta) else int(by)
         return self.now_ms
 
     def set(self, at: int | datetime) -> int:
-        self.now_ms = int(at.timestamp() * 1000) if isinstance(at, datetime) else int(at)
+        self.now_ms = instant_ms(at) if isinstance(at, datetime) else int(at)
         return self.now_ms
 
 

@@ -43,6 +43,7 @@ from ..definition import (
 )
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..keys import validate_name
+from ..millis import ceil_ms
 from ..template import TaskTemplate
 
 __all__ = [
@@ -70,6 +71,7 @@ PLACEHOLDER = Every(PLACEHOLDER_EVERY_MS, "schedule")
 MIN_CUSTOM_STEP_MS = 1000
 MIN_CHECK_MS = 10
 MAX_CHECK_MS = 366 * 86_400_000
+_ZERO = timedelta(0)
 # The record field that names a custom schedule, so that an edit of it is a cadence change.
 SCHEDULE_FIELD = "cadence_label"  # a definition field (definition.DEFINITION_FIELDS)
 # The `beat_schedule` entry keys that are emq-bridge's, not Celery's (`ScheduleEntry` would
@@ -137,7 +139,10 @@ class CelerySchedule:
         if self.by_is_due:
             due, next_s = self.schedule.is_due(last_run)
             return bool(due), next_s
-        remaining_s = self.schedule.remaining_estimate(last_run).total_seconds()
+        remaining = self.schedule.remaining_estimate(last_run)
+        if isinstance(remaining, timedelta):  # kept exact: `_check_ms` rounds it to the ms
+            return remaining <= _ZERO, max(remaining, _ZERO)
+        remaining_s = _seconds(remaining)
         return remaining_s <= 0, max(remaining_s, 0)
 
     def to_fields(self) -> dict[str, str]:
@@ -176,8 +181,14 @@ def _seconds(value: Any) -> float:
 
 def _check_ms(value: Any) -> int:
     """Return the ms until the next check, rounded up: a check named for an instant is not
-    a hair early."""
-    return math.ceil(min(max(_seconds(value) * 1000, MIN_CHECK_MS), MAX_CHECK_MS))
+    a hair early. A float is taken to the µs first (a `timedelta`'s precision), so float
+    noise (2.047 s is 2047.0000000000002 ms) does not make it a ms late."""
+    if isinstance(value, timedelta):
+        ms = ceil_ms(value)
+    else:  # clamped before the µs, which an inf or a 1e300 would overflow
+        seconds = min(max(_seconds(value), 0.0), MAX_CHECK_MS / 1000)
+        ms = ceil_ms(timedelta(microseconds=round(seconds * 1_000_000)))
+    return min(max(ms, MIN_CHECK_MS), MAX_CHECK_MS)
 
 
 _CHECKED: type[CheckedCadence] = CelerySchedule  # mypy: CelerySchedule is a CheckedCadence

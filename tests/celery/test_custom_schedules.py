@@ -422,3 +422,28 @@ def test_a_custom_entry_whose_record_was_given_a_real_cadence_keeps_that_cadence
     daily = Every(86_400_000)  # a real daily interval on the grid, not the placeholder
     assert plan.resolve_cadence(queue, "sun", daily) == daily
     assert plan.resolve_cadence(queue, "other", placeholder) is placeholder
+
+
+class EveryOtherWholeSecond(BaseSchedule):
+    """`remaining_estimate` only: the next even second after the last run's second."""
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        base = last_run_at.replace(microsecond=0) + timedelta(seconds=1)
+        return base + timedelta(seconds=base.second % 2) - self.now()
+
+
+@pytest.mark.parametrize("by_is_due", [True, False], ids=["is_due", "remaining_estimate"])
+def test_a_check_named_for_an_instant_lands_on_that_ms_at_any_now(by_is_due: bool) -> None:
+    # 2.047 s is 2047.0000000000002 ms as a float: rounded up, the check came a ms late.
+    class Both(EveryOtherWholeSecond):
+        def is_due(self, last_run_at: datetime) -> schedstate:
+            remaining = self.remaining_estimate(last_run_at).total_seconds()
+            return schedstate(remaining <= 0, max(remaining, 0))
+
+    schedule_class = Both if by_is_due else EveryOtherWholeSecond
+    cadence = convert_schedule(schedule_class(), Celery("x", set_as_current=False), "x")
+    assert isinstance(cadence, CelerySchedule) and cadence.by_is_due is by_is_due
+    last = ms(START) + 2 * MS + 953  # the next even second is 4 s on
+    nows = range(last - MS, last)  # a pump whose clock trails the last run's: 1.047..2.047 s
+    late = [now for now in nows if cadence.check(last, now)[1] != ms(START) + 4 * MS]
+    assert late == []

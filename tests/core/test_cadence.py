@@ -27,6 +27,8 @@ MIN = 60_000
         ("1w", 604_800_000),
         ("250", 250),
         (timedelta(minutes=5), 300_000),
+        (timedelta(seconds=1.001), 1001),  # 1000.9999999999999 ms through a float
+        (timedelta(milliseconds=5, microseconds=900), 5),  # a partial ms is dropped
         (42, 42),
     ],
 )

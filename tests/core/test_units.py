@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from emq_bridge import Every, Repeat, ScheduleError, define
 from emq_bridge.cadence import parse_every
 from emq_bridge.cli import cli
 from emq_bridge.config import load_schedule_file
+from emq_bridge.testing import ManualClock
 
 T0 = 1_900_000_000_000
 
@@ -20,7 +21,8 @@ T0 = 1_900_000_000_000
 @pytest.mark.parametrize(
     ("given", "every_ms"),
     [(90, 90_000), (1.5, 1_500), ("90", 90_000), ("2.25", 2_250), ("90s", 90_000),
-     ("500ms", 500), (timedelta(minutes=2), 120_000), (0.001, 1)],
+     ("500ms", 500), (timedelta(minutes=2), 120_000), (0.001, 1), (1.001, 1001),
+     (timedelta(seconds=1.001), 1001)],
 )  # fmt: skip
 def test_every_reads_numbers_as_seconds(given: float | str | timedelta, every_ms: int) -> None:
     assert parse_every(given) == every_ms
@@ -81,3 +83,12 @@ def test_both_decorators_read_seconds() -> None:
     [dramatiq_one] = broker_declarations(broker)
     [celery_one] = [d for d in app_schedule(app).declarations if d.name == "units.tock"]
     assert dramatiq_one.definition.cadence == celery_one.definition.cadence == Every(90_000)
+
+
+def test_the_manual_clock_moves_by_the_exact_ms_of_a_timedelta_or_a_datetime() -> None:
+    # Through a float, 1.001 s is 1000.9999999999999 ms, and int() made it 1000.
+    at = datetime(2030, 1, 1, 0, 0, 0, 1000, tzinfo=timezone.utc)
+    clock = ManualClock(at)
+    assert clock.now_ms == 1_893_456_000_001
+    assert clock.advance(timedelta(seconds=1.001)) == 1_893_456_001_002
+    assert clock.set(at + timedelta(milliseconds=3)) == 1_893_456_000_004

@@ -16,7 +16,6 @@ or overdue, it fires at once (at `now`), as redbeat would.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -26,6 +25,7 @@ from celery import Celery
 from ...bounds import Bounds
 from ...cadence import Cadence, Cron, Every
 from ...errors import EmqError
+from ...millis import instant_ms
 from ..entries import CelerySchedule, convert_schedule
 
 __all__ = ["RRULE_CHECKED_SLOTS", "Carried", "Unrepresentable", "carry", "epoch_ms"]
@@ -51,7 +51,7 @@ def epoch_ms(value: datetime) -> int:
     """Return an aware (or UTC naive) datetime in epoch ms, rounded up: never a hair early."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
-    return math.ceil(value.timestamp() * 1000)
+    return instant_ms(value, ceil=True)
 
 
 @dataclass(frozen=True, slots=True)

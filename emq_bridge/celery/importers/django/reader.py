@@ -24,6 +24,7 @@ from ....cadence import At
 from ....definition import Declaration, Definition
 from ....errors import EmqError
 from ....migrate.plan import Imported, ImportPlan, Refusal
+from ....millis import floor_ms
 from ....registry import Seed
 from ....template import TaskTemplate
 from ...entries import json_options, registry_name, resolve_queue
@@ -182,5 +183,5 @@ def _last_run_ms(row: Any, now_ms: int) -> int:
     changed: datetime | None = row.date_changed
     base = epoch_ms(changed) if changed is not None else now_ms
     if row.start_time is not None:
-        base -= int(_NEVER_RAN_BEFORE_START.total_seconds() * 1000)
+        base -= floor_ms(_NEVER_RAN_BEFORE_START)
     return base
