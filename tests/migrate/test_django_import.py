@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import snapshot
+from registry_state import snapshot
 
 from emq_bridge import Repeat
 from emq_bridge.cadence import Cron

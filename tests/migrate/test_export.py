@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import Run
+from cli_run import Run
 from quiet import quiet_offset
 
 from emq_bridge import Repeat

@@ -21,10 +21,11 @@ import pytest
 import redis
 from celery import Celery
 from celery.schedules import crontab, schedule
-from conftest import Run, snapshot
+from cli_run import Run
 from quiet import quiet_hour
 from redbeat import RedBeatSchedulerEntry
 from redbeat.schedules import rrule
+from registry_state import snapshot
 
 from emq_bridge import Repeat
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import TOKEN, Client, keys_state
+from registry_state import snapshot
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.testclient import TestClient
+from web_client import TOKEN, Client
 
 from emq_bridge import Repeat
 from emq_bridge.web import app
@@ -51,7 +52,7 @@ def test_by_default_the_view_is_read_only_and_a_forged_post_changes_nothing(
     client = web()
     page = client.get(PAGE).text
     assert 'id="actions"' not in page and "read-only" in page and "Unlock" not in page
-    before = keys_state(seeded)
+    before = snapshot(seeded)
     assert 'name="csrf"' not in client.get("/").text  # no form at all: no unlock, no lock
     csrf = client.get("/api/csrf").json()["csrf"]  # a valid token does not make a writer
     for action in ("pause", "trigger", "remove"):
@@ -59,7 +60,7 @@ def test_by_default_the_view_is_read_only_and_a_forged_post_changes_nothing(
         reply = client.post("/schedule", data=form, follow_redirects=False)
         assert reply.status_code == 403 and "read-only" in reply.text
     assert client.post("/api/schedule/pause?queue=reports&name=digest").status_code == 403
-    assert keys_state(seeded) == before
+    assert snapshot(seeded) == before
 
 
 def test_with_the_token_unlocked_each_action_goes_through_the_registrys_moves(
@@ -99,7 +100,7 @@ def test_a_change_without_this_browsers_csrf_token_or_from_another_site_is_refus
 ) -> None:
     client = web(token=TOKEN)
     unlock(client)
-    before = keys_state(seeded)
+    before = snapshot(seeded)
     form = {"queue": "reports", "name": "digest", "action": "pause"}
     assert client.post("/schedule", data=form).status_code == 403  # no token
     assert client.post("/schedule", data={**form, "csrf": "x.y"}).status_code == 403
@@ -114,7 +115,7 @@ def test_a_change_without_this_browsers_csrf_token_or_from_another_site_is_refus
     )
     assert evil.status_code == 403
     assert client.post("/api/schedule/pause", json=form).status_code == 403  # cookie, no header
-    assert keys_state(seeded) == before
+    assert snapshot(seeded) == before
     ok = client.post("/api/schedule/pause", json=form, headers={"x-csrf-token": csrf})
     assert ok.json() == {"queue": "reports", "name": "digest", "action": "pause", "changed": True}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TOKEN
+from web_client import TOKEN
 
 from emq_bridge import Repeat, define
 

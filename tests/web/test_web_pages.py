@@ -11,11 +11,11 @@ from datetime import timedelta
 import pytest
 import redis
 from click.testing import CliRunner
-from conftest import Client, table_rows
 from quiet import quiet_hour, quiet_offset
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
+from web_client import Client, table_rows
 
 from emq_bridge import Occurrence, Pump, Repeat, define
 from emq_bridge.cli import cli
