@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis
+from registry_state import snapshot
 
 from emq_bridge import ConfigError, Cron, Every, Repeat
 from emq_bridge.config import declaration_from_entry, load_schedule_file, sync_file
@@ -38,21 +39,6 @@ def write(tmp_path: Path, text: str, name: str = "schedules.toml") -> Path:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def snapshot(repeat: Repeat) -> dict[str, Any]:
-    """Every key under the test's prefix with its full value: a zset's scores, a hash's fields."""
-    state: dict[str, Any] = {}
-    for raw in repeat.client.scan_iter(match=f"{repeat.prefix}:*"):
-        key = raw.decode()
-        kind = repeat.client.type(key).decode()
-        if kind == "zset":
-            state[key] = repeat.client.zrange(key, 0, -1, withscores=True)
-        elif kind == "hash":
-            state[key] = repeat.client.hgetall(key)
-        else:
-            state[key] = kind
-    return state
 
 
 # -- the schema ---------------------------------------------------------------------------
