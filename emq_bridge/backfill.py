@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .bounds import Instant, epoch_ms
-from .cadence import Cadence
+from .cadence import LATEST_MS, Cadence
 from .definition import Definition
 from .errors import RegistryError, ScheduleError
 from .jitter import Jittered, nominal_slot
@@ -119,7 +119,7 @@ class BackfillMoves:
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
-        start_ms, end_ms = _instant_ms(start, "start"), _instant_ms(end, "end")
+        start_ms, end_ms = _instant_ms(start, "start", ceil=True), _instant_ms(end, "end")
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1e6:
             raise ScheduleError(f"rate must be 0 to 1000000 occurrences a second, got {rate!r}")
         now = self.server_time_ms() if now_ms is None else now_ms
@@ -200,13 +200,14 @@ class BackfillMoves:
         return queued, live, done, ahead
 
 
-def _instant_ms(value: Instant | int, field: str) -> int:
-    """Epoch ms from epoch ms, an aware datetime or an ISO 8601 string with an offset."""
+def _instant_ms(value: Instant | int, field: str, *, ceil: bool = False) -> int:
+    """Epoch ms from epoch ms, an aware datetime or an ISO 8601 string with an offset (a
+    partial ms rounded up with `ceil`, for the start of the range)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ScheduleError(f"{field} must not be before 1970, got {value}")
+        if not 0 <= value <= LATEST_MS:
+            raise ScheduleError(f"{field} must be epoch ms from 1970 to 9999, got {value}")
         return value
-    return epoch_ms(value, field)
+    return epoch_ms(value, field, ceil=ceil)
 
 
 def _score_text(score: float) -> str:

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from .cadence import NEVER_MS, At, Cadence, Every, next_runs
+from .cadence import LATEST_MS, NEVER_MS, At, Cadence, Every, next_runs
 from .errors import ScheduleError
-from .jitter import Jittered
+from .jitter import Jittered, base_cadence
+from .millis import ceil_ms, floor_ms
 
 __all__ = [
     "COMPLETED_REASONS",
@@ -48,10 +49,13 @@ _MS = timedelta(milliseconds=1)
 Instant = datetime | str
 
 
-def epoch_ms(value: object, field: str) -> int:
-    """Return an aware `datetime` (or an ISO 8601 string with an offset) as epoch ms.
+def epoch_ms(value: object, field: str, *, ceil: bool = False) -> int:
+    """Return an aware `datetime` (or an ISO 8601 string with an offset) as epoch ms, from
+    1970 to the end of 9999 (`LATEST_MS`).
 
     A naive time is refused: which instant it names depends on a zone it does not say.
+    A partial ms is dropped, or with `ceil` counted as one: an instant something may start
+    at (`start_at`, `at`) rounds up, so nothing runs before it; an end rounds down.
     """
     if isinstance(value, str):
         text = value.strip()
@@ -71,22 +75,22 @@ def epoch_ms(value: object, field: str) -> int:
             f"{field} {value.isoformat()} has no time zone; give an offset "
             "('+02:00', 'Z') or a tzinfo such as ZoneInfo('Europe/Paris')"
         )
-    ms = (value - _EPOCH) // _MS
+    ms = ceil_ms(value - _EPOCH) if ceil else floor_ms(value - _EPOCH)
+    if not 0 <= ms <= LATEST_MS:  # first: the check below cannot leave datetime's years
+        raise ScheduleError(f"{field} {value.isoformat()} is before 1970 or after 9999")
     wall = value.replace(tzinfo=None)
     if value.astimezone(timezone.utc).astimezone(value.tzinfo).replace(tzinfo=None) != wall:
         raise ScheduleError(
             f"{field} {wall.isoformat()} does not exist in {value.tzinfo} (a clock change "
             "skips it); give the instant after the change"
         )
-    if not 0 <= ms < NEVER_MS:
-        raise ScheduleError(f"{field} {value.isoformat()} is before 1970 or too far ahead")
     return ms
 
 
 def instants_ms(value: Instant | Iterable[Instant]) -> tuple[int, ...]:
     """Return one instant or a list of them (`at=`) as sorted, distinct epoch ms."""
     values = [value] if isinstance(value, datetime | str) else list(value)
-    return tuple(sorted({epoch_ms(v, "at") for v in values}))
+    return tuple(sorted({epoch_ms(v, "at", ceil=True) for v in values}))
 
 
 def _optional_ms(fields: Mapping[str, str], key: str) -> int | None:
@@ -116,9 +120,11 @@ class Bounds:
         for name in ("start_ms", "end_ms"):
             value = getattr(self, name)
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < NEVER_MS
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LATEST_MS
             ):
-                raise ScheduleError(f"{name} must be epoch ms, got {value!r}")
+                raise ScheduleError(
+                    f"{name} must be epoch ms from 0 (1970) to {LATEST_MS} (9999), got {value!r}"
+                )
         if self.start_ms is not None and self.end_ms is not None and self.end_ms < self.start_ms:
             raise ScheduleError(
                 f"end_at ({_iso(self.end_ms)}) is before start_at ({_iso(self.start_ms)})"
@@ -141,6 +147,17 @@ class Bounds:
         """Raise `ScheduleError` if these bounds do not apply to `cadence`."""
         if self.immediately and isinstance(cadence, At):
             raise ScheduleError("immediately does not apply to at=; add the instant to at")
+        start = self.start_ms
+        if (
+            start is not None
+            and not isinstance(base_cadence(cadence), At)  # past its last instant: completed
+            and not hasattr(cadence, "check")  # a check decided by user code: not asked here
+            and self.first_run(cadence, start - 1) >= NEVER_MS
+        ):
+            raise ScheduleError(
+                f"{cadence.describe()} has no run from start_at ({_iso(start)}) to the end "
+                "of year 9999"
+            )
 
     def to_fields(self) -> dict[str, str]:
         """Return the record fields (part of the digest); none for the defaults."""

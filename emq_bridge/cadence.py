@@ -50,8 +50,10 @@ from cronsim import CronSim, CronSimError
 from .errors import ScheduleError
 from .hashed import resolve_hashed, uses_hash
 from .millis import floor_ms
+from .shown import shown
 
 __all__ = [
+    "LATEST_MS",
     "MAX_CRON_CHARS",
     "NEVER_MS",
     "Anchor",
@@ -69,6 +71,7 @@ __all__ = [
     "next_runs",
     "parse_every",
     "parse_every_ms",
+    "parse_span",
 ]
 
 Anchor = Literal["grid", "schedule", "release"]
@@ -114,6 +117,9 @@ MAX_EVERY_MS = 1000 * 365 * 86_400_000
 # What `At.next_after` returns past its last instant: no slot. Never written as a score: the
 # moves complete a registration whose next score is past its last instant (bounds.py).
 NEVER_MS = 2**53 - 1
+# The last instant a `datetime` can hold, 9999-12-31T23:59:59.999Z: a given instant must be
+# at or before it, and a slot after it is no slot (`NEVER_MS`), so every run can be shown.
+LATEST_MS = 253_402_300_799_999
 # One-off instants per registration (`At`): the record holds them all.
 MAX_AT = 1000
 
@@ -172,22 +178,41 @@ def parse_every(value: float | timedelta | str) -> int:
     """
     if isinstance(value, bool):
         raise ScheduleError(
-            f"every must be seconds, a timedelta or a string like '15m', not {value!r}"
+            f"every must be seconds, a timedelta or a string like '15m', not {shown(value)}"
         )
     if isinstance(value, int | float):
         if not math.isfinite(value):
-            raise ScheduleError(f"every must be a finite number of seconds, got {value!r}")
+            raise ScheduleError(f"every must be a finite number of seconds, got {shown(value)}")
         seconds = value
     elif isinstance(value, str) and _SECONDS_RE.fullmatch(value.strip()):
         seconds = float(value.strip())
     else:
         return parse_every_ms(value)
     if seconds > MAX_EVERY_MS / 1000:
-        raise ScheduleError(f"every must be at most 1000 years, got {value!r} seconds")
+        raise ScheduleError(f"every must be at most 1000 years, got {shown(value)} seconds")
     every_ms = round(seconds * 1000)
     if every_ms <= 0:
-        raise ScheduleError(f"every must be at least 1 ms, got {value!r} seconds")
+        raise ScheduleError(f"every must be at least 1 ms, got {shown(value)} seconds")
     return every_ms
+
+
+# Zero as `parse_every` would read it: "0", "0.0", "0s", "0ms", "0h0m", any case.
+_ZERO_RE = re.compile(r"0+(\.0*)?|(0+\s*(ms|s|m|h|d|w)\s*)+", re.ASCII)
+
+
+def parse_span(value: float | timedelta | str | None, what: str) -> int:
+    """Return a duration in ms as `parse_every` reads it, where zero (in any form) or None
+    means none: an offset or a jitter. Errors name `what` instead of `every`."""
+    if value is None or (isinstance(value, timedelta) and not value):
+        return 0
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0
+    if isinstance(value, str) and _ZERO_RE.fullmatch(value.strip().lower()):
+        return 0
+    try:
+        return parse_every(value)
+    except ScheduleError as exc:
+        raise ScheduleError(str(exc).replace("every", what, 1)) from None
 
 
 def parse_every_ms(value: int | timedelta | str) -> int:
@@ -196,7 +221,9 @@ def parse_every_ms(value: int | timedelta | str) -> int:
     A bare number here means milliseconds (EchoMQ's `every_ms`); see `parse_every` for `every`.
     """
     if isinstance(value, bool):
-        raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
+        raise ScheduleError(
+            f"every must be ms, a timedelta or a string like '15m', not {shown(value)}"
+        )
     if isinstance(value, timedelta):
         every_ms = floor_ms(value)
     elif isinstance(value, int):
@@ -209,16 +236,20 @@ def parse_every_ms(value: int | timedelta | str) -> int:
             parts = _EVERY_RE.findall(text)
             if not parts or _EVERY_RE.sub("", text).strip() or any(len(n) > 20 for n, _ in parts):
                 raise ScheduleError(
-                    f"every {value!r} is not an interval; use ms or a string like "
+                    f"every {shown(value)} is not an interval; use ms or a string like "
                     "'500ms', '30s', '15m', '1h30m', '2d'"
                 )
             every_ms = sum(int(n) * _UNITS_MS[unit] for n, unit in parts)
     else:
-        raise ScheduleError(f"every must be ms, a timedelta or a string like '15m', not {value!r}")
+        raise ScheduleError(
+            f"every must be ms, a timedelta or a string like '15m', not {shown(value)}"
+        )
     if every_ms <= 0:
-        raise ScheduleError(f"every must be a positive interval, got {value!r}")
+        raise ScheduleError(f"every must be a positive interval, got {shown(value)}")
     if every_ms > MAX_EVERY_MS:
-        raise ScheduleError(f"every must be at most 1000 years ({MAX_EVERY_MS} ms), got {value!r}")
+        raise ScheduleError(
+            f"every must be at most 1000 years ({MAX_EVERY_MS} ms), got {shown(value)}"
+        )
     return every_ms
 
 
@@ -276,8 +307,10 @@ class Every:
 
     def next_after(self, after_ms: int) -> int:
         if self.anchor == "grid":
-            return after_ms - (after_ms - self.offset_ms) % self.every_ms + self.every_ms
-        return after_ms + self.every_ms
+            slot = after_ms - (after_ms - self.offset_ms) % self.every_ms + self.every_ms
+        else:
+            slot = after_ms + self.every_ms
+        return slot if slot <= LATEST_MS else NEVER_MS
 
     def to_fields(self) -> dict[str, str]:
         fields = {"every_ms": str(self.every_ms), "anchor": self.anchor}
@@ -309,8 +342,11 @@ class At:
         if len(instants) > MAX_AT:
             raise ScheduleError(f"at takes at most {MAX_AT} instants, got {len(instants)}")
         for value in instants:
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < NEVER_MS:
-                raise ScheduleError(f"an at instant must be epoch ms from 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LATEST_MS:
+                raise ScheduleError(
+                    f"an at instant must be epoch ms from 0 (1970) to {LATEST_MS} (9999), "
+                    f"got {value!r}"
+                )
         if any(a >= b for a, b in itertools.pairwise(instants)):
             raise ScheduleError("at instants must be sorted and distinct")
 
@@ -500,21 +536,39 @@ def _cron_instants(wall: datetime, zone: ZoneInfo, elapsed: bool) -> list[dateti
         return [first]  # a fixed time that repeats fires at its first occurrence
     if elapsed:
         return []  # in a gap, elapsed-time jobs run on the new time
-    # A fixed time in a gap fires at the first valid instant after it: the transition.
-    before = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
-    low, high = before, first
+    return [first_instant(wall, zone)]  # a fixed time in a gap: the transition
+
+
+def first_instant(wall: datetime, zone: ZoneInfo) -> datetime:
+    """Return the first instant (UTC) at which `zone`'s clock reads the naive `wall` or later:
+    its first occurrence if it repeats, the transition if a spring-forward gap skips it."""
+    first = wall.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+    if first.astimezone(zone).replace(tzinfo=None) == wall:
+        return first
+    # In a gap fold=0 reads the wall on the old offset, which lands after the transition.
+    low, high = wall.replace(tzinfo=zone, fold=1).astimezone(timezone.utc), first
     while high - low > timedelta(seconds=1):
         middle = low + (high - low) / 2
         if middle.astimezone(zone).replace(tzinfo=None) < wall:
             low = middle
         else:
             high = middle
-    return [high.replace(microsecond=0)]
+    return high.replace(microsecond=0)
 
 
 @functools.lru_cache(maxsize=8192)
 def _cron_next(resolved: str, tz: str, day_and: bool, after_ms: int) -> int:
-    """The next run of a cron after `after_ms`; StopIteration if it has none."""
+    """The next run of a cron after `after_ms`; `NEVER_MS` past year 9999; StopIteration if
+    it has none in cronsim's 50 years."""
+    try:
+        return _cron_next_in_range(resolved, tz, day_and, after_ms)
+    except OverflowError:  # cronsim or a zone's arithmetic walked past year 9999
+        return NEVER_MS
+
+
+def _cron_next_in_range(resolved: str, tz: str, day_and: bool, after_ms: int) -> int:
+    if after_ms >= LATEST_MS:
+        return NEVER_MS
     # cronsim matches calendar fields on naive wall times; the DST rule is ours
     # (`_cron_instants`). cronsim's own tz-aware mode drops a slot at Lord Howe's half-hour
     # fall-back, which tests/test_cadence.py's oracle caught.
@@ -527,7 +581,8 @@ def _cron_next(resolved: str, tz: str, day_and: bool, after_ms: int) -> int:
     start = after.astimezone(zone).replace(tzinfo=None)
     span = _shift_near(zone, after)
     start -= span
-    walls = _cron_walls(resolved, day_and, start)
+    overflowed: list[bool] = []
+    walls = _before_overflow(_cron_walls(resolved, day_and, start), overflowed)
     best: datetime | None = None
     limit: datetime | None = None
     for wall in walls:
@@ -540,9 +595,20 @@ def _cron_next(resolved: str, tz: str, day_and: bool, after_ms: int) -> int:
                 limit = wall_of_best + max(span, _shift_near(zone, best))
         if best is not None and _no_transition_near(zone, after, best):
             break  # wall order is instant order away from transitions
-    if best is None:  # pragma: no cover - cronsim stops only after 50 years
-        raise StopIteration
-    return int(best.timestamp() * 1000)
+    if best is None:
+        if overflowed:
+            return NEVER_MS
+        raise StopIteration  # pragma: no cover - cronsim stops only after 50 years
+    ms = int(best.timestamp() * 1000)
+    return ms if ms <= LATEST_MS else NEVER_MS
+
+
+def _before_overflow(walls: Iterator[datetime], overflowed: list[bool]) -> Iterator[datetime]:
+    """`walls` until cronsim's next step would pass year 9999 (then `overflowed` is [True])."""
+    try:
+        yield from walls
+    except OverflowError:
+        overflowed.append(True)
 
 
 def _shift_near(zone: ZoneInfo, at: datetime) -> timedelta:

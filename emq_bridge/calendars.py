@@ -29,9 +29,10 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
-from .cadence import MAX_CRON_CHARS, Cadence
+from .cadence import MAX_CRON_CHARS, Cadence, first_instant
 from .errors import ScheduleError
 from .keys import validate_name
+from .millis import instant_ms
 
 __all__ = [
     "MAX_RULES",
@@ -215,8 +216,8 @@ class Excluding:
                 end = until
         if end is None:
             return None
-        # The first instant at that wall time (fold=0; in a gap, the transition itself).
-        return int(end.replace(tzinfo=zone, fold=0).timestamp() * 1000)
+        # The first instant at that wall time or after (in a gap, the transition itself).
+        return instant_ms(first_instant(end, zone))
 
     def _admit(self, slot: int) -> int:
         for _ in range(MAX_SKIPS):

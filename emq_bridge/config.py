@@ -66,6 +66,7 @@ from .jitter import parse_jitter, shape
 from .keys import validate_name
 from .labels import check_labels
 from .registry import Repeat
+from .shown import QUOTED_CHARS, clipped
 from .sync import SyncPlan, sync
 from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure
 
@@ -87,6 +88,8 @@ __all__ = [
 
 FILE_FIELDS = ("source", "queue", "calendars", "schedule")
 """Keys allowed at the top level of a schedule file."""
+MAX_ERRORS_SHOWN = 20
+"""A file's errors are one line: the first this many, then how many more."""
 
 ENTRY_FIELDS = (
     "queue",
@@ -209,7 +212,7 @@ def declaration_from_entry(
     except _FieldError as exc:
         queue, name = entry.get("queue", default_queue), entry.get("name")
         label = (
-            f"schedule {queue}/{name}"
+            f"schedule {_brief(queue)}/{_brief(name)}"
             if isinstance(queue, str) and isinstance(name, str)
             else "schedule"
         )
@@ -261,17 +264,25 @@ def _parse(data: Mapping[str, Any], path: Path) -> ScheduleFile:
         seen[key] = number
         declarations.append(declaration)
     if errors:
-        raise ConfigError(f"{path}: " + "; ".join(errors))
+        shown_errors = errors[:MAX_ERRORS_SHOWN]
+        if len(errors) > MAX_ERRORS_SHOWN:
+            shown_errors.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")
+        raise ConfigError(f"{path}: " + "; ".join(shown_errors))
     return ScheduleFile(path, source, tuple(declarations))
 
 
 def _label(number: int, entry: Mapping[str, Any], default_queue: object) -> str:
     queue, name = entry.get("queue", default_queue), entry.get("name")
     if isinstance(queue, str) and isinstance(name, str):
-        return f"schedule #{number} ({queue}/{name})"
+        return f"schedule #{number} ({_brief(queue)}/{_brief(name)})"
     if isinstance(name, str):
-        return f"schedule #{number} ({name})"
+        return f"schedule #{number} ({_brief(name)})"
     return f"schedule #{number}"
+
+
+def _brief(name: str) -> str:
+    """A name as an error line shows it: cut to 80 characters (the rules allow 200 bytes)."""
+    return name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}…"
 
 
 def _kind(value: object) -> str:
@@ -286,8 +297,9 @@ def _kind(value: object) -> str:
 
 
 def _shown(value: object) -> str:
-    """Quote a string; name the kind of anything else, which may be big or deeply nested."""
-    return repr(value) if isinstance(value, str) else _kind(value)
+    """Quote a string (clipped); name the kind of anything else, which may be big or deeply
+    nested."""
+    return clipped(value) if isinstance(value, str) else _kind(value)
 
 
 def _name(value: object, field: str) -> str:
@@ -452,7 +464,7 @@ def _instant(entry: Mapping[str, Any], field: str) -> int | None:
     if not isinstance(value, datetime | str):
         raise _FieldError(field, f"must be a date-time with an offset, got {_kind(value)}")
     try:
-        return epoch_ms(value, field)
+        return epoch_ms(value, field, ceil=field == "start_at")  # nothing runs before a start
     except ScheduleError as exc:
         raise _FieldError(field, str(exc)) from exc
 
@@ -469,8 +481,9 @@ def _bounds(entry: Mapping[str, Any], cadence: Cadence) -> Bounds:
         bounds = Bounds(start, end, limit, immediately)
         bounds.check(cadence)
     except ScheduleError as exc:
-        field = "limit" if "limit" in str(exc) else "immediately" if immediately else "end_at"
-        raise _FieldError(field, str(exc)) from exc
+        message = str(exc)  # the field it is about is the first it names
+        named = [f for f in ("start_at", "end_at", "limit", "immediately") if f in message]
+        raise _FieldError(min(named, key=message.index, default="end_at"), message) from exc
     return bounds
 
 
@@ -517,11 +530,10 @@ def _cadence(entry: Mapping[str, Any]) -> Cadence:
                 raise _FieldError(field, "does not apply to at (one-off instants)")
         return _at(entry)
     if "cron" not in entry:
-        for field in ("tz", "day_and"):
-            if field in entry:
-                raise _FieldError(
-                    field, "applies to cron schedules only; an interval has no time zone"
-                )
+        if "tz" in entry:
+            raise _FieldError("tz", "applies to cron schedules only; an interval has no time zone")
+        if "day_and" in entry:
+            raise _FieldError("day_and", "applies to cron schedules only; an interval has no days")
         anchor = entry.get("anchor", "grid")
         if anchor not in ANCHORS:
             raise _FieldError(

@@ -31,6 +31,7 @@ from .cadence import (
     misfire_policy,
     parse_every,
     parse_every_ms,
+    parse_span,
 )
 from .calendars import Calendar, ExcludeItem, resolve_exclude
 from .errors import ScheduleError
@@ -423,7 +424,7 @@ def define(
         seed=seed,
     )
     bounds = Bounds(
-        None if start_at is None else epoch_ms(start_at, "start_at"),
+        None if start_at is None else epoch_ms(start_at, "start_at", ceil=True),
         None if end_at is None else epoch_ms(end_at, "end_at"),
         limit,
         immediately,
@@ -448,14 +449,7 @@ def offset_ms(offset: Offset | None, every_ms: int) -> int:
         return 0
     if isinstance(offset, datetime):
         return epoch_ms(offset, "offset") % every_ms
-    if isinstance(offset, int | float) and not isinstance(offset, bool) and offset == 0:
-        return 0
-    if isinstance(offset, timedelta) and not offset:
-        return 0
-    try:
-        return parse_every(offset)
-    except ScheduleError as exc:
-        raise ScheduleError(str(exc).replace("every", "offset", 1)) from None
+    return parse_span(offset, "offset")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .cadence import At, Cadence, Cron, Every, cadence_from_fields, parse_every
+from .cadence import At, Cadence, Cron, Every, cadence_from_fields, parse_span
 from .calendars import Excluding, exclusion_from_fields
 from .errors import ScheduleError
 from .hashed import stable_hash, uses_hash
+from .shown import shown
 
 __all__ = [
     "MAX_JITTER_MS",
@@ -39,17 +40,9 @@ MAX_JITTER_MS = 86_400_000
 
 def parse_jitter(value: float | timedelta | str | None) -> int:
     """Return a jitter bound in ms from seconds, a `timedelta` or `"30s"`; 0 for None."""
-    if value is None:
-        return 0
-
-    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
-        return 0
-    try:
-        jitter_ms = parse_every(value)
-    except ScheduleError as exc:
-        raise ScheduleError(str(exc).replace("every", "jitter", 1)) from None
+    jitter_ms = parse_span(value, "jitter")
     if jitter_ms > MAX_JITTER_MS:
-        raise ScheduleError(f"jitter must be at most 1 day, got {value!r}")
+        raise ScheduleError(f"jitter must be at most 1 day, got {shown(value)}")
     return jitter_ms
 
 

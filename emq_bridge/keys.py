@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import InvalidName
+from .shown import clipped
 
 __all__ = ["DEFAULT_PREFIX", "MAX_NAME_BYTES", "QueueKeys", "validate_name"]
 
@@ -37,16 +38,18 @@ def validate_name(value: object, what: str = "name") -> str:
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:  # lone surrogates
-        raise InvalidName(f"{what} {value!r} is not valid UTF-8") from exc
+        raise InvalidName(f"{what} {clipped(value)} is not valid UTF-8") from exc
     if size > MAX_NAME_BYTES:
         raise InvalidName(f"{what} is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}")
     if value.isascii() and _ASCII_NAME.fullmatch(value):
         return value  # the common case, without a per-character lookup
     for char in value:
         if char in "{}":
-            raise InvalidName(f"{what} {value!r} must not contain '{{' or '}}'")
+            raise InvalidName(f"{what} {clipped(value)} must not contain '{{' or '}}'")
         if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Zs"):
-            raise InvalidName(f"{what} {value!r} must not contain whitespace or control characters")
+            raise InvalidName(
+                f"{what} {clipped(value)} must not contain whitespace or control characters"
+            )
     return value
 
 
@@ -54,7 +57,7 @@ def validate_prefix(value: str) -> str:
     """Return `value` if it can prefix keys: the name rules, and no ':' at the end."""
     validate_name(value, "prefix")
     if value.endswith(":"):
-        raise InvalidName(f"prefix {value!r} must not end with ':'")
+        raise InvalidName(f"prefix {clipped(value)} must not end with ':'")
     return value
 
 

@@ -57,6 +57,10 @@ MALFORMED_CLUSTER = (
     f"[,host[:6379]...] (rediss+cluster:// for TLS), {_ESCAPED}"
 )
 CLUSTER_DB = "invalid Redis URL: a Redis Cluster has only db 0; leave the db out"
+DB_PATH = (
+    "invalid Redis URL: the path must be a db number, e.g. redis://host:6379/0, with special "
+    "characters of the password escaped as %XX"
+)
 
 # What a value must be: the words for it, and a pattern it must match in full.
 Rule = tuple[str, str]
@@ -228,10 +232,13 @@ def check_url(url: str) -> None:
     if scheme not in ("redis", "rediss", "unix"):  # the first check of redis-py's parse_url
         raise ConfigError(MALFORMED)
     try:
-        query = urlsplit(url).query
+        parts = urlsplit(url)
     except ValueError:  # an unclosed '[' of an IPv6 host
         raise ConfigError(MALFORMED) from None  # not chained: the cause may quote the password
-    _check_query(scheme, query, secret="@" in url)
+    # redis-py reads the path as the db and, when it is not a number, quietly uses db 0.
+    if scheme != "unix" and not re.fullmatch(r"/?\d*/?", unquote(parts.path)):
+        raise ConfigError(DB_PATH)
+    _check_query(scheme, parts.query, secret="@" in url)
 
 
 def _check_query(scheme: str, query: str, *, secret: bool) -> None:

@@ -423,7 +423,7 @@ def _when(cadence: Cadence, when: Mapping[str, Any]) -> tuple[Cadence, Bounds]:
             raise ScheduleError("one_off is limit 1; give one of them")
         limit = 1
     bounds = Bounds(
-        None if when.get("start_at") is None else epoch_ms(when["start_at"], "start_at"),
+        None if when.get("start_at") is None else epoch_ms(when["start_at"], "start_at", ceil=True),
         None if when.get("end_at") is None else epoch_ms(when["end_at"], "end_at"),
         limit,
         when.get("immediately", False),

@@ -36,6 +36,8 @@ EXIT_SERVER = 3
 
 CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 30.0
+# An error line is cut here: one line a terminal and a log collector still show whole.
+MAX_ERROR_CHARS = 2000
 
 
 class ServerError(click.ClickException):
@@ -146,11 +148,16 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
 
 
 def _clean(message: str, settings: Settings | None) -> str:
-    """Return `message` on one line, with the URL's secrets (if any) blanked out."""
+    """Return `message` on one line, with the URL's secrets (if any) blanked out, and cut
+    at `MAX_ERROR_CHARS` (a message quoting a huge input is cut where it is raised, this is
+    the last guard)."""
     if settings is not None:
         for secret in url_secrets(settings.redis_url):
             message = message.replace(secret, "***")
-    return " ".join(message.split())
+    line = " ".join(message.split())
+    if len(line) > MAX_ERROR_CHARS:
+        line = f"{line[:MAX_ERROR_CHARS]}… ({len(line) - MAX_ERROR_CHARS} more characters)"
+    return line
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from ..cadence import At, Cadence, Cron, Every
+from ..cadence import LATEST_MS, At, Cadence, Cron, Every
 from ..calendars import Excluding
 from ..jitter import Jittered, base_cadence
 from ..keys import parse_lease_member
@@ -54,8 +54,11 @@ def absolute(ms: int, zone: ZoneInfo) -> str:
 
 
 def iso(ms: int | None, zone: ZoneInfo) -> str | None:
-    """Return `ms` as ISO 8601 in `zone` with its UTC offset, to the millisecond."""
-    return None if ms is None else _local(ms, zone).isoformat(timespec="milliseconds")
+    """Return `ms` as ISO 8601 in `zone` with its UTC offset, to the millisecond (None for
+    None and for a time past year 9999, which no run has)."""
+    if ms is None or ms > LATEST_MS:
+        return None
+    return _local(ms, zone).isoformat(timespec="milliseconds")
 
 
 def utc_iso(ms: int | None) -> str:
@@ -292,6 +295,8 @@ def next_run_text(registration: Registration, now_ms: int) -> str:
         return "- (paused)"
     if registration.next_run_ms is None:
         return "-"
+    if registration.next_run_ms > LATEST_MS:  # a score written by hand, or by an old version
+        return "- (never)"
     zone = zone_of(registration.definition.cadence)
     when = relative(registration.next_run_ms, now_ms)
     if computed_by(registration) is not None:

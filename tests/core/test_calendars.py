@@ -72,6 +72,36 @@ def test_exclusions_match_a_wall_clock_oracle_across_dst(tz: str, year: int, exp
         assert got == expected, (tz, expr, moment)
 
 
+@pytest.mark.parametrize(("tz", "year"), ZONES)
+@pytest.mark.parametrize("expr", ["*/15 * * * *", "30 2 * * *", "0 * * * *"])
+def test_a_window_ending_inside_the_clock_change_ends_where_its_wall_time_first_comes(
+    tz: str, year: int, expr: str
+) -> None:
+    # Paris, 2027-03-28, 01:00..02:30: 02:30 does not exist (02:00 jumps to 03:00), so the
+    # first instant whose clock reads 02:30 or later is the transition, 03:00 CEST; 03:00
+    # and 03:15 fire. At fall-back the window's end is the first time the clock reads it.
+    zone = ZoneInfo(tz)
+    for moment in transitions(tz, year):
+        before = (moment - timedelta(seconds=1)).astimezone(zone).replace(tzinfo=None)
+        after = moment.astimezone(zone).replace(tzinfo=None)
+        inside = min(before, after) + abs(after - before) / 2  # a wall time the change moves
+        window = (inside - timedelta(hours=2), inside.replace(second=0, microsecond=0))
+        rule = "..".join(w.isoformat(timespec="minutes") for w in window)
+        cadence = Excluding(Cron(expr, tz), (rule,), tz)
+        start, end = moment - timedelta(hours=6), moment + timedelta(hours=6)
+        expected = [
+            t
+            for t in Oracle(expr, tz).fires(start, end)
+            if not window[0]
+            <= datetime.fromtimestamp(t / 1000, tz=UTC).astimezone(zone).replace(tzinfo=None)
+            < window[1]
+        ]
+        got, at = [], ms(start)
+        while (at := cadence.next_after(at)) <= ms(end):
+            got.append(at)
+        assert got == expected, (tz, expr, moment, rule)
+
+
 def test_a_range_of_days_and_a_whole_year_skip_in_one_search() -> None:
     cadence = Excluding(
         Cron("* * * * *", "Europe/Paris"), ("2026-12-20..2027-01-03",), "Europe/Paris"

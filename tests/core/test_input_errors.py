@@ -258,10 +258,10 @@ def test_tls_query_options_are_taken_on_a_rediss_url() -> None:
     client.connection_pool.make_connection()  # redis-py builds the connection from the options
 
 
-def test_the_cli_exits_2_with_one_line_for_a_bad_query_option() -> None:
+def test_the_cli_exits_2_with_one_line_for_a_bad_query_option_or_db() -> None:
     port = unused_port()
-    for query in ("foo=bar", "socket_timeout=-1"):
-        url = f"redis://user:pw-Q9-secret@127.0.0.1:{port}/0?{query}"
+    for path_and_query in ("0?foo=bar", "0?socket_timeout=-1", "2x", "abc"):
+        url = f"redis://user:pw-Q9-secret@127.0.0.1:{port}/{path_and_query}"
         result = CliRunner().invoke(cli, ["--redis-url", url, "list"])
         assert result.exit_code == 2, result.output
         assert "invalid Redis URL" in one_error_line(result)

@@ -92,13 +92,15 @@ MALFORMED = [
     ("redis+cluster://u:7000#pw-Q9@h1:7000", "Cluster URL"),  # "u:7000" would be a host
     (f"redis+cluster://:{SECRET}@h1:7000?foo=bar", "unknown query option (not named"),
     (f"redis+sentinels://:{SECRET}@h1/mymaster", "use redis://"),  # not a scheme we know
+    (f"redis://:{SECRET}@127.0.0.1:6379/2x", "path must be a db number"),  # redis-py: db 0
+    (f"redis://:{SECRET}@127.0.0.1:6379/abc", "path must be a db number"),
+    (f"rediss://:{SECRET}@127.0.0.1:6379/1/2", "path must be a db number"),
+    ("redis://:pw-Q9/secret@127.0.0.1:6379", "path must be a db number"),  # an unescaped '/'
 ]
 
 
 @pytest.mark.parametrize(("url", "said"), MALFORMED)
-def test_a_malformed_sentinel_or_cluster_url_is_a_config_error_without_the_password(
-    url: str, said: str
-) -> None:
+def test_a_malformed_url_is_a_config_error_without_the_password(url: str, said: str) -> None:
     with pytest.raises(ConfigError, match=r"^invalid Redis URL: ") as caught:
         Repeat.from_url(url)
     message = str(caught.value)
