@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
-from .cadence import MAX_CRON_CHARS, Cadence, first_instant
+from .cadence import LATEST_MS, MAX_CRON_CHARS, NEVER_MS, Cadence, first_instant
 from .errors import ScheduleError
 from .keys import validate_name
 from .millis import instant_ms
@@ -205,19 +205,25 @@ class Excluding:
         return self.inner.kind
 
     def excluded_until(self, slot_ms: int) -> int | None:
-        """None if `slot_ms` may fire, else the instant its exclusion ends (epoch ms)."""
+        """None if `slot_ms` may fire, else the instant its exclusion ends (epoch ms;
+        `NEVER_MS` for an exclusion that lasts past year 9999)."""
+        if slot_ms > LATEST_MS:
+            return None  # no slot (`NEVER_MS`): nothing to exclude
         zone = ZoneInfo(self.tz)
         wall = datetime.fromtimestamp(slot_ms / 1000, tz=timezone.utc).astimezone(zone)
         naive = wall.replace(tzinfo=None, microsecond=0)
         end: datetime | None = None
-        for rule in self._parsed:
-            until = rule.until(naive)
-            if until is not None and (end is None or until > end):
-                end = until
-        if end is None:
-            return None
-        # The first instant at that wall time or after (in a gap, the transition itself).
-        return instant_ms(first_instant(end, zone))
+        try:
+            for rule in self._parsed:
+                until = rule.until(naive)
+                if until is not None and (end is None or until > end):
+                    end = until
+            if end is None:
+                return None
+            # The first instant at that wall time or after (in a gap, the transition itself).
+            return min(instant_ms(first_instant(end, zone)), NEVER_MS)
+        except OverflowError:  # the exclusion ends after 9999-12-31
+            return NEVER_MS
 
     def _admit(self, slot: int) -> int:
         for _ in range(MAX_SKIPS):

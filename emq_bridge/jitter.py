@@ -15,7 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .cadence import At, Cadence, Cron, Every, cadence_from_fields, parse_span
+from .cadence import (
+    LATEST_MS,
+    NEVER_MS,
+    At,
+    Cadence,
+    Cron,
+    Every,
+    cadence_from_fields,
+    parse_span,
+)
 from .calendars import Excluding, exclusion_from_fields
 from .errors import ScheduleError
 from .hashed import stable_hash, uses_hash
@@ -72,8 +81,9 @@ class Jittered:
         return stable_hash(self.seed, f"jitter-{nominal_ms}") % (room + 1)
 
     def at(self, nominal_ms: int) -> int:
-        """The instant the nominal slot `nominal_ms` is sent at."""
-        return nominal_ms + self.offset(nominal_ms)
+        """The instant the nominal slot `nominal_ms` is sent at (`NEVER_MS` past year 9999)."""
+        sent = nominal_ms + self.offset(nominal_ms)
+        return sent if sent <= LATEST_MS else NEVER_MS
 
     def nominal(self, score_ms: int) -> int:
         """The nominal slot a score (a jittered instant) stands for."""

@@ -43,6 +43,14 @@ CADENCES: list[dict[str, Any]] = [
     {"every": "1h", "anchor": "release"},
     {"cron": "0 0 1 1 *"},
     {"cron": "*/15 * * * *", "tz": "Europe/Paris"},
+    {"every": "1h", "exclude": ["9999-12-31", "1970-01-01..1970-01-02"]},
+    {
+        "cron": "0 0 * * *",
+        "tz": "Pacific/Kiritimati",
+        "exclude": ["9999-12-31T20:00..9999-12-31T23:59"],
+    },
+    {"cron": "0 0 1 1 *", "jitter": "30m"},
+    {"every": "1d", "jitter": "6h", "exclude": ["cron:* * * * 0"]},
 ]
 
 
@@ -63,7 +71,8 @@ def test_any_instant_either_registers_and_shows_everywhere_or_is_refused_writing
     options = {"at": instant} if field == "at" else {**cadence, field: instant}
     before = snapshot(repeat)
     try:
-        repeat.register("q", name, template={"task": "t"}, now_ms=NOW_MS, **options)
+        definition = define(template={"task": "t"}, **options)
+        repeat.register("q", name, definition=definition, now_ms=NOW_MS)
     except ScheduleError as exc:
         assert "\n" not in str(exc)
         assert snapshot(repeat) == before
