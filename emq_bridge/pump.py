@@ -86,6 +86,10 @@ class _Unsent(Exception):
 _UNSENT = _Unsent()
 
 
+class NewerCodeLive(RegistryError):
+    """A send this process's code cannot make, left to the newer generation's pumps."""
+
+
 @dataclass(slots=True)
 class _Sending:
     """A batch being sent: the outcome of each occurrence so far, and its leases' deadline.
@@ -116,7 +120,9 @@ class Pump:
     occurrence is dispatched by one pump. If a pump dies between claim and ack, the lease
     expires after `lease_ms` and any pump re-dispatches the occurrence with the same id.
     What it does is told to `listeners` (`emq_bridge.events.PumpEvents`); its log lines
-    are one such listener, always installed.
+    are one such listener, always installed. `code` is the (source, generation) of the
+    declarations the process runs, when it has one: a registration it can never send is then
+    not parked while the queue holds a newer generation (see `Repeat.park`).
     """
 
     def __init__(
@@ -133,8 +139,10 @@ class Pump:
         listeners: Iterable[PumpEvents] = (),
         start_timeout_ms: int = START_TIMEOUT_MS,
         history_size: int = HISTORY_SIZE,
+        code: tuple[str, int] | None = None,
     ) -> None:
         self.repeat = repeat
+        self.code = code
         self.queues = tuple(validate_name(q, "queue") for q in queues)
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
@@ -471,6 +479,7 @@ class Pump:
             template=fields.get("template", ""),
             reason=reason,
             now_ms=now_ms,
+            code=self.code,
         )
         tick.failed.extend(o for o, _ in failures)
         if parked == 1:
@@ -484,6 +493,11 @@ class Pump:
         elif parked == -2:  # its template changed since: the new one is tried after the lease
             for failed, exc in failures:
                 self.events.on_dispatch_failure(failed, exc)
+        elif parked == -3:  # this is old code of a rolling deploy: a newer pump may send it
+            for failed, exc in failures:
+                self.events.on_dispatch_failure(
+                    failed, NewerCodeLive(f"{exc}; not parked: a newer generation is live")
+                )
         # -1: cancelled meanwhile, with its leases; nothing is left to do.
 
     def _hand_back_interrupted(

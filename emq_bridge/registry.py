@@ -1316,20 +1316,24 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
         template: str,
         reason: str,
         now_ms: int,
+        code: tuple[str, int] | None = None,
     ) -> int:
         """Stop firing `name` after a permanent dispatch failure; see `lua/park.lua`.
 
         The registration is paused with `reason` (its next run kept, so `resume` brings it
         back), and the leases of `lease_members` still held at `deadline_ms` are dropped.
         `template` is the record's `template` field as the pump read it: if it changed since,
-        nothing is written. Returns 1 parked now, 0 parked already (leases dropped only),
-        -1 no such registration, -2 its template changed.
+        nothing is written. `code` is the (source, generation) the failing process runs: if
+        the queue holds a newer generation of that source, nothing is written either (an old
+        worker of a rolling deploy). Returns 1 parked now, 0 parked already (leases dropped
+        only), -1 no such registration, -2 its template changed, -3 a newer generation is live.
         """
         keys = self.keys(queue)
+        source, generation = code if code is not None else ("", None)
         with redis_errors(f"park {queue}/{name}"):
             return int(
                 self.scripts.park(
-                    keys=[keys.registry, keys.record(name), keys.leases],
+                    keys=[keys.registry, keys.record(name), keys.leases, keys.generations],
                     args=[
                         name,
                         deadline_ms,
@@ -1337,6 +1341,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
                         reason,
                         now_ms,
                         keys.wake_channel,
+                        source,
+                        generation_arg(generation, source or None),
                         *lease_members,
                     ],
                 )

@@ -342,6 +342,7 @@ class RecurringMiddleware(Middleware):
             max_sleep_s=self.max_sleep_s,
             history_size=self.history_size,
             listeners=self.listeners,
+            code=None if self.generation is None else (self.source, self.generation),
         )
         pump.heartbeat.role = "dramatiq-worker"
         self._pump_stop = threading.Event()

@@ -5,22 +5,32 @@
 -- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run
 -- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
 -- KEYS[3]  <prefix>:{q}:leases          sorted set: lease member -> lease deadline (keys.py)
+-- KEYS[4]  <prefix>:{q}:generations     hash: source -> its highest synced generation
 -- ARGV[1]  name
 -- ARGV[2]  the lease deadline the pump wrote, epoch ms (the fence of the leases)
 -- ARGV[3]  the record's `template` field as the pump read it, when the failure was seen
 -- ARGV[4]  the reason, one line
 -- ARGV[5]  now, epoch ms
 -- ARGV[6]  wake channel
--- ARGV[7..] lease members of the failed occurrences
+-- ARGV[7]  the source of the code the pump runs ('' for none)
+-- ARGV[8]  that code's generation ('' for none)
+-- ARGV[9..] lease members of the failed occurrences
 --
 -- Parked is paused (score +inf, the next run kept in `paused_next_ms`, so `resume` puts it
 -- back) plus `parked_reason` and `parked_ms`, which `resume` clears. The leases still at
 -- ARGV[2] are dropped: nothing of the registration is retried. A record whose template
 -- changed since the read is not parked and keeps its leases (the new template is tried when
 -- they expire). A registration paused by hand is parked too, keeping its next run.
+-- A pump running an older generation of its source than the queue holds is an old worker of
+-- a rolling deploy: what it cannot send, the new code may (an actor the new version added),
+-- so nothing is parked and the leases stay, for whichever pump re-takes them on expiry.
 -- Returns 1 parked now, 0 parked already (only the leases dropped), -1 no such registration,
--- -2 the template changed (nothing written).
+-- -2 the template changed (nothing written), -3 a newer generation is live (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+if ARGV[8] ~= '' then
+  local live = tonumber(redis.call('HGET', KEYS[4], ARGV[7]))
+  if live and live > tonumber(ARGV[8]) then return -3 end
+end
 local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason', 'template_pieces')
 if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): compare it whole
   local parts = {cur[1]}
@@ -28,7 +38,7 @@ if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): 
   cur[1] = table.concat(parts)
 end
 if cur[1] ~= ARGV[3] then return -2 end
-for i = 7, #ARGV do
+for i = 9, #ARGV do
   local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
   if deadline and tonumber(deadline) == tonumber(ARGV[2]) then
     redis.call('ZREM', KEYS[3], ARGV[i])

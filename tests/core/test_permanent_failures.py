@@ -16,9 +16,10 @@ import redis
 from click.testing import CliRunner
 from quiet import quiet_offset
 
-from emq_bridge import Occurrence, Pump, PumpEvents, Repeat
+from emq_bridge import Declaration, Occurrence, Pump, PumpEvents, Repeat, define
 from emq_bridge.cli import cli
 from emq_bridge.errors import DispatchError, PermanentDispatchError
+from emq_bridge.sync import sync
 
 T0 = 1_900_000_000_000
 SECOND = 1000
@@ -268,3 +269,41 @@ def test_a_corrupt_template_beside_records_that_share_its_other_fields_is_parked
         [2],
     ]
     assert tick.parked == ["job-1"]
+
+
+class NewBroker(Broker):
+    """The broker of the new version of the code: it declares `GHOST` (an added actor)."""
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        self.tries.append(occurrence)
+        self.sent.append(occurrence)
+
+
+def test_an_old_worker_of_a_rolling_deploy_leaves_what_it_cannot_send_to_the_new_one(
+    any_repeat: Repeat,
+) -> None:
+    # Version 2 of source "app" adds a schedule on an actor version 1 does not declare.
+    declared = [Declaration("q", "added", define(every="1s", template={"task": GHOST}))]
+    sync(any_repeat, declared, "app", generation=2)
+    old, new = Broker(), NewBroker()
+    old_pump = Pump(any_repeat, ["q"], old, lease_ms=10 * SECOND, code=("app", 1))
+    first = old_pump.run_once(now_ms=T0 + SECOND)
+    assert [o.name for o in first.failed] == ["added"] and first.parked == []
+    added = any_repeat.get("q", "added")
+    assert added is not None and not added.paused and added.parked_reason is None
+    [(_, due, _)] = any_repeat.leases("q")  # kept, for whichever pump re-takes it
+
+    new_pump = Pump(any_repeat, ["q"], new, lease_ms=10 * SECOND, code=("app", 2))
+    new_pump.run_once(now_ms=T0 + 12 * SECOND)  # past the lease: the new code sends it
+    resent = [o for o in new.sent if o.due_ms == due]
+    assert [o.id for o in resent] == [old.tries[0].id] and resent[0].redelivered
+    # The same generation, or a process with no generation, still parks what it cannot send.
+    for code in [("app", 2), None]:
+        name = f"typo{code is None}"
+        any_repeat.register("q", name, every="1s", template={"task": GHOST}, now_ms=T0)
+    for code in [("app", 2), None]:
+        name = f"typo{code is None}"
+        pump = Pump(any_repeat, ["q"], old, lease_ms=10 * SECOND, code=code)
+        pump.run_once(now_ms=T0 + 13 * SECOND)
+        typo = any_repeat.get("q", name)
+        assert typo is not None and typo.parked_reason is not None, code
