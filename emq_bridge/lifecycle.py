@@ -216,6 +216,35 @@ class LifecycleMoves:
             log.warning("the %s report of an occurrence was dropped: %s", kind, exc)
             return False
 
+    def begin(
+        self,
+        occurrence: Occurrence | Mapping[str, Any],
+        *,
+        heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
+    ) -> bool:
+        """Ask before a worker runs `occurrence` of a guarded registration (`overlap` other
+        than allow): False while another occurrence of it is in flight, and the worker should
+        skip this one (report it `skipped`); True makes it the one in flight. See
+        `lua/begin.lua`: it closes what the claim cannot see, a message delivered again after
+        it was marked lost, or a retry that waited in the queue past its hold. One round trip.
+        Never raises: when Redis cannot answer it says True (the claim's guard still holds),
+        with one log line. A trigger is not guarded: True without asking.
+        """
+        try:
+            item = report_of("started", occurrence)
+            if item.triggered:
+                return True
+            keys = self.keys(item.queue)
+            with redis_errors(f"begin {item.queue}/{item.name}"):
+                answer = self.scripts.begin(
+                    keys=[keys.record(item.name), keys.running],
+                    args=[f"{item.name} {item.due_ms}", heartbeat_ttl_ms],
+                )
+            return int(answer) != 0
+        except (EmqError, ValueError, TypeError) as exc:
+            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
+            return True
+
     def history(self, queue: str, name: str, n: int = HISTORY_SIZE) -> builtins.list[HistoryEntry]:
         """Return the last `n` occurrences of `name`, newest first (what workers reported and
         what the overlap policy and the lost check decided). An entry edited into garbage is

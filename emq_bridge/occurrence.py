@@ -76,6 +76,9 @@ class Occurrence:
     last_success_ms: int | None = None
     # Sent by a backfill (backfill.py) for a past slot, with the id the live slot has.
     backfill: bool = False
+    # Its registration has an overlap policy (not `allow`) and it is a slot, not a trigger or
+    # a backfill: a worker asks `Repeat.begin` before it runs it (lua/begin.lua).
+    guarded: bool = False
 
     @property
     def lease_member(self) -> str:

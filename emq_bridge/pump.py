@@ -355,7 +355,14 @@ class Pump:
             name, _, _, missed, _, fire = candidates[index]
             template = firings[name].template
             occurrence = self._occurrence(
-                queue, name, fire, template, now_ms, missed=missed, record=records.get(name)
+                queue,
+                name,
+                fire,
+                template,
+                now_ms,
+                missed=missed,
+                record=records.get(name),
+                guarded=firings[name].overlap != "allow",
             )
             if index in replaced:
                 self._replace(occurrence, replaced[index])
@@ -380,6 +387,7 @@ class Pump:
                 redelivered=not pending,
                 triggered=triggered,
                 record=records.get(name),
+                guarded=firing.overlap != "allow" and not (triggered or backfill),
             )
             if backfill:  # a past slot a backfill queued (backfill.py): marked as such
                 occurrence = replace(occurrence, backfill=True, previous_due_ms=None)
@@ -661,6 +669,7 @@ class Pump:
         missed: int = 0,
         triggered: bool = False,
         record: Mapping[str, str] | None = None,
+        guarded: bool = False,
     ) -> Occurrence:
         # The previous-run context, from the record as fetched before this claim.
         previous = last_success = None
@@ -686,6 +695,7 @@ class Pump:
             triggered=triggered,
             previous_due_ms=previous,
             last_success_ms=last_success,
+            guarded=guarded,
         )
 
     def _dispatch_all(self, queue: str, batch: list[Occurrence], sending: _Sending) -> None:

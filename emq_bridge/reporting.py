@@ -126,6 +126,37 @@ class Reporter:
             self._idle = False
             self._wake.set()
 
+    def begin(self, item: Report) -> bool:
+        """Ask, before a worker runs the occurrence `item` starts, whether it may: False
+        while another occurrence of its guarded registration is in flight (`Repeat.begin`,
+        one round trip from the calling thread). True when Redis cannot answer."""
+        if self._pid != os.getpid():
+            self._reset()
+        try:
+            repeat = self._registry()
+        except Exception as exc:  # never into the task: run it, the claim's guard holds
+            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
+            return True
+        return repeat.begin(
+            {
+                "id": item.id,
+                "queue": item.queue,
+                "name": item.name,
+                "due_ms": item.due_ms,
+                "triggered": item.triggered,
+            },
+            heartbeat_ttl_ms=self.heartbeat_ttl_ms,
+        )
+
+    def _registry(self) -> Repeat:
+        """This process's `Repeat`, built on first use (in whichever thread needs it)."""
+        if self._repeat is None:
+            with self._lock:
+                if self._repeat is None:
+                    source = self._repeat_source
+                    self._repeat = source if isinstance(source, Repeat) else source()
+        return self._repeat
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every report queued so far was sent or dropped; False on timeout."""
         if self._pid != os.getpid():
@@ -202,10 +233,7 @@ class Reporter:
 
     def _send(self, batch: list[Report]) -> None:
         try:
-            if self._repeat is None:
-                source = self._repeat_source
-                self._repeat = source if isinstance(source, Repeat) else source()
-            self._repeat.report(
+            self._registry().report(
                 batch, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
             )
         except Exception as exc:  # never into the tasks: the reports are dropped

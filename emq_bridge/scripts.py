@@ -30,6 +30,7 @@ MOVES = (
     "lost",
     "heartbeat",
     "backfill",
+    "begin",
 )
 
 
@@ -59,6 +60,7 @@ class Scripts:
     lost: Any
     heartbeat: Any
     backfill: Any
+    begin: Any
 
     @classmethod
     def load(cls, client: Any) -> Scripts:

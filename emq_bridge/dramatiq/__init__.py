@@ -41,6 +41,7 @@ from .dispatch import (
 from .middleware import DEFAULT_SOURCE, BootError, RecurringMiddleware, RecurringOptionError
 from .schedule import (
     OPTION_DUE_MS,
+    OPTION_GUARDED,
     OPTION_LAST_SUCCESS_MS,
     OPTION_NAME,
     OPTION_PREVIOUS_DUE_MS,
@@ -63,6 +64,7 @@ from .target import import_broker, load_target
 __all__ = [
     "DEFAULT_SOURCE",
     "OPTION_DUE_MS",
+    "OPTION_GUARDED",
     "OPTION_LAST_SUCCESS_MS",
     "OPTION_NAME",
     "OPTION_PREVIOUS_DUE_MS",

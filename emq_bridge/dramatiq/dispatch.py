@@ -31,6 +31,7 @@ from .batch_enqueue import (
 from .schedule import (
     OPTION_BACKFILL,
     OPTION_DUE_MS,
+    OPTION_GUARDED,
     OPTION_LAST_SUCCESS_MS,
     OPTION_NAME,
     OPTION_PREVIOUS_DUE_MS,
@@ -81,6 +82,8 @@ def build_message(
         OPTION_LAST_SUCCESS_MS: occurrence.last_success_ms,
         **extra_options,
     }
+    if occurrence.guarded:
+        options[OPTION_GUARDED] = True
     return dramatiq.Message(
         queue_name=actor.queue_name,
         actor_name=actor.actor_name,

@@ -17,7 +17,7 @@ from typing import Any
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import Middleware, MiddlewareError
+from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from ..config import load_schedule_file
 from ..definition import Declaration
@@ -197,6 +197,11 @@ class RecurringMiddleware(Middleware):
         set_current_message(message)
         if self.report:
             self._broker = self._broker or broker
+            # A guarded occurrence the broker delivers while another one runs (a killed
+            # worker's message requeued after it was marked lost, a retry that waited past
+            # its hold) is skipped: the overlap policy holds at the start, not only the send.
+            if not self.outcomes.may_start(message):
+                raise SkipMessage("another occurrence of its schedule is in flight (overlap)")
             self.outcomes.started(message)
 
     def after_process_message(

@@ -33,6 +33,7 @@ from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
 from .schedule import (
     OPTION_DUE_MS,
+    OPTION_GUARDED,
     OPTION_NAME,
     OPTION_QUEUE,
     OPTION_REDELIVERED,
@@ -106,6 +107,20 @@ class MessageOutcomes:
         return self._reporter
 
     # -- the hooks -------------------------------------------------------------------------
+
+    def may_start(self, message: Any) -> bool:
+        """`before_process_message`, first: False if `message` is a guarded occurrence
+        (`OPTION_GUARDED`) while another occurrence of its registration is in flight: the
+        middleware skips it. One round trip, for guarded messages only; True on any doubt."""
+        options = getattr(message, "options", None) or {}
+        if not options.get(OPTION_GUARDED):
+            return True
+        try:
+            run = self._run_of(message, create=True)
+            return run is None or self.reporter.begin(run.start)
+        except Exception as exc:  # a bug: never into the worker, run it
+            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
+            return True
 
     def started(self, message: Any) -> None:
         """`before_process_message`: the occurrence starts (attempt `retries + 1`)."""

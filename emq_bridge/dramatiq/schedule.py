@@ -33,6 +33,7 @@ from ..template import TaskTemplate
 __all__ = [
     "OPTION_BACKFILL",
     "OPTION_DUE_MS",
+    "OPTION_GUARDED",
     "OPTION_LAST_SUCCESS_MS",
     "OPTION_NAME",
     "OPTION_PREVIOUS_DUE_MS",
@@ -65,6 +66,9 @@ OPTION_QUEUE = "emq_queue"
 OPTION_REDELIVERED = "emq_redelivered"
 OPTION_TRIGGERED = "emq_triggered"
 OPTION_BACKFILL = "emq_backfill"  # sent by a backfill (backfill.py), for a past slot
+# Set (true) on a slot of a registration with an overlap policy: the worker asks before it
+# runs it (`Repeat.begin`); absent on any other message.
+OPTION_GUARDED = "emq_guarded"
 # ... and its previous-run context: when a pump claimed it (server clock), the slot fired
 # before it and when an occurrence of it last succeeded (epoch ms, or None when unknown).
 OPTION_RELEASED_MS = "emq_released_ms"

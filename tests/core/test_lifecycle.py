@@ -262,6 +262,47 @@ def test_a_silent_worker_is_lost_and_blocks_nothing(repeat: Repeat) -> None:
     assert [e.status for e in repeat.history("q", "job") if e.id == first.id] == ["succeeded"]
 
 
+def test_a_lost_occurrence_delivered_again_while_the_next_runs_is_refused_at_its_start(
+    repeat: Repeat,
+) -> None:
+    # The broker requeues a killed worker's message after the pump marked it lost and sent
+    # the next slot: `begin` refuses the old one while the new one is in flight.
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    (first,) = _fire(pump, t0 + 1000)
+    assert first.guarded and repeat.begin(first, heartbeat_ttl_ms=200)
+    time.sleep(0.3)  # its worker died: no heartbeat, lost
+    (second,) = _fire(pump, repeat.server_time_ms())
+    assert repeat.begin(second) and repeat.started(second)
+    assert not repeat.begin(first)  # the old one, delivered again: skip it
+    assert repeat.begin(second)  # the one in flight may start again (a redelivery of it)
+    trigger = repeat.trigger("q", "job")
+    assert trigger is not None
+    (triggered,) = _fire(pump, repeat.server_time_ms())
+    assert triggered.triggered and not triggered.guarded and repeat.begin(triggered)
+    repeat.finished(second, ok=True)
+    assert repeat.begin(first)  # nothing in flight: it may run, and is in flight now
+    assert _fire(pump, repeat.server_time_ms() + 1000) == []  # so the claim skips a slot
+    # Unguarded registrations never ask (the pump does not mark their occurrences).
+    repeat.upsert("q", "free", every="1s", template=TEMPLATE, now_ms=t0)
+    assert not any(o.guarded for o in _fire(pump, repeat.server_time_ms() + 2000))
+
+
+def test_begin_says_run_it_with_one_line_when_redis_cannot_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = EmbeddedServer()
+    repeat = Repeat(redis.Redis.from_url(server.url, socket_timeout=1), "gone")
+    occurrence = report_of("started", {"id": "x", "queue": "q", "name": "n", "due_ms": 1})
+    server.stop()
+    with caplog.at_level(logging.WARNING, logger="emq_bridge"):
+        assert repeat.begin(
+            {"id": occurrence.id, "queue": "q", "name": "n", "due_ms": occurrence.due_ms}
+        )
+    assert [r.getMessage() for r in caplog.records if "unguarded" in r.getMessage()]
+
+
 def test_heartbeats_keep_a_long_run_in_flight(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)

@@ -156,6 +156,8 @@ APP = textwrap.dedent("""
     @schedule("outcomes", every=1, overlap="skip")
     @dramatiq.actor(queue_name=Q)
     def slow_skip():
+        message = CurrentMessage.get_current_message()
+        note("slow_skip", id=current_occurrence().id, options=message.options)
         time.sleep(float(env["LC_SLOW_S"]))
 
 
@@ -503,6 +505,52 @@ def test_a_redelivered_message_reports_again_and_changes_nothing(
     time.sleep(1.0)  # its started and succeeded reports are sent within milliseconds
     assert repeat.history(app.queue, "once") == before_history
     assert repeat.get(app.queue, "once") == before
+
+
+@slow
+@timeout
+def test_a_guarded_message_delivered_again_while_another_runs_is_skipped_not_run(
+    outcomes: tuple[App, Repeat, redis.Redis], redis_url: str
+) -> None:
+    # What a broker does with a killed worker's message once its occurrence was marked lost
+    # (Dramatiq's Redis broker requeues it up to a minute later): it comes again while the
+    # next slot runs. The worker asks before it runs it, and skips it.
+    app, repeat, client = outcomes
+    old = wait_for(lambda: finished_runs(repeat, app.queue, "slow_skip", 1), app, what="a run")[0]
+    [seen] = [n for n in notes(client, app, "slow_skip") if n["id"] == old.id]
+    assert seen["options"]["emq_guarded"] is True
+
+    def another_just_started() -> bool:
+        now_ms = repeat.server_time_ms()
+        return any(
+            e.status == "running" and e.id != old.id and now_ms - (e.started_ms or 0) < 1000
+            for e in repeat.history(app.queue, "slow_skip")
+        )
+
+    wait_for(another_just_started, app, what="another run in flight, started within 1 s")
+    broker = RedisBroker(url=redis_url, namespace=app.namespace)
+    try:
+        dramatiq.actor(broker=broker, queue_name=app.queue, actor_name="slow_skip")(lambda: None)
+        options = {k: v for k, v in seen["options"].items() if k != "redis_message_id"}
+        message = broker.enqueue(
+            dramatiq.Message(
+                queue_name=app.queue,
+                actor_name="slow_skip",
+                args=(),
+                kwargs={},
+                options=options,
+                message_id=old.id,
+            )
+        )
+    finally:
+        broker.close()
+    messages = f"{app.namespace}:{app.queue}.msgs"
+    redis_id = message.options["redis_message_id"]
+    assert client.hexists(messages, redis_id)  # enqueued where the workers consume
+    wait_for(lambda: not client.hexists(messages, redis_id), app, what="the message acked")
+    assert [n["id"] for n in notes(client, app, "slow_skip")].count(old.id) == 1
+    [entry] = [e for e in repeat.history(app.queue, "slow_skip") if e.id == old.id]
+    assert entry.status == "succeeded"  # its own run's outcome, not changed by the skip
 
 
 @slow

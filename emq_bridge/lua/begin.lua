@@ -1,0 +1,25 @@
+-- begin: a worker asks, before it runs an occurrence of a guarded registration (overlap
+-- other than allow), whether it may: not while another occurrence of it is in flight.
+--
+-- KEYS[1]  <prefix>:{q}:repeat:<name>   hash: the registration record
+-- KEYS[2]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
+-- ARGV[1]  the occurrence's lease member, "<name> <due_ms>"
+-- ARGV[2]  how long it is in flight from now without a heartbeat, ms
+--
+-- The claim already keeps a slot from being sent while one is in flight; this closes what
+-- the claim cannot see: a message the broker delivers again after the pump marked it lost (a
+-- killed worker's, requeued later), or a retry that waited in the queue past its hold. Such an
+-- occurrence, started while another one runs, is refused, and the worker skips it. One that
+-- may run becomes the registration's `inflight` one, live in `running` (server clock).
+-- Returns 1 run it, 0 another occurrence is in flight (skip it), -1 no such registration.
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local current = redis.call('HGET', KEYS[1], 'inflight')
+if current and current ~= ARGV[1] then
+  local live = redis.call('ZSCORE', KEYS[2], current)
+  if live and tonumber(live) > now then return 0 end
+end
+redis.call('HSET', KEYS[1], 'inflight', ARGV[1])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+return 1
