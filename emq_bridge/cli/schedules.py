@@ -26,7 +26,7 @@ from ..errors import ConfigError, EmqError, ScheduleError
 from ..health import served, unserved
 from ..keys import parse_lease_member
 from ..labels import matches, parse_selector
-from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE
+from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
 from ..registry import Registration, Repeat
 from ..template import MAX_TEMPLATE_DEPTH
 from .calendars import read_calendars, run_notes
@@ -425,9 +425,23 @@ def _policy_lines(registration: Registration) -> list[tuple[str, str]]:
     show_default=True,
     help="How many occurrences, newest first (the registry keeps the last 50 by default).",
 )
+@click.option(
+    "--status",
+    "statuses",
+    type=click.Choice(STATUSES),
+    multiple=True,
+    help="Only occurrences of this status (repeat it for several), among all those kept.",
+)
 @json_option
 @pass_settings
-def history_command(settings: Settings, queue: str, name: str, count: int, as_json: bool) -> None:
+def history_command(
+    settings: Settings,
+    queue: str,
+    name: str,
+    count: int,
+    statuses: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Print the last occurrences of a schedule and what became of them, newest first.
 
     Each row is an occurrence: its nominal time (UTC), its status (running, succeeded,
@@ -441,16 +455,23 @@ def history_command(settings: Settings, queue: str, name: str, count: int, as_js
     Examples:
       emq-bridge history reports digest
       emq-bridge history reports digest -n 5 --json
+      emq-bridge history reports digest --status failed --status lost
     """
     repeat = settings.repeat()
     _require(repeat, queue, name)
-    entries = repeat.history(queue, name, count)
+    if statuses:  # a skip policy's skipped slots can fill the history: filter all it keeps
+        kept = repeat.history(queue, name, MAX_HISTORY_SIZE)
+        entries = [entry for entry in kept if entry.status in statuses][:count]
+    else:
+        entries = repeat.history(queue, name, count)
     if as_json:
         click.echo(to_json([entry.to_dict() for entry in entries]))
         return
     if not entries:
+        shown = f" with status {' or '.join(statuses)}" if statuses else ""
         click.echo(
-            f"no occurrences recorded for {queue}/{name} yet (workers report them)", err=True
+            f"no occurrences{shown} recorded for {queue}/{name} yet (workers report them)",
+            err=True,
         )
         return
     header = ["nominal time", "status", "attempt", "started", "duration", "flags", "error"]

@@ -300,6 +300,15 @@ def test_show_list_and_history_print_what_workers_reported_of_occurrences_a_pump
     newest = json.loads(run("history", "reports", "sync", "-n", "1", "--json").stdout)
     assert [e["id"] for e in newest] == [second.id]
     assert len(run("history", "reports", "sync", "-n", "2").stdout.splitlines()) == 3
+    # --status filters everything kept, then takes -n of it.
+    failed = json.loads(run("history", "reports", "sync", "--status", "failed", "--json").stdout)
+    assert [e["id"] for e in failed] == [second.id, first.id]
+    both = run("history", "reports", "sync", "--status", "skipped", "--status", "failed", "-n", "2")
+    assert [row.split()[1] for row in both.stdout.splitlines()[1:]] == ["failed", "skipped"]
+    none = run("history", "reports", "sync", "--status", "lost")
+    assert none.exit_code == 0 and none.stdout == ""
+    assert "with status lost" in none.stderr
+    assert run("history", "reports", "sync", "--status", "done").exit_code == 2
 
 
 def test_the_third_failure_in_a_row_parks_the_schedule_and_list_and_show_say_why(
