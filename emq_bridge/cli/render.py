@@ -45,7 +45,11 @@ def zone_of(cadence: Cadence) -> ZoneInfo:
 
 
 def _local(ms: int, zone: ZoneInfo) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).astimezone(zone)
+    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    try:
+        return instant.astimezone(zone)
+    except OverflowError:  # the last hours of 9999 in a zone ahead of UTC: shown in UTC
+        return instant
 
 
 def absolute(ms: int, zone: ZoneInfo) -> str:
