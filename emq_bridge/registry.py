@@ -144,10 +144,14 @@ class Seed:
     paused: bool = False
     fired: int = 0
     last_fired_ms: int | None = None
+    # More record fields carried as they are: a moved registration's pause note (sync.py).
+    carried: Mapping[str, str] = field(default_factory=dict)
 
     def fields(self) -> dict[str, str]:
         """Return the record fields a created record gets on top of its definition's."""
-        out = {"fired": str(self.fired)} if self.fired else {}
+        out = dict(self.carried)
+        if self.fired:
+            out["fired"] = str(self.fired)
         if self.last_fired_ms is not None:
             out["last_fired_ms"] = str(self.last_fired_ms)
         if self.paused:
@@ -567,14 +571,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
         source: str | None = None,
         generation: int | None = None,
         queues: Sequence[str] = (),
+        seeds: Sequence[Seed | None] = (),
     ) -> list[Upserted]:
         """Upsert declarations as `upsert_many` does their `(queue, name, definition)`.
 
         A `Declaration` checked its names and seeded its definition with its name when it
-        was built, so a sync of many does neither again.
+        was built, so a sync of many does neither again. `seeds` as `upsert_many`'s.
         """
         items = [(d.queue, d.name, d.definition) for d in declarations]
-        return self._upsert(items, source, None, generation, queues, (), declared=True)
+        return self._upsert(items, source, None, generation, queues, seeds, declared=True)
 
     def _upsert(
         self,

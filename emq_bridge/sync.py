@@ -22,7 +22,7 @@ from .bounds import Bounds
 from .definition import DEFINITION_FIELDS, Declaration, Definition
 from .errors import ConfigError, EmqError
 from .keys import validate_name
-from .registry import Repeat, StaleGeneration, Upserted, generation_arg, record_digest
+from .registry import Repeat, Seed, StaleGeneration, Upserted, generation_arg, record_digest
 
 # Declaration lives in definition.
 __all__ = ["Declaration", "SyncPlan", "apply_plan", "plan_sync", "sync"]
@@ -205,12 +205,74 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
     # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
     # planned as `create` may come back `unchanged` when another sync got there first.
     todo = [*plan.create, *plan.update]
-    results = repeat.upsert_declared(todo, source=source, generation=generation)
+    seeds = _moved_pauses(repeat, plan)
+    results = repeat.upsert_declared(
+        todo,
+        source=source,
+        generation=generation,
+        seeds=[seeds.get((d.queue, d.name)) for d in todo] if seeds else (),
+    )
     for declaration, result in zip(todo, results, strict=True):
         buckets[result].append(declaration)
     for queue, name in plan.remove:
         if repeat.cancel(queue, name, if_source=source, generation=generation):
             applied.remove.append((queue, name))
+
+
+# What a paused registration carries when its declaration moves to another queue.
+_PAUSE_FIELDS = (
+    "paused",
+    "paused_next_ms",
+    "paused_ms",
+    "paused_note",
+    "paused_by",
+    "parked_reason",
+    "parked_ms",
+    "fired",
+    "last_fired_ms",
+    "cadence_digest",
+)
+
+
+def _moved_pauses(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], Seed]:
+    """Return, per created declaration whose name the plan removes from another queue (its
+    task's route changed: `task_routes`, a default queue), the pause of the registration it
+    replaces when that one is paused, so the move does not resume it. Its next run is kept
+    when the cadence is the same, else it is the new cadence's first."""
+    removed: dict[str, str] = {}
+    for queue, name in plan.remove:
+        removed.setdefault(name, queue)
+    moves = [d for d in plan.create if removed.get(d.name, d.queue) != d.queue]
+    if not moves:
+        return {}
+    by_queue: dict[str, list[str]] = {}
+    for declaration in moves:
+        by_queue.setdefault(removed[declaration.name], []).append(declaration.name)
+    old = {
+        name: record
+        for queue, names in by_queue.items()
+        for name, record in repeat.load_records(queue, names, _PAUSE_FIELDS).items()
+    }
+    now_ms = repeat.server_time_ms()
+    seeds: dict[tuple[str, str], Seed] = {}
+    for declaration in moves:
+        record = old.get(declaration.name, {})
+        if record.get("paused") != "1":
+            continue
+        definition = declaration.definition
+        kept = record.get("paused_next_ms", "")
+        same = record.get("cadence_digest") == definition.cadence_digest and kept.isdigit()
+        carried = {k: record[k] for k in _PAUSE_FIELDS[2:7] if k in record}
+        fired = record.get("fired", "")
+        last_fired = record.get("last_fired_ms", "")
+        seeds[(declaration.queue, declaration.name)] = Seed(
+            first_run_ms=int(kept) if same else definition.first_run(now_ms),
+            paused=True,
+            fired=int(fired) if fired.isdigit() else 0,
+            last_fired_ms=int(last_fired) if last_fired.isdigit() else None,
+            carried=carried,
+        )
+    return seeds
 
 
 def _old_records(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], dict[str, str]]:

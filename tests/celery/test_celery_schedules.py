@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -273,6 +274,10 @@ def test_a_solar_schedule_follows_celerys_own_sun_computation() -> None:
             "relative value",
         ),
         ({"task": "t.noop", "schedule": 5, "args": [object()]}, "not JSON-serialisable"),
+        ({"task": "t.noop", "schedule": 5, "args": [datetime(2030, 1, 1)]}, "JSON-serialisable"),
+        ({"task": "t.noop", "schedule": 5, "kwargs": {"n": Decimal("1.5")}}, "JSON-serialisable"),
+        ({"task": "t.noop", "schedule": 5, "args": [{1, 2}]}, "not JSON-serialisable"),
+        ({"task": "t.noop", "schedule": 5, "args": [b"raw"]}, "not JSON-serialisable"),
     ],
 )
 def test_a_bad_beat_schedule_entry_is_a_config_error_that_names_the_entry(

@@ -302,6 +302,43 @@ def test_an_unchanged_sync_reads_digests_and_writes_nothing(repeat: Repeat) -> N
     assert repeat.digests("reports")["job-0"][1] == "app"
 
 
+def test_a_paused_schedule_whose_declaration_moves_to_another_queue_stays_paused(
+    repeat: Repeat,
+) -> None:
+    # A task route changed (Celery `task_routes`, a default queue): the declaration is the
+    # same schedule on another queue. Its pause, note and counters go with it; it does not
+    # start firing again. One not paused moves as a new registration.
+    from emq_bridge import Declaration, define, sync
+
+    def declared(queue: str) -> list[Declaration]:
+        return [
+            Declaration(queue, "moved", define(every="10s", template=TEMPLATE)),
+            Declaration(queue, "free", define(every="10s", template=TEMPLATE)),
+        ]
+
+    sync(repeat, declared("q1"), "app")
+    repeat.client.hset(repeat.keys("q1").record("moved"), mapping={"fired": 7})
+    assert repeat.pause("q1", "moved", note="until the fix ships", by="ops")
+    before = repeat.get("q1", "moved")
+    assert before is not None and before.paused
+    plan = sync(repeat, declared("routed"), "app")
+    assert sorted(plan.remove) == [("q1", "free"), ("q1", "moved")]
+    assert repeat.get("q1", "moved") is None
+    after = repeat.get("routed", "moved")
+    assert after is not None and after.paused
+    assert (after.paused_note, after.paused_by, after.paused_ms) == (
+        "until the fix ships",
+        "ops",
+        before.paused_ms,
+    )
+    assert after.fired == 7 and after.next_run_ms == before.next_run_ms  # same cadence
+    assert repeat.resume("routed", "moved")
+    resumed = repeat.get("routed", "moved")
+    assert resumed is not None and not resumed.paused and resumed.next_run_ms is not None
+    free = repeat.get("routed", "free")
+    assert free is not None and not free.paused and free.fired == 0
+
+
 def test_apply_plan_applies_what_plan_sync_read_and_converges_with_a_sync_between(
     any_repeat: Repeat,
 ) -> None:
