@@ -273,7 +273,11 @@ def fold_starts(batch: list[Report]) -> list[Report]:
         at = starts.get(registration)
         start = out[at] if at is not None else None
         same = start is not None and (item.id, item.attempt) == (start.id, start.attempt)
-        if same and item.kind in ("heartbeat", "started"):
+        if same and start is not None and at is not None and item.kind == "started":
+            if item.at_ms > start.at_ms:  # started again later (another worker): it wins
+                out[at] = item
+            continue
+        if same and item.kind == "heartbeat":
             continue  # changes nothing after that start
         if same and start is not None and at is not None and item.kind in FINAL_STATUSES:
             out[at] = None

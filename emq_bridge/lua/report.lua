@@ -27,7 +27,9 @@
 -- clears it) and pauses the registration once `failures` reaches `pause_after_failures`.
 -- Returns the number of reports applied.
 -- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
--- (a redelivery after its heartbeats stopped) has it in flight again.
+-- (a redelivery after its heartbeats stopped) has it in flight again. A `started` of the
+-- attempt running, at a later time, is the same attempt started again by another worker: it
+-- moves the start (a repeated report, same time, changes nothing).
 local RANK = {lost = 0, running = 1, retrying = 3, succeeded = 4, failed = 4, skipped = 4,
               revoked = 4}
 local t = redis.call('TIME')
@@ -113,10 +115,18 @@ for i, report in ipairs(reports) do
         entry = {id, due, released, '', '', status, attempt, redelivered, triggered, ''}
       end
       local old_attempt, old_rank = tonumber(entry[7]), RANK[entry[6]] or 0
-      if fresh or attempt > old_attempt or (attempt == old_attempt and RANK[status] > old_rank) then
+      -- The same attempt started again while it runs: the broker gave the message to another
+      -- worker (RabbitMQ redelivers a dead consumer's at once), so its run starts then. The
+      -- start a report carries: its own (`started`), or the one folded into a final report.
+      local carried = started_at
+      if kind == 'started' then carried = at end
+      local restarted = attempt == old_attempt and old_rank == RANK.running and carried
+        and carried ~= '' and tonumber(carried) > (tonumber(entry[4]) or math.huge)
+      if fresh or attempt > old_attempt or (attempt == old_attempt and RANK[status] > old_rank)
+          or (kind == 'started' and restarted) then
         applied = applied + 1
         -- A folded start counts where a `started` report alone would have applied.
-        local take_start = fresh or attempt > old_attempt or old_rank < RANK.running
+        local take_start = fresh or attempt > old_attempt or old_rank < RANK.running or restarted
         local folded = started_at and started_at ~= '' and take_start
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end

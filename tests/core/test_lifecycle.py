@@ -289,6 +289,23 @@ def test_a_lost_occurrence_delivered_again_while_the_next_runs_is_refused_at_its
     assert not any(o.guarded for o in _fire(pump, repeat.server_time_ms() + 2000))
 
 
+def test_the_same_attempt_started_again_by_another_worker_moves_the_start(
+    repeat: Repeat,
+) -> None:
+    # RabbitMQ gives a dead consumer's unacked message to another worker at once: the same
+    # attempt starts again, and its run (duration) is the second one's.
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    (first,) = _fire(Pump(repeat, ["q"], RecordingDispatcher()), t0 + 1000)
+    assert repeat.report([report_of("started", first, at_ms=t0 + 1100)]) == 1
+    assert repeat.report([report_of("started", first, at_ms=t0 + 4600)]) == 1
+    assert repeat.report([report_of("started", first, at_ms=t0 + 1100)]) == 0  # old: nothing
+    assert repeat.report([report_of("succeeded", first, at_ms=t0 + 5600)]) == 1
+    [entry] = repeat.history("q", "job")
+    assert (entry.started_ms, entry.duration_ms) == (t0 + 4600, 1000)
+    assert repeat.report([report_of("started", first, at_ms=t0 + 9000)]) == 0  # it ended
+
+
 def test_begin_says_run_it_with_one_line_when_redis_cannot_answer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
