@@ -12,7 +12,8 @@
 --          worker's clock, used for durations; deadlines use this server's clock)
 -- ARGV[2]  the history's length cap
 -- ARGV[3]  heartbeat TTL, ms: a running occurrence not heard of for that long is lost
--- ARGV[4]  the lost deadline, from now, of a buffered slot released to be sent, ms
+-- ARGV[4]  the start timeout, ms: the lost deadline, from now, of a buffered slot released to
+--          be sent, and of a retry after its countdown
 -- ARGV[5]  wake channel
 --
 -- Idempotent: an occurrence's entry (found by id in its history) is changed only by a report
@@ -157,8 +158,10 @@ for i, report in ipairs(reports) do
           if not live or tonumber(live) <= now then set('inflight', member) end
           redis.call('HSET', record, unpack(sets, 1, ns))
         elseif kind == 'retrying' then
-          -- In flight until its next attempt starts (the retry's countdown), then heartbeats.
-          redis.call('ZADD', running, now + tonumber(hold) + ttl, member)
+          -- In flight until its next attempt starts: the retry's countdown, then as long as a
+          -- sent occurrence may wait in the broker for a free worker (the start timeout),
+          -- since the retry waits in the queue as a fresh send does; then heartbeats.
+          redis.call('ZADD', running, now + tonumber(hold) + math.max(ttl, start_ttl), member)
           if error ~= '' then set('last_error', error) end
           redis.call('HSET', record, unpack(sets, 1, ns))
         else

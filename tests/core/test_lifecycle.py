@@ -320,6 +320,27 @@ def test_begin_says_run_it_with_one_line_when_redis_cannot_answer(
     assert [r.getMessage() for r in caplog.records if "unguarded" in r.getMessage()]
 
 
+def test_a_retry_waiting_in_the_queue_past_its_countdown_is_not_lost(repeat: Repeat) -> None:
+    # Dramatiq re-enqueues a retry; behind busy workers it may wait long after its countdown,
+    # as a fresh send waits: it stays in flight for the start timeout, not 3 heartbeats.
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    heard = Heard()
+    pump = Pump(repeat, ["q"], RecordingDispatcher(), listeners=[heard])
+    (first,) = _fire(pump, t0 + 1000)
+    ttl = {"heartbeat_ttl_ms": 200, "start_timeout_ms": 5_000}
+    repeat.report([report_of("started", first)], **ttl)
+    repeat.report([report_of("retrying", first, error="flaky", hold_ms=100)], **ttl)
+    time.sleep(0.5)  # countdown and 2 heartbeat lives passed: the retry is still queued
+    assert _fire(pump, repeat.server_time_ms()) == [] and heard.lost == []  # skipped, held
+    repeat.report([report_of("started", first, attempt=2)], **ttl)
+    [entry] = [e for e in repeat.history("q", "job") if e.id == first.id]
+    assert (entry.status, entry.attempt) == ("running", 2)
+    time.sleep(0.3)  # once started, heartbeats bound it again: lost after 200 ms of silence
+    _fire(pump, repeat.server_time_ms())
+    assert heard.lost == [("job", t0 + 1000, first.id)]
+
+
 def test_heartbeats_keep_a_long_run_in_flight(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
