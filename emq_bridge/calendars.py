@@ -221,7 +221,7 @@ class Excluding:
             if end is None:
                 return None
             # The first instant at that wall time or after (in a gap, the transition itself).
-            return min(instant_ms(first_instant(end, zone)), NEVER_MS)
+            return instant_ms(first_instant(end, zone))
         except OverflowError:  # the exclusion ends after 9999-12-31
             return NEVER_MS
 

@@ -218,7 +218,7 @@ class LifecycleMoves:
 
     def begin(
         self,
-        occurrence: Occurrence | Mapping[str, Any],
+        occurrence: Occurrence | Mapping[str, Any] | Report,
         *,
         heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
     ) -> bool:
@@ -228,10 +228,13 @@ class LifecycleMoves:
         `lua/begin.lua`: it closes what the claim cannot see, a message delivered again after
         it was marked lost, or a retry that waited in the queue past its hold. One round trip.
         Never raises: when Redis cannot answer it says True (the claim's guard still holds),
-        with one log line. A trigger is not guarded: True without asking.
+        with one log line. A trigger is not guarded: True without asking. `occurrence` may
+        also be its `started` report (a worker's reporter has it built already).
         """
         try:
-            item = report_of("started", occurrence)
+            item = (
+                occurrence if isinstance(occurrence, Report) else report_of("started", occurrence)
+            )
             if item.triggered:
                 return True
             keys = self.keys(item.queue)

@@ -18,7 +18,7 @@ from typing import Any
 from .cadence import Cadence, CatchUp, Misfire, catch_up
 from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import BatchDispatcher, Dispatcher, batch_failure
-from .errors import PermanentDispatchError, RegistryError, RegistryUnavailable
+from .errors import DispatchError, PermanentDispatchError, RegistryError, RegistryUnavailable
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .heartbeat import Heartbeat
 from .jitter import nominal_slot
@@ -86,7 +86,7 @@ class _Unsent(Exception):
 _UNSENT = _Unsent()
 
 
-class NewerCodeLive(RegistryError):
+class NewerCodeLive(DispatchError):
     """A send this process's code cannot make, left to the newer generation's pumps."""
 
 

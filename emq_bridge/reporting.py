@@ -137,16 +137,7 @@ class Reporter:
         except Exception as exc:  # never into the task: run it, the claim's guard holds
             log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
             return True
-        return repeat.begin(
-            {
-                "id": item.id,
-                "queue": item.queue,
-                "name": item.name,
-                "due_ms": item.due_ms,
-                "triggered": item.triggered,
-            },
-            heartbeat_ttl_ms=self.heartbeat_ttl_ms,
-        )
+        return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms)
 
     def _registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""

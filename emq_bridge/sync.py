@@ -219,19 +219,10 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
             applied.remove.append((queue, name))
 
 
-# What a paused registration carries when its declaration moves to another queue.
-_PAUSE_FIELDS = (
-    "paused",
-    "paused_next_ms",
-    "paused_ms",
-    "paused_note",
-    "paused_by",
-    "parked_reason",
-    "parked_ms",
-    "fired",
-    "last_fired_ms",
-    "cadence_digest",
-)
+# What a paused registration carries as it is when its declaration moves to another queue,
+# and what else is read of it for the move.
+_CARRIED = ("paused_ms", "paused_note", "paused_by", "parked_reason", "parked_ms")
+_PAUSE_FIELDS = ("paused", "paused_next_ms", *_CARRIED, "fired", "last_fired_ms", "cadence_digest")
 
 
 def _moved_pauses(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], Seed]:
@@ -262,7 +253,7 @@ def _moved_pauses(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], Seed]
         definition = declaration.definition
         kept = record.get("paused_next_ms", "")
         same = record.get("cadence_digest") == definition.cadence_digest and kept.isdigit()
-        carried = {k: record[k] for k in _PAUSE_FIELDS[2:7] if k in record}
+        carried = {k: record[k] for k in _CARRIED if k in record}
         fired = record.get("fired", "")
         last_fired = record.get("last_fired_ms", "")
         seeds[(declaration.queue, declaration.name)] = Seed(

@@ -200,9 +200,8 @@ class RecurringMiddleware(Middleware):
             # A guarded occurrence the broker delivers while another one runs (a killed
             # worker's message requeued after it was marked lost, a retry that waited past
             # its hold) is skipped: the overlap policy holds at the start, not only the send.
-            if not self.outcomes.may_start(message):
+            if not self.outcomes.started(message):
                 raise SkipMessage("another occurrence of its schedule is in flight (overlap)")
-            self.outcomes.started(message)
 
     def after_process_message(
         self,

@@ -108,27 +108,22 @@ class MessageOutcomes:
 
     # -- the hooks -------------------------------------------------------------------------
 
-    def may_start(self, message: Any) -> bool:
-        """`before_process_message`, first: False if `message` is a guarded occurrence
-        (`OPTION_GUARDED`) while another occurrence of its registration is in flight: the
-        middleware skips it. One round trip, for guarded messages only; True on any doubt."""
-        options = getattr(message, "options", None) or {}
-        if not options.get(OPTION_GUARDED):
-            return True
-        try:
-            run = self._run_of(message, create=True)
-            return run is None or self.reporter.begin(run.start)
-        except Exception as exc:  # a bug: never into the worker, run it
-            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
-            return True
+    def started(self, message: Any) -> bool:
+        """`before_process_message`: the occurrence starts (attempt `retries + 1`).
 
-    def started(self, message: Any) -> None:
-        """`before_process_message`: the occurrence starts (attempt `retries + 1`)."""
+        False, reporting nothing, if it is a guarded occurrence (`OPTION_GUARDED`) while
+        another occurrence of its registration is in flight: the middleware skips it. One
+        round trip, for guarded messages only; True on any doubt."""
         self._local.run = None
         run = self._run_of(message, create=True)
-        if run is not None:
-            run.began = True
-            self._queue(run.start)
+        if run is None:
+            return True
+        guarded = (getattr(message, "options", None) or {}).get(OPTION_GUARDED)
+        if guarded and not self._may_begin(run):
+            return False
+        run.began = True
+        self._queue(run.start)
+        return True
 
     def processed(self, message: Any, exception: BaseException | None) -> None:
         """`after_process_message`: note when the actor ended and how (decided at the ack)."""
@@ -185,6 +180,13 @@ class MessageOutcomes:
             self._reporter.close(timeout_s)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _may_begin(self, run: _Run) -> bool:
+        try:
+            return self.reporter.begin(run.start)
+        except Exception as exc:  # a bug: never into the worker, run it
+            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
+            return True
 
     def _run_of(self, message: Any, *, create: bool = False) -> _Run | None:
         """Return this thread's run of `message`; with `create`, one made from the message

@@ -300,6 +300,28 @@ def notes(client: redis.Redis, app: App, kind: str) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in client.lrange(f"{app.prefix}:{kind}", 0, -1)]
 
 
+def enqueue_again(
+    redis_url: str, app: App, actor_name: str, options: dict[str, Any], message_id: str
+) -> dramatiq.Message[Any]:
+    """Enqueue a message an actor of `app` already ran, with its options (a new Redis id):
+    what a broker does when it delivers a message again."""
+    broker = RedisBroker(url=redis_url, namespace=app.namespace)
+    try:
+        dramatiq.actor(broker=broker, queue_name=app.queue, actor_name=actor_name)(lambda: None)
+        return broker.enqueue(
+            dramatiq.Message(
+                queue_name=app.queue,
+                actor_name=actor_name,
+                args=(),
+                kwargs={},
+                options={k: v for k, v in options.items() if k != "redis_message_id"},
+                message_id=message_id,
+            )
+        )
+    finally:
+        broker.close()
+
+
 def runs(history: list[HistoryEntry]) -> list[HistoryEntry]:
     """The occurrences that ran to their end, in the order they started."""
     done = [e for e in history if e.started_ms is not None and e.finished_ms is not None]
@@ -485,22 +507,7 @@ def test_a_redelivered_message_reports_again_and_changes_nothing(
     assert seen["message_id"] == first[0].id
     before_history = repeat.history(app.queue, "once")
     before = repeat.get(app.queue, "once")
-    broker = RedisBroker(url=redis_url, namespace=app.namespace)
-    try:
-        dramatiq.actor(broker=broker, queue_name=app.queue, actor_name="once")(lambda: None)
-        options = {k: v for k, v in seen["options"].items() if k != "redis_message_id"}
-        broker.enqueue(
-            dramatiq.Message(
-                queue_name=app.queue,
-                actor_name="once",
-                args=(),
-                kwargs={},
-                options=options,
-                message_id=seen["message_id"],
-            )
-        )
-    finally:
-        broker.close()
+    enqueue_again(redis_url, app, "once", seen["options"], seen["message_id"])
     wait_for(lambda: len(notes(client, app, "once")) == 2, app, what="the second run")
     time.sleep(1.0)  # its started and succeeded reports are sent within milliseconds
     assert repeat.history(app.queue, "once") == before_history
@@ -528,22 +535,7 @@ def test_a_guarded_message_delivered_again_while_another_runs_is_skipped_not_run
         )
 
     wait_for(another_just_started, app, what="another run in flight, started within 1 s")
-    broker = RedisBroker(url=redis_url, namespace=app.namespace)
-    try:
-        dramatiq.actor(broker=broker, queue_name=app.queue, actor_name="slow_skip")(lambda: None)
-        options = {k: v for k, v in seen["options"].items() if k != "redis_message_id"}
-        message = broker.enqueue(
-            dramatiq.Message(
-                queue_name=app.queue,
-                actor_name="slow_skip",
-                args=(),
-                kwargs={},
-                options=options,
-                message_id=old.id,
-            )
-        )
-    finally:
-        broker.close()
+    message = enqueue_again(redis_url, app, "slow_skip", seen["options"], old.id)
     messages = f"{app.namespace}:{app.queue}.msgs"
     redis_id = message.options["redis_message_id"]
     assert client.hexists(messages, redis_id)  # enqueued where the workers consume
