@@ -226,6 +226,13 @@ def run_boot(plan: Plan, results: Results, server: Server) -> None:
     step(
         results,
         "boot",
+        "the same file as JSON (emq-bridge sync) · secondary",
+        n,
+        partial(sc.boot_toml, server, n, True),
+    )
+    step(
+        results,
+        "boot",
         "sync() of prebuilt declarations",
         plan.declarations_n,
         partial(sc.boot_declarations, server, plan.declarations_n),

@@ -52,6 +52,7 @@ from .realistic_workload import (
     redbeat_app,
     template_bytes,
     template_of,
+    write_json,
     write_toml,
 )
 from .scenarios import broker_view, drain, spec_for, start_children
@@ -228,13 +229,14 @@ def _cli(url: str, *args: str, timeout_s: float = 600.0) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def boot_toml(server: Server, n: int) -> dict[str, Any]:
-    """`emq-bridge sync FILE` of an n-entry TOML file: into an empty registry, then again."""
+def boot_toml(server: Server, n: int, as_json: bool = False) -> dict[str, Any]:
+    """`emq-bridge sync FILE` of an n-entry TOML file (`as_json`: the same document as a
+    JSON file): into an empty registry, then again."""
     server.flush()
     url = db_url(server.url, DB_REGISTRY)
     with tempfile.TemporaryDirectory(prefix="bench-toml-") as folder:
-        path = Path(folder) / "schedules.toml"
-        write_toml(path, n)
+        path = Path(folder) / ("schedules.json" if as_json else "schedules.toml")
+        (write_json if as_json else write_toml)(path, n)
         before = server.raw()
         first_s, _ = _cli(url, "sync", str(path))
         middle = server.raw()

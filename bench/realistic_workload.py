@@ -145,3 +145,19 @@ def write_toml(path: Path, n: int, source: str = "bench-file") -> None:
             "",
         ]
     path.write_text("\n".join(lines))
+
+
+def write_json(path: Path, n: int, source: str = "bench-file") -> None:
+    """The same schedule file as `write_toml`'s, as the JSON document `emq-bridge sync`
+    also reads (a `.json` file: what `emq-bridge export --format json` writes)."""
+    entries = [
+        {
+            "name": name_of(i),
+            "task": TASK,
+            "every": EVERY_S,
+            "args": args_of(i),
+            "kwargs": kwargs_of(i),
+        }
+        for i in range(n)
+    ]
+    path.write_text(json.dumps({"source": source, "queue": QUEUE, "schedule": entries}))

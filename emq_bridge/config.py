@@ -390,12 +390,8 @@ def _declaration(
         raise _FieldError("overlap", f"must be one of {', '.join(OVERLAPS)}, got {_shown(overlap)}")
     pause_after = _pause_after(entry.get("pause_after_failures"))
     labels = _labels(entry.get("labels"))
-    template = TaskTemplate(
-        task,
-        _json(entry, "args", list, []),
-        _json(entry, "kwargs", dict, {}),
-        _json(entry, "options", dict, {}),
-    )
+    calls = {field: _json(entry, field, kind) for field, kind in _CALL_FIELDS}
+    template = TaskTemplate(task, calls["args"], calls["kwargs"], calls["options"])
     try:
         definition = Definition(
             cadence,
@@ -409,6 +405,10 @@ def _declaration(
             labels=labels,
         )
     except ScheduleError as exc:
+        # Which field holds what the template refused, checked only now: a valid entry's
+        # arguments are encoded once, by the definition.
+        for field, value in calls.items():
+            _check_json(field, value)
         raise _FieldError("args/kwargs/options", str(exc)) from exc
     return Declaration(queue, name, definition)
 
@@ -581,13 +581,24 @@ def _cadence(entry: Mapping[str, Any]) -> Cadence:
         raise _FieldError("cron", str(exc)) from exc
 
 
-def _json(entry: Mapping[str, Any], field: str, kind: type, default: Any) -> Any:
-    value = entry.get(field, default)
+# The template's call fields of an entry, and the kind each must be.
+_CALL_FIELDS = (("args", list), ("kwargs", dict), ("options", dict))
+
+
+def _json(entry: Mapping[str, Any], field: str, kind: type) -> Any:
+    """Return the entry's `field` (empty if absent) if it is of `kind`; its content is
+    checked with the whole template (`_check_json` says which field is at fault)."""
+    value = entry.get(field, kind())
     if not isinstance(value, kind):
         wanted = "an array" if kind is list else "a table"
         raise _FieldError(field, f"must be {wanted}, got {_kind(value)}")
+    return value
+
+
+def _check_json(field: str, value: Any) -> None:
+    """Raise `_FieldError` naming `field` if its value cannot be a template's JSON."""
     if not value:  # most entries' options, many kwargs: nothing to check
-        return value
+        return
     try:  # before json.dumps, which recurses once per level
         check_structure({field: value})  # the field is level 2 of the template
     except ScheduleError as exc:
@@ -598,4 +609,3 @@ def _json(entry: Mapping[str, Any], field: str, kind: type, default: Any) -> Any
         raise _FieldError(
             field, f"holds a value JSON cannot carry (dates and times are not allowed): {exc}"
         ) from exc
-    return value

@@ -337,13 +337,14 @@ def _cadence_digest_of(cadence: Cadence, bounds: Bounds) -> str:
 # Many registrations share a cadence (a `beat_schedule` of 100,000 entries may hold a few
 # dozen): a cadence and its bounds are frozen values, so their digest is computed once.
 _cached_cadence_digest = functools.lru_cache(maxsize=4096)(_cadence_digest_of)
-# The digest's canonical JSON, as `json.dumps(..., separators=(",", ":"))` writes it (one
-# encoder, built once: `json.dumps` with options builds one per call).
-_CANONICAL = json.JSONEncoder(separators=(",", ":"))
+# The digest's canonical JSON, as `json.dumps(dict(sorted(fields.items())), separators=(",",
+# ":"))` writes it (one encoder, built once: `json.dumps` with options builds one per call;
+# the encoder sorts the keys itself).
+_CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 
 def _digest(fields: Mapping[str, str]) -> str:
-    canonical = _CANONICAL.encode(dict(sorted(fields.items())))
+    canonical = _CANONICAL.encode(fields)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 

@@ -112,6 +112,18 @@ class _Firing:
     catchup_window_ms: int | None = None
     catchup_max: int | None = None
 
+    def with_template(self, template: Mapping[str, Any]) -> _Firing:
+        """This firing with another template (what `dataclasses.replace` gives, built
+        directly: it runs once per registration fired when templates are distinct)."""
+        return _Firing(
+            self.cadence,
+            self.misfire,
+            template,
+            self.overlap,
+            self.catchup_window_ms,
+            self.catchup_max,
+        )
+
 
 class Pump:
     """Fires the due occurrences of `queues` through `dispatcher`.
@@ -635,7 +647,7 @@ class Pump:
                         self._shapes.clear()
                     self._shapes[rest] = firing
                 else:
-                    firing = replace(shape, template=decode_frozen(join_template(fields)))
+                    firing = shape.with_template(decode_frozen(join_template(fields)))
                 self._remember(key, firing, len(fields.get("template") or ""))
             if self.resolve_cadence is not None:
                 cadence = self.resolve_cadence(queue, name, firing.cadence)

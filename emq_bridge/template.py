@@ -49,7 +49,7 @@ def encode_template(template: object) -> str:
     The rules: a JSON object with string keys, no NaN or Infinity, valid UTF-8, at most
     `MAX_TEMPLATE_BYTES` once encoded and `MAX_TEMPLATE_DEPTH` levels deep.
     """
-    if not isinstance(template, Mapping):
+    if type(template) is not dict and not isinstance(template, Mapping):
         raise ScheduleError(
             f"template must be a JSON object (a dict), got {type(template).__name__}"
         )
@@ -88,7 +88,8 @@ def check_structure(template: Mapping[Any, Any]) -> None:
         item, depth = stack.pop()
         if depth > MAX_TEMPLATE_DEPTH:
             raise ScheduleError(f"template is nested more than {MAX_TEMPLATE_DEPTH} levels deep")
-        if isinstance(item, Mapping):
+        # `type(...) is` first: the abstract Mapping check costs more than the rest.
+        if type(item) is dict or isinstance(item, Mapping):
             for key in item:
                 if type(key) is not str and not isinstance(key, str):
                     raise ScheduleError(f"template keys must be strings, got {key!r}")
@@ -96,11 +97,15 @@ def check_structure(template: Mapping[Any, Any]) -> None:
         else:
             children = item
         for child in children:
-            if type(child) not in _SCALARS and isinstance(child, Mapping | list | tuple):
+            kind = type(child)
+            if kind not in _SCALARS and (
+                kind in _CONTAINERS or isinstance(child, Mapping | list | tuple)
+            ):
                 stack.append((child, depth + 1))
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_CONTAINERS = frozenset({dict, list, tuple})
 
 
 def _is_sequence(value: object) -> bool:
@@ -129,12 +134,51 @@ def decode_frozen(raw: str | None) -> FrozenDict:
     """Decode a record's template straight into read-only containers; raise `ScheduleError`
     on anything but a JSON object nested at most `MAX_TEMPLATE_DEPTH` deep.
 
-    What the pump runs for every registration it fires: one pass over the decoded JSON
-    (its keys are strings by construction, so only the depth is checked), recursing at most
-    `MAX_TEMPLATE_DEPTH` levels; a deeper record is refused at that level.
+    What the pump runs for every registration it fires. A template with no more brackets
+    than `MAX_TEMPLATE_DEPTH` cannot be nested deeper: its objects are frozen as the C
+    decoder builds them (`_FROZEN_DECODER`), then its arrays. Any other is decoded, then
+    frozen in one pass that checks the depth (its keys are strings by construction),
+    recursing at most `MAX_TEMPLATE_DEPTH` levels; a deeper record is refused at that level.
     """
+    if (
+        raw is not None
+        and raw.count("{") + raw.count("[") <= MAX_TEMPLATE_DEPTH
+        and not raw.startswith("\ufeff")  # json.loads refuses a BOM with its own message
+    ):
+        try:
+            template = _FROZEN_DECODER.decode(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ScheduleError(f"record template is not JSON: {exc}") from exc
+        if type(template) is not FrozenDict:  # every object the decoder builds is one
+            kind = type(template).__name__
+            raise ScheduleError(f"record template is a JSON {kind}, not an object")
+        return _frozen_arrays(template)
     frozen: FrozenDict = _frozen_json(decode_template(raw), 1)
     return frozen
+
+
+def _frozen_arrays(value: FrozenDict) -> FrozenDict:
+    """Freeze the arrays in `value`, whose objects the decoder made `FrozenDict`s."""
+    for key, item in value.items():
+        kind = type(item)
+        if kind is list:
+            dict.__setitem__(value, key, _frozen_array(item))  # its own, not yet shared
+        elif kind is FrozenDict:
+            _frozen_arrays(item)
+    return value
+
+
+def _frozen_array(items: list[Any]) -> FrozenList:
+    return FrozenList(
+        [
+            item
+            if type(item) in _SCALARS
+            else _frozen_array(item)
+            if type(item) is list
+            else _frozen_arrays(item)
+            for item in items
+        ]
+    )
 
 
 def _frozen_json(value: Any, depth: int) -> Any:
@@ -185,6 +229,9 @@ class FrozenList(list[Any]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (list, (list(self),))
 
+
+# Decodes a template's objects straight into `FrozenDict`s (`decode_frozen`).
+_FROZEN_DECODER = json.JSONDecoder(object_pairs_hook=FrozenDict, parse_constant=_finite)
 
 READ_ONLY = (
     "an occurrence's template is shared by the occurrences of its registration and is "

@@ -38,7 +38,6 @@ from .entries import (
     Entries,
     convert_entry,
     json_options,
-    resolve_queue,
     zone_name,
 )
 
@@ -200,7 +199,9 @@ def recurring(
     return wrap
 
 
-def _decorated(app: Celery) -> list[Declaration]:
+def _decorated(app: Celery, context: Entries) -> list[Declaration]:
+    """The app's `@recurring` declarations; `context` routes them (once per task and
+    `queue` option, as it does the `beat_schedule` entries)."""
     found = []
     for declared, schedule in _DECLARED:
         task = declared._get_current_object() if isinstance(declared, Proxy) else declared
@@ -211,7 +212,7 @@ def _decorated(app: Celery) -> list[Declaration]:
             options = json_options(schedule.options or {}, label)
             # `replace` checks the schedule again (a `define`): only when an option changed.
             bound = schedule if options == schedule.options else replace(schedule, options=options)
-            queue = resolve_queue(app, task.name, options, schedule.args, schedule.kwargs)
+            queue = context.queue(task.name, options, schedule.args, schedule.kwargs)
             zone = zone_name(app.timezone) if schedule.cron is not None else None
             found.append(bound.bind(task.name, queue, default_tz=zone))
         except EmqError as exc:
@@ -272,7 +273,7 @@ def app_schedule(app: Celery) -> AppSchedule:
         declarations.append(declaration)
         if live is not None:
             custom[(declaration.queue, declaration.name)] = live
-    tasks = _decorated(app)
+    tasks = _decorated(app, context)
     declarations.extend(tasks)
     extra: list[Any] = []
     path = _setting(app, "emq_bridge_schedule_file")

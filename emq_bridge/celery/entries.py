@@ -84,6 +84,9 @@ WHEN_KEYS = ("offset", "start_at", "end_at", "limit", "one_off", "immediately")
 AT_KEY = "at"
 # ... and `labels`, the registration's tags (a dict of str -> str, labels.py).
 LABELS_KEY = "labels"
+# The entry keys that are emq-bridge's (Celery's `ScheduleEntry` gets the others).
+_OWN_KEYS = frozenset((*POLICY_KEYS, *WHEN_KEYS, AT_KEY, LABELS_KEY))
+_WHEN_AND_AT = (*WHEN_KEYS, AT_KEY)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _BAD_NAME_CHARS = re.compile(r"[\s{}\x00-\x1f\x7f]")
 
@@ -281,6 +284,24 @@ def _check_schedule_value(value: Any, label: str) -> None:
         )
 
 
+def _plain_interval(raw: Mapping[str, Any]) -> bool:
+    """True for an entry whose `schedule` is seconds or a `timedelta`, not relative: most
+    entries, whose `ScheduleEntry` wraps it in a plain `celery.schedules.schedule`."""
+    return type(raw.get("schedule")) in _INTERVAL_TYPES and not raw.get("relative")
+
+
+_INTERVAL_TYPES = frozenset({timedelta, int, float})
+
+
+def _interval(value: timedelta | float, label: str) -> Every:
+    """The cadence of a plain interval: seconds as Celery reads them (a `timedelta` of them,
+    to the microsecond), on the grid; `ConfigError` unless positive."""
+    seconds = (value if isinstance(value, timedelta) else timedelta(seconds=value)).total_seconds()
+    if seconds <= 0 or seconds * 1000 < 1:
+        raise ConfigError(f"{label}: the interval must be positive, got {seconds}s")
+    return _every(round(seconds * 1000))
+
+
 def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     """Return the cadence of a Celery schedule (number, `timedelta`, `schedule`, `crontab`, ...)."""
     _check_schedule_value(value, label)
@@ -290,10 +311,7 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
         raise ConfigError(f"{label}: {value!r} is not a schedule (it has no is_due)")
     value.app = app
     if _plain(value, schedule, "is_due", "remaining_estimate") and not value.relative:
-        seconds = value.run_every.total_seconds()
-        if seconds <= 0 or seconds * 1000 < 1:
-            raise ConfigError(f"{label}: the interval must be positive, got {seconds}s")
-        return Every(round(seconds * 1000))
+        return _interval(value.run_every, label)
     if _plain(value, crontab, "is_due", "remaining_estimate", "remaining_delta"):
         expr, day_and = crontab_expr(value)
         try:
@@ -304,6 +322,21 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     if not (by_is_due or _defines(value, "remaining_estimate")):
         raise ConfigError(f"{label}: {value!r} defines neither is_due nor remaining_estimate")
     return CelerySchedule(value, _ADDRESS.sub("", repr(value)), by_is_due)
+
+
+# A `beat_schedule` of many entries holds a few intervals: each is built once (a frozen
+# value), which also lets the cadence digest's cache find it by identity.
+_EVERY: dict[int, Every] = {}
+_EVERY_CACHED = 1024
+
+
+def _every(every_ms: int) -> Every:
+    found = _EVERY.get(every_ms)
+    if found is None:
+        found = Every(every_ms)
+        if len(_EVERY) < _EVERY_CACHED:
+            _EVERY[every_ms] = found
+    return found
 
 
 def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
@@ -479,11 +512,10 @@ def convert_entry(
             _check_schedule_value(raw["schedule"], label)
         overlap, pause_after_failures = _policies(raw, label)
         labels = raw.get(LABELS_KEY)
-        when = {k: raw[k] for k in (*WHEN_KEYS, AT_KEY) if k in raw}
+        when = {k: raw[k] for k in _WHEN_AND_AT if k in raw}
         if AT_KEY in raw and "schedule" in raw:
             raise ConfigError(f"{label}: give 'schedule' or 'at' (one-off instants), not both")
-        ignored = (*POLICY_KEYS, *WHEN_KEYS, AT_KEY, LABELS_KEY)
-        celery_keys = {k: v for k, v in raw.items() if k not in ignored}
+        celery_keys = {k: v for k, v in raw.items() if k not in _OWN_KEYS}
         try:
             celery_keys.setdefault("last_run_at", _NEVER_RAN)
             entry = ScheduleEntry(**dict(celery_keys, name=key, app=app))
@@ -509,6 +541,8 @@ def convert_entry(
             cadence: Cadence = At(instants_ms(when[AT_KEY]))
         except ScheduleError as exc:
             raise ConfigError(f"{label}: {exc}") from exc
+    elif type(raw) is dict and _plain_interval(raw):
+        cadence = _interval(raw["schedule"], label)  # what convert_schedule gives, sooner
     else:
         cadence = convert_schedule(entry.schedule, app, label)
     policies = raw if isinstance(raw, Mapping) else {}

@@ -166,8 +166,11 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         click.echo(to_json(_plan_json(plan, dry_run)))
         return
     click.echo(f"# {file} (source {schedule_file.source}) -> {settings.where}", err=True)
-    for colour, line in _plan_lines(plan, old):
-        click.secho(line, fg=colour or None)
+    lines = _plan_lines(plan, old)
+    if lines:  # one write: a file of 100,000 schedules prints as many lines
+        click.echo(
+            "\n".join(click.style(line, fg=colour) if colour else line for colour, line in lines)
+        )
     click.echo(
         f"{len(plan.create)} created, {len(plan.update)} updated, {len(plan.remove)} removed, "
         f"{len(plan.unchanged)} unchanged" + (" (dry run: nothing written)" if dry_run else ""),

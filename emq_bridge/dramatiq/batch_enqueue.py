@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -27,6 +28,7 @@ __all__ = [
     "encoder",
     "enqueue_hook",
     "redis_message_id",
+    "redis_message_ids",
     "writes_as_dispatch_lua",
 ]
 
@@ -34,6 +36,24 @@ __all__ = [
 def redis_message_id() -> str:
     """Return a fresh `redis_message_id`: what `enqueue` takes, `str(uuid.uuid4())`."""
     return str(uuid.uuid4())
+
+
+# The bits `uuid.UUID(version=4)` sets: the version nibble and the RFC 4122 variant.
+_VERSION_4_KEEP = ~((0xF000 << 64) | (0xC000 << 48))
+_VERSION_4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def redis_message_ids(count: int) -> list[str]:
+    """Return `count` fresh `redis_message_id`s, each what `str(uuid.uuid4())` makes, from one
+    `os.urandom` call: a uuid4 each costs a system call and a `UUID` built in Python, a
+    share of a pipelined message's cost that shows."""
+    random = os.urandom(16 * count)
+    out = []
+    for start in range(0, 16 * count, 16):
+        value = int.from_bytes(random[start : start + 16], "big") & _VERSION_4_KEEP | _VERSION_4_SET
+        h = f"{value:032x}"
+        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return out
 
 
 # `Message.encode` under Dramatiq's default encoder is `json.dumps(message.asdict(),

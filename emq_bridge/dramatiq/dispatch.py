@@ -25,7 +25,7 @@ from .batch_enqueue import (
     EnqueueScript,
     encoder,
     enqueue_hook,
-    redis_message_id,
+    redis_message_ids,
     writes_as_dispatch_lua,
 )
 from .schedule import (
@@ -188,8 +188,9 @@ class PipelinedDramatiqDispatcher(DramatiqDispatcher):
         encode = encoder()
         # Per queue, in batch order, as each queue's list is consumed.
         by_queue: dict[str, list[_Prepared]] = {}
+        redis_ids = redis_message_ids(len(occurrences))
         for index, occurrence in enumerate(occurrences):
-            redis_id = redis_message_id()
+            redis_id = redis_ids[index]
             try:
                 message = build_message(broker, occurrence, redis_message_id=redis_id)
                 if before is not None:

@@ -334,3 +334,24 @@ def test_a_burst_starts_with_a_small_batch_so_its_first_message_leaves_early(
     assert len({o.name for o in tick.dispatched}) == 1000
     assert FIRST_BATCH == 32
     assert sizes == [32, 128, 500, 1000 - 32 - 128 - 500]
+
+
+def test_a_firing_given_another_template_keeps_every_other_field() -> None:
+    """The decode of a distinct template reuses its registration's shape (`with_template`,
+    built field by field for speed): it must carry every field `replace` would."""
+    from dataclasses import fields, replace
+
+    from emq_bridge.cadence import Every
+    from emq_bridge.pump import _Firing
+
+    values = {
+        "cadence": Every(60_000),
+        "misfire": "all",
+        "template": {"task": "a"},
+        "overlap": "skip",
+        "catchup_window_ms": 5_000,
+        "catchup_max": 3,
+    }
+    assert [f.name for f in fields(_Firing)] == list(values)
+    firing = _Firing(**values)  # type: ignore[arg-type]
+    assert firing.with_template({"task": "b"}) == replace(firing, template={"task": "b"})

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from emq_bridge import MAX_TEMPLATE_DEPTH, Pump, Repeat, ScheduleError, TaskTemplate, define
 from emq_bridge.config import declaration_from_entry
-from emq_bridge.template import FrozenDict, FrozenList, encode_template, freeze
+from emq_bridge.template import (
+    FrozenDict,
+    FrozenList,
+    decode_frozen,
+    decode_template,
+    encode_template,
+    freeze,
+)
 from emq_bridge.testing import RecordingDispatcher
 
 T0 = 1_900_000_000_000
@@ -101,3 +111,53 @@ def test_a_record_edited_into_a_deep_template_is_parked_and_its_neighbour_still_
     assert recorder.names() == ["healthy"]
     assert tick.parked == ["poison"]
     assert "q/poison: parked for 60s: corrupt record" in caplog.text
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _frozen_all_the_way(value: object) -> bool:
+    if isinstance(value, dict):
+        return type(value) is FrozenDict and all(map(_frozen_all_the_way, value.values()))
+    if isinstance(value, list):
+        return type(value) is FrozenList and all(map(_frozen_all_the_way, value))
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(), _JSON, max_size=5))
+def test_a_template_decodes_to_the_same_read_only_value_by_either_path(
+    template: dict[str, object],
+) -> None:
+    """`decode_frozen` takes a shortcut for templates with few brackets (the decoder builds
+    the read-only objects); it gives what decoding and freezing give, deep or shallow."""
+    raw = json.dumps(template)
+    decoded = decode_frozen(raw)
+    assert decoded == freeze(decode_template(raw)) == template
+    assert _frozen_all_the_way(decoded)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("[1, 2]", "a JSON list, not an object"),
+        ("7", "a JSON int, not an object"),
+        ('{"a": NaN}', "not JSON"),
+        ('{"a": ', "not JSON"),
+        ('\ufeff{"a": 1}', "not JSON"),
+    ],
+)
+def test_a_record_template_that_is_no_json_object_is_refused_by_either_path(
+    raw: str, message: str
+) -> None:
+    for text in (raw, raw.replace("1", "[" * 40 + "1" + "]" * 40)):  # shortcut, then not
+        with pytest.raises(ScheduleError, match=message):
+            decode_frozen(text)

@@ -32,7 +32,7 @@ from dramatiq.middleware import Middleware, MiddlewareError
 from emq_bridge import DispatchError, Pump, Repeat, occurrence_id
 from emq_bridge.definition import define
 from emq_bridge.dramatiq import DramatiqDispatcher, PipelinedDramatiqDispatcher, build_message
-from emq_bridge.dramatiq.batch_enqueue import redis_message_id
+from emq_bridge.dramatiq.batch_enqueue import redis_message_id, redis_message_ids
 from emq_bridge.dramatiq.dispatch import ENQUEUE_CALL_SIZE, can_pipeline, dramatiq_dispatcher
 from emq_bridge.occurrence import Occurrence
 from emq_bridge.template import freeze
@@ -206,8 +206,11 @@ def test_a_batch_larger_than_one_call_keeps_each_queues_order(
 
 
 def test_redis_message_ids_are_version_4_uuids_as_enqueue_makes_them() -> None:
-    ids = {redis_message_id() for _ in range(2000)}
-    assert len(ids) == 2000
+    alone = {redis_message_id() for _ in range(2000)}
+    batched = set(redis_message_ids(2000))  # what a pipelined batch takes
+    assert len(alone) == len(batched) == 2000
+    ids = alone | batched
+    assert len(ids) == 4000
     for rid in ids:
         parsed = uuid.UUID(rid)
         assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, rid)
