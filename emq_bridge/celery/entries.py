@@ -284,19 +284,9 @@ def _check_schedule_value(value: Any, label: str) -> None:
         )
 
 
-def _plain_interval(raw: Mapping[str, Any]) -> bool:
-    """True for an entry whose `schedule` is seconds or a `timedelta`, not relative: most
-    entries, whose `ScheduleEntry` wraps it in a plain `celery.schedules.schedule`."""
-    return type(raw.get("schedule")) in _INTERVAL_TYPES and not raw.get("relative")
-
-
-_INTERVAL_TYPES = frozenset({timedelta, int, float})
-
-
-def _interval(value: timedelta | float, label: str) -> Every:
-    """The cadence of a plain interval: seconds as Celery reads them (a `timedelta` of them,
-    to the microsecond), on the grid; `ConfigError` unless positive."""
-    seconds = (value if isinstance(value, timedelta) else timedelta(seconds=value)).total_seconds()
+def _interval(value: timedelta, label: str) -> Every:
+    """The cadence of a plain interval, on the grid; `ConfigError` unless positive."""
+    seconds = value.total_seconds()
     if seconds <= 0 or seconds * 1000 < 1:
         raise ConfigError(f"{label}: the interval must be positive, got {seconds}s")
     return _every(round(seconds * 1000))
@@ -304,6 +294,8 @@ def _interval(value: timedelta | float, label: str) -> Every:
 
 def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     """Return the cadence of a Celery schedule (number, `timedelta`, `schedule`, `crontab`, ...)."""
+    if type(value) is schedule and not value.relative:  # most entries: the checks below pass
+        return _interval(value.run_every, label)
     _check_schedule_value(value, label)
     if isinstance(value, (int, float, timedelta)):
         value = schedule(value, app=app)
@@ -541,8 +533,6 @@ def convert_entry(
             cadence: Cadence = At(instants_ms(when[AT_KEY]))
         except ScheduleError as exc:
             raise ConfigError(f"{label}: {exc}") from exc
-    elif type(raw) is dict and _plain_interval(raw):
-        cadence = _interval(raw["schedule"], label)  # what convert_schedule gives, sooner
     else:
         cadence = convert_schedule(entry.schedule, app, label)
     policies = raw if isinstance(raw, Mapping) else {}
