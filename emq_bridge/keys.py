@@ -17,7 +17,7 @@ from typing import NamedTuple
 from .errors import InvalidName
 from .shown import clipped
 
-__all__ = ["DEFAULT_PREFIX", "MAX_NAME_BYTES", "QueueKeys", "validate_name"]
+__all__ = ["DEFAULT_PREFIX", "MAX_NAME_BYTES", "QueueKeys", "synced_key", "validate_name"]
 
 DEFAULT_PREFIX = "emq"
 # Printable ASCII without space and braces: a name made of these alone is valid.
@@ -95,6 +95,13 @@ class QueueKeys:
         return f"{self.tag}:generations"
 
     @property
+    def synced(self) -> str:
+        """Hash of the sync stamps: `<source>` -> `"<fingerprint> <counter>"`, what a sync of
+        that source left here, and `{w}<source>` -> the writes of that source's records
+        counted since it began stamping (stamp.lua). Kept when the queue empties."""
+        return f"{self.tag}:synced"
+
+    @property
     def running(self) -> str:
         """Sorted set of occurrences in flight on a worker, `"<name> <due_ms>[ triggered]"`,
         scored by the deadline after which they are `lost` (report.lua, lost.lua)."""
@@ -122,6 +129,13 @@ class QueueKeys:
 
     def all_keys(self, names: tuple[str, ...] = ()) -> list[str]:
         return [self.registry, self.leases, *(self.record(n) for n in names)]
+
+
+def synced_key(prefix: str, source: str) -> str:
+    """String: JSON of the last sync of `source` that stamped the queues it read (the
+    fingerprint, those queues and what its caller keeps of it: `sync.Stamp`). A key of the
+    prefix, outside every queue: the stamps that make it hold are in each queue's `synced`."""
+    return f"{prefix}:synced:{source}"
 
 
 # The lease members: `"<name> <due_ms>"` is the lease of a scheduled occurrence,

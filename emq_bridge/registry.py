@@ -40,6 +40,7 @@ from .outcome import HISTORY_SIZE
 from .overlap import overlapped_calls
 from .replies import redis_errors, text
 from .scripts import Scripts
+from .stamps import StampMoves
 from .template_pieces import split_template
 from .urls import client_from_url
 
@@ -310,7 +311,7 @@ def _stale(reply: Any, queue: str, source: str | None, generation: int | None) -
         raise StaleGeneration(queue, source or "", generation or 0, int(value[1:]))
 
 
-class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
+class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     """The Repeat registry on one Redis (or Redis Cluster) client.
 
     Keys are `<prefix>:{<queue>}:repeat` (sorted set) and `<prefix>:{<queue>}:repeat:<name>`
@@ -468,7 +469,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
         fields = self._record_fields(definition, now, source=None)
         with redis_errors(f"register {queue}/{name}"):
             created = self.scripts.register(
-                keys=[keys.registry, keys.record(name)],
+                keys=[keys.registry, keys.record(name), keys.synced],
                 args=[
                     name,
                     definition.first_run(now),
@@ -626,7 +627,12 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
                 ]
                 shapes = _share_stale(payload)
                 yield (
-                    [keys.registry, keys.generations, *(keys.record(items[i][1]) for i in chunk)],
+                    [
+                        keys.registry,
+                        keys.generations,
+                        keys.synced,
+                        *(keys.record(items[i][1]) for i in chunk),
+                    ],
                     [
                         keys.wake_channel,
                         now,
@@ -721,6 +727,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves):
                     keys.running,
                     keys.history(name),
                     keys.backfilled(name),
+                    keys.synced,
                 ],
                 args=[name, if_source or "", gen],
             )

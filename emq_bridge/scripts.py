@@ -31,6 +31,7 @@ MOVES = (
     "heartbeat",
     "backfill",
     "begin",
+    "stamp",
 )
 
 
@@ -61,6 +62,7 @@ class Scripts:
     heartbeat: Any
     backfill: Any
     begin: Any
+    stamp: Any
 
     @classmethod
     def load(cls, client: Any) -> Scripts:

@@ -10,6 +10,12 @@ registry keeps, per queue, the highest generation each source synced, and the sc
 write refuse an older one atomically with their writes, so two versions of one app booting
 in turn (a rolling deploy) cannot flip a schedule back and forth. Updates and removals are
 logged at WARNING, creations at INFO, unchanged schedules at DEBUG.
+
+A sync may also carry a `Stamp`: the fingerprint of everything its declarations were built
+from. Once applied, it stamps the queues it read (stamps.py); a later boot with the same
+fingerprint asks `stamped` and, while every stamp holds (nobody else wrote that source's
+records since), skips building and syncing its declarations: the registry is what a full
+sync would leave.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .bounds import Bounds
 from .definition import DEFINITION_FIELDS, Declaration, Definition
@@ -25,7 +32,7 @@ from .keys import validate_name
 from .registry import Repeat, Seed, StaleGeneration, Upserted, generation_arg, record_digest
 
 # Declaration lives in definition.
-__all__ = ["Declaration", "SyncPlan", "apply_plan", "plan_sync", "sync"]
+__all__ = ["Declaration", "Stamp", "SyncPlan", "apply_plan", "plan_sync", "stamped", "sync"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,26 @@ class SyncPlan:
         out += [f"- {q}/{n}" for q, n in self.remove]
         out += [f"= {d.queue}/{d.name}" for d in self.unchanged]
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What a sync stamps the queues it read with, once applied: `fingerprint`, a digest of
+    everything its declarations were built from (the caller's: it must change whenever they
+    would), and `summary`, what the caller wants back from `stamped` (JSON: the queues its
+    pump serves, a count)."""
+
+    fingerprint: str
+    summary: Mapping[str, Any] = field(default_factory=dict)
+
+
+def stamped(repeat: Repeat, source: str, fingerprint: str) -> dict[str, Any] | None:
+    """Return the summary of `source`'s last stamped sync when it was of `fingerprint` and
+    nobody else has written that source's records since, in any queue: a sync of the same
+    declarations would then write nothing, and the caller may skip it. Else None. Reads only
+    (a SCAN of the queues and one round trip)."""
+    validate_name(source, "source")
+    return repeat.stamp_of(source, fingerprint)
 
 
 def _check_unique(declarations: list[Declaration]) -> None:
@@ -139,6 +166,7 @@ def sync(
     prune: bool = True,
     dry_run: bool = False,
     generation: int | None = None,
+    stamp: Stamp | None = None,
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
@@ -150,7 +178,13 @@ def sync(
     plan is read; every write re-checks it atomically. A refused sync writes nothing more,
     logs one WARNING and returns a plan whose `refused_by` is the newer generation. Without
     one, the sync applies whatever the registry holds (as before generations existed).
+
+    With `stamp` (and `prune`: a stamp vouches for every queue), the queues read are stamped
+    once the plan is applied, unless another writer changed the source's records meanwhile
+    (see `stamped`).
     """
+    if stamp is not None and not prune:
+        raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
     wanted = _checked(declarations, source, generation)
     if dry_run:
         return plan_sync(repeat, wanted, source, prune=prune, generation=generation)
@@ -160,9 +194,13 @@ def sync(
     try:
         if generation is not None:
             repeat.upsert_declared([], source=source, generation=generation, queues=queues)
+        # Read before the plan: a write after this read moves a count, so the stamp is refused.
+        counts = repeat.begin_stamp(source, queues) if stamp is not None else {}
         plan = _plan(repeat, wanted, source, queues, prune)
         old = _old_records(repeat, plan)
         _apply(repeat, plan, applied)
+        if stamp is not None:
+            _stamp(repeat, applied, counts, stamp)
     except StaleGeneration as exc:
         applied.refused_by = exc.live
         log.warning(
@@ -176,6 +214,22 @@ def sync(
         )
     _log(applied, old)
     return applied
+
+
+def _stamp(repeat: Repeat, applied: SyncPlan, counts: dict[str, int], stamp: Stamp) -> None:
+    """Stamp the queues read with `stamp`, expecting each count to have moved by this sync's
+    own writes alone (upsert and cancel count one per record they write or remove)."""
+    expected = dict(counts)
+    for declaration in (*applied.create, *applied.update):
+        expected[declaration.queue] += 1
+    for queue, _ in applied.remove:
+        expected[queue] += 1
+    if not repeat.write_stamps(applied.source, stamp.fingerprint, expected, stamp.summary):
+        log.info(
+            "sync %s: not stamped: another writer changed its schedules during the sync; "
+            "the next boot syncs in full",
+            applied.source,
+        )
 
 
 def apply_plan(repeat: Repeat, plan: SyncPlan) -> SyncPlan:

@@ -313,11 +313,10 @@ def _sentinel_client(parsed: HostsUrl, options: dict[str, Any]) -> SentinelRedis
         to_sentinels.update({k: v for k, v in connection.items() if k.startswith("ssl_")})
         to_sentinels["ssl"] = True
     to_sentinels.update(parsed.sentinel)
-    manager = Sentinel(  # type: ignore[no-untyped-call]
-        list(parsed.hosts),
-        sentinel_kwargs=to_sentinels,
-    )
-    client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call]
+    # Typed as Any: redis-py before 8.2 leaves Sentinel untyped, 8.2 types it.
+    sentinel_class: Any = Sentinel
+    manager = sentinel_class(list(parsed.hosts), sentinel_kwargs=to_sentinels)
+    client: SentinelRedis = manager.master_for(
         parsed.master, redis_class=SentinelRedis, ssl=tls, **connection
     )
     return client

@@ -26,6 +26,8 @@ Settings (all optional, in `app.conf`):
 * `emq_bridge_history_size`: occurrences each registration's history keeps, default 50.
 * `emq_bridge_heartbeat_s`: how often a worker heartbeats its running occurrences, default
   10; one silent for 3 heartbeats (its worker killed) is marked lost.
+* `emq_bridge_boot_stamp`: an unchanged beat restart skips converting and syncing its
+  schedules (the registry holds a stamp of the last sync), default True.
 
 Each occurrence is sent as a real task: `task_id` is the occurrence id, the headers carry
 `celery_beat_task` (as Celery's beat sets), `emq_due_ms` (the nominal time, read it with

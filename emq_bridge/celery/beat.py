@@ -18,7 +18,7 @@ from ..events import PumpEvents
 from ..occurrence import Occurrence
 from ..pump import Pump
 from ..urls import redact_url
-from .declare import AppSchedule, app_schedule, registry_url, repeat_for, sync_app
+from .declare import AppSchedule, boot_schedule, registry_url, repeat_for
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 from .sentry import beat_monitors, monitoring
@@ -82,12 +82,13 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         The beat owns the app's schedules: its sync (`sync_app`) writes `beat_schedule` and the
         `@recurring` tasks and removes what the app no longer declares. A sync refused because
         a newer `emq_bridge_generation` is live writes nothing and is logged; the beat pumps.
+        A restart of unchanged declarations whose stamp holds converts and syncs nothing
+        (`boot_schedule`).
         """
         repeat = None
         try:
-            plan = app_schedule(self.app)
             repeat = repeat_for(self.app)
-            sync_app(self.app, repeat, plan)
+            plan = boot_schedule(self.app, repeat)
         except Exception as exc:
             if repeat is not None:
                 repeat.close()
@@ -123,7 +124,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         self.pump.check_eviction_policy()
         log.info(
             "emq-bridge beat: %d schedule(s) synced; pumping %s",
-            len(plan.declarations),
+            plan.count,
             ", ".join(plan.queues),
         )
 

@@ -31,7 +31,7 @@ from ..definition import Declaration, Offset, Overlap, Schedule
 from ..errors import ConfigError, EmqError
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
-from ..sync import SyncPlan, sync
+from ..sync import Stamp, SyncPlan, stamped, sync
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -40,10 +40,12 @@ from .entries import (
     json_options,
     zone_name,
 )
+from .fingerprint import app_fingerprint
 
 __all__ = [
     "AppSchedule",
     "app_schedule",
+    "boot_schedule",
     "recurring",
     "registry_prefix",
     "registry_url",
@@ -233,6 +235,14 @@ class AppSchedule:
     extra: tuple[Any, ...] = field(default=())  # schedule files: (source, declarations)
     tasks: tuple[Declaration, ...] = field(default=())
     generation: int | None = None
+    # A boot that found its stamp (`boot_schedule`) builds no declarations: how many the
+    # stamp vouches for.
+    vouched: int | None = None
+
+    @property
+    def count(self) -> int:
+        """How many schedules the app declares (a schedule file's not included)."""
+        return len(self.declarations) if self.vouched is None else self.vouched
 
     def resolve_cadence(self, queue: str, name: str, stored: Cadence) -> Cadence:
         """Return the live schedule of a custom entry whose record holds its placeholder
@@ -262,6 +272,29 @@ def _crontab_4am() -> Any:
     return crontab("0", "4", "*")
 
 
+def _schedule_files(app: Celery) -> tuple[tuple[str, tuple[Declaration, ...]], ...]:
+    """The schedule file's `(source, declarations)`, if the app names one."""
+    path = _setting(app, "emq_bridge_schedule_file")
+    if not path:
+        return ()
+    from ..config import load_schedule_file  # lazily: only apps that name a file need it
+
+    loaded = load_schedule_file(str(path))
+    return ((loaded.source, tuple(loaded.declarations)),)
+
+
+def _app_queues(app: Celery, declarations: Sequence[Declaration]) -> set[str]:
+    """The queues the beat pumps for the app's own declarations and settings."""
+    queues = {d.queue for d in declarations} | {app.conf.task_default_queue}
+    queues |= {q.name for q in (app.conf.task_queues or ()) if hasattr(q, "name")}
+    queues |= {str(q) for q in _setting(app, "emq_bridge_queues", ())}
+    return queues
+
+
+def _file_queues(extra: Sequence[tuple[str, tuple[Declaration, ...]]]) -> set[str]:
+    return {d.queue for _, decls in extra for d in decls}
+
+
 def app_schedule(app: Celery) -> AppSchedule:
     """Validate and convert everything the app declares; raise `ConfigError`, write nothing."""
     check = bool(_setting(app, "emq_bridge_check_tasks", True))
@@ -275,25 +308,93 @@ def app_schedule(app: Celery) -> AppSchedule:
             custom[(declaration.queue, declaration.name)] = live
     tasks = _decorated(app, context)
     declarations.extend(tasks)
-    extra: list[Any] = []
-    path = _setting(app, "emq_bridge_schedule_file")
-    if path:
-        from ..config import load_schedule_file  # lazily: only apps that name a file need it
-
-        loaded = load_schedule_file(str(path))
-        extra.append((loaded.source, tuple(loaded.declarations)))
-    queues = {d.queue for d in declarations} | {app.conf.task_default_queue}
-    queues |= {d.queue for _, decls in extra for d in decls}
-    queues |= {q.name for q in (app.conf.task_queues or ()) if hasattr(q, "name")}
-    queues |= {str(q) for q in _setting(app, "emq_bridge_queues", ())}
+    extra = _schedule_files(app)
     return AppSchedule(
         _source(app),
         tuple(declarations),
         custom,
-        tuple(sorted(queues)),
-        tuple(extra),
+        tuple(sorted(_app_queues(app, declarations) | _file_queues(extra))),
+        extra,
         tasks=tuple(tasks),
         generation=_generation(app),
+    )
+
+
+def decorated_schedule(app: Celery) -> AppSchedule:
+    """Validate and convert the app's `@recurring` tasks alone: what a worker syncs (its
+    `beat_schedule` belongs to the beat, so a worker neither converts nor checks it)."""
+    check = bool(_setting(app, "emq_bridge_check_tasks", True))
+    tasks = tuple(_decorated(app, Entries(app, check)))
+    return AppSchedule(
+        _source(app),
+        tasks,
+        {},
+        tuple(sorted(_app_queues(app, tasks))),
+        tasks=tasks,
+        generation=_generation(app),
+    )
+
+
+def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
+    """Validate, convert and sync what the app declares, as its beat does when it starts
+    (`sync_app`), and stamp the sync with the app's fingerprint (`app_fingerprint`).
+
+    A restart whose fingerprint is the one stamped, while nothing else has written the
+    app's schedules since (`sync.stamped`), converts and reads nothing more: the registry
+    is what the sync would leave. The schedule file, a source of its own, is synced either
+    way. `emq_bridge_boot_stamp = False` always converts and syncs in full.
+    """
+    fingerprint = None
+    if _setting(app, "emq_bridge_boot_stamp", True):
+        fingerprint = app_fingerprint(app, _beat_entries(app), _DECLARED)
+    if fingerprint is not None:
+        source = _source(app)
+        try:
+            summary = stamped(repeat, source, fingerprint)
+        except EmqError as exc:  # the full path reports it, after the declarations' errors
+            log.debug("emq-bridge: the boot stamp could not be read: %s", exc)
+            summary = None
+        vouched = _vouched(app, source, summary)
+        if vouched is not None:
+            log.info(
+                "emq-bridge: %s unchanged since its last sync (%d schedule(s)): not "
+                "converted, no record read",
+                source,
+                vouched.count,
+            )
+            for file_source, decls in vouched.extra:
+                sync(repeat, decls, file_source, generation=vouched.generation)
+            return vouched
+    plan = app_schedule(app)
+    stamp = None
+    if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
+        queues = sorted(_app_queues(app, plan.declarations))
+        stamp = Stamp(fingerprint, {"queues": queues, "declared": len(plan.declarations)})
+    sync_app(app, repeat, plan, stamp=stamp)
+    return plan
+
+
+def _vouched(app: Celery, source: str, summary: Mapping[str, Any] | None) -> AppSchedule | None:
+    """The plan of a boot whose stamp holds, from the stamp's summary; None without one (or
+    with a summary this version cannot read)."""
+    if summary is None:
+        return None
+    queues, declared = summary.get("queues"), summary.get("declared")
+    if not isinstance(queues, list) or type(declared) is not int:
+        return None
+    try:
+        own = {validate_name(q, "queue") for q in queues}
+    except EmqError:
+        return None
+    extra = _schedule_files(app)
+    return AppSchedule(
+        source,
+        (),
+        {},
+        tuple(sorted(own | _file_queues(extra))),
+        extra,
+        generation=_generation(app),
+        vouched=declared,
     )
 
 
@@ -303,24 +404,26 @@ def sync_app(
     plan: AppSchedule | None = None,
     *,
     beat: bool = True,
+    stamp: Stamp | None = None,
 ) -> list[SyncPlan]:
     """Sync the app's declared schedules into the registry; return the applied plans.
 
     The beat's sync (`beat=True`, the owner's): `beat_schedule` and the `@recurring` tasks
     under `source`, removing what the app no longer declares, then the schedule file under
     its own source. A worker's (`beat=False`): its `@recurring` tasks under `source`, upserts
-    only, removing nothing. Every sync carries `emq_bridge_generation`. Everything is
-    validated before the first write. Raises `ConfigError` on bad input and `RegistryError`
-    when Redis fails midway (running it again converges).
+    only, removing nothing (its `beat_schedule` is not even converted). Every sync carries
+    `emq_bridge_generation`. What is synced is validated before the first write. Raises
+    `ConfigError` on bad input and `RegistryError` when Redis fails midway (running it again
+    converges). `stamp` stamps the beat's sync of `source` (`boot_schedule`).
     """
-    plan = plan or app_schedule(app)
+    plan = plan or (app_schedule(app) if beat else decorated_schedule(app))
     own = repeat is None
     repeat = repeat or repeat_for(app)
     generation = plan.generation
     try:
         if not beat:
             return [sync(repeat, plan.tasks, plan.source, prune=False, generation=generation)]
-        plans = [sync(repeat, plan.declarations, plan.source, generation=generation)]
+        plans = [sync(repeat, plan.declarations, plan.source, generation=generation, stamp=stamp)]
         plans += [
             sync(repeat, decls, source, generation=generation) for source, decls in plan.extra
         ]

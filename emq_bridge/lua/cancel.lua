@@ -6,11 +6,14 @@
 -- KEYS[4]  <prefix>:{q}:generations     hash: source -> highest generation synced
 -- KEYS[5]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
 -- KEYS[6]  <prefix>:{q}:history:<name>  list: the registration's last occurrences
--- KEYS[7]  <prefix>:{q}:backfill:<name> sorted set: the slots backfills queued (optional)
+-- KEYS[7]  <prefix>:{q}:backfill:<name> sorted set: the slots backfills queued
+-- KEYS[8]  <prefix>:{q}:synced          hash: the sync stamps (stamp.lua)
 -- ARGV[1]  name
 -- ARGV[2]  owner guard: when not empty, cancel only if the record's `source` equals it
 -- ARGV[3]  generation of that owner's declarations ('' for none: no check)
 --
+-- Removing a record with an owner counts one write of it in KEYS[8], when that source keeps
+-- a counter there (upsert.lua).
 -- Returns 1 when something was removed, 0 when nothing existed (or the guard refused), and
 -- '!' followed by the stored generation when the queue holds a higher generation of the
 -- owner than ARGV[3] (nothing removed: a sync of older declarations must not prune what a
@@ -22,10 +25,14 @@ if ARGV[3] ~= '' then
     redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
   end
 end
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'source') ~= ARGV[2] then return 0 end
+local owner = redis.pcall('HGET', KEYS[2], 'source')
+if type(owner) == 'table' then owner = false end  -- not a hash (edited by hand): no owner
+if ARGV[2] ~= '' and owner ~= ARGV[2] then return 0 end
 local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[6])
-if KEYS[7] then redis.call('DEL', KEYS[7]) end
+if owner and removed > 0 and redis.call('HEXISTS', KEYS[8], '{w}' .. owner) == 1 then
+  redis.call('HINCRBY', KEYS[8], '{w}' .. owner, 1)
+end
+redis.call('DEL', KEYS[6], KEYS[7])
 local prefix = ARGV[1] .. ' '
 for _, key in ipairs({KEYS[3], KEYS[5]}) do
   for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run (epoch ms)
 -- KEYS[2]  <prefix>:{q}:repeat:<name>   hash: the registration record
+-- KEYS[3]  <prefix>:{q}:synced          hash: the sync stamps (stamp.lua)
 -- ARGV[1]  name
 -- ARGV[2]  first run, epoch ms
 -- ARGV[3]  wake channel (published to when a record is written)
@@ -10,6 +11,8 @@
 -- Bounds (bounds.py): a `limit` field gets its `remaining` counter; a first run past the
 -- record's last instant (`end_ms`, the last of `at`) registers it completed: score +inf,
 -- `completed` and `completed_ms` (its `created_ms`), as claim.lua and upsert.lua do.
+-- A record with an owner (`source`) counts one write of it in KEYS[3], when that source
+-- keeps a counter there (upsert.lua).
 -- Returns 1 when registered, 0 when the record exists (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], unpack(ARGV, 4))
@@ -24,5 +27,9 @@ elseif tonumber(f[1]) and first > tonumber(f[1]) then
 end
 if reason then redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', f[4] or '') end
 redis.call('ZADD', KEYS[1], reason and '+inf' or ARGV[2], ARGV[1])
+local owner = redis.call('HGET', KEYS[2], 'source')
+if owner and redis.call('HEXISTS', KEYS[3], '{w}' .. owner) == 1 then
+  redis.call('HINCRBY', KEYS[3], '{w}' .. owner, 1)
+end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

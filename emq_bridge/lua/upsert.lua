@@ -2,7 +2,8 @@
 --
 -- KEYS[1]      <prefix>:{q}:repeat          sorted set: name -> next run (epoch ms)
 -- KEYS[2]      <prefix>:{q}:generations     hash: source -> highest generation synced
--- KEYS[2 + i]  <prefix>:{q}:repeat:<name>   hash: the record of item i
+-- KEYS[3]      <prefix>:{q}:synced          hash: the sync stamps (stamp.lua)
+-- KEYS[3 + i]  <prefix>:{q}:repeat:<name>   hash: the record of item i
 -- ARGV[1]  wake channel (published to once if anything was written)
 -- ARGV[2]  now, epoch ms (created_ms of a new record)
 -- ARGV[3]  JSON array of items, one per record key (may be empty), each
@@ -24,6 +25,9 @@
 -- source, nothing is written and the reply is '!' followed by that generation. Otherwise
 -- the stored generation is raised to ARGV[5] (never lowered) in the same script as the
 -- writes, so two syncs of different generations cannot interleave into a revert.
+-- Each record written counts one write of its owner, and of its previous owner when the
+-- owner changes, in KEYS[3]'s `{w}<source>` counter of each source that keeps one (a sync
+-- that stamps, stamp.lua): a stamp holds only while its source's counter has not moved.
 -- Returns one digit per item, as one string: 0 unchanged (nothing written), 1 created,
 -- 2 updated, 3 updated with its cadence changed while its next run was overdue (a client
 -- parses one string faster than an array of integers).
@@ -120,6 +124,12 @@ end
 
 local shapes = ARGV[6] and cjson.decode(ARGV[6]) or {}
 
+-- Writes per owner, for the `{w}<source>` counters of the sync stamps (added up at the end).
+local writes = {}
+local function wrote_for(owner)
+  if owner and owner ~= '' then writes[owner] = (writes[owner] or 0) + 1 end
+end
+
 local function upsert(record, item)
   local name, digest, cadence_digest, first_run, fields, stale, seed =
     item[1], item[2], item[3], item[4], item[5], item[6], item[7]
@@ -141,8 +151,9 @@ local function upsert(record, item)
   end
   local cur = redis.call(
     'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
-    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at'
+    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source'
   )
+  if cur[12] ~= ARGV[4] then wrote_for(cur[12]) end  -- a takeover (or a release) changes it
   local paused, last, completed = cur[3] == '1', cur[5], cur[8]
   local old_every = (not cur[10] or cur[10] == '') and not cur[11] and tonumber(cur[9])
   local live = redis.call('ZSCORE', registry, name)
@@ -203,8 +214,16 @@ end
 
 local results, written = {}, false
 for i, item in ipairs(cjson.decode(ARGV[3])) do
-  results[i] = upsert(KEYS[2 + i], item)
-  written = written or results[i] ~= 0
+  results[i] = upsert(KEYS[3 + i], item)
+  if results[i] ~= 0 then
+    written = true
+    wrote_for(ARGV[4])
+  end
+end
+for owner, n in pairs(writes) do
+  if redis.call('HEXISTS', KEYS[3], '{w}' .. owner) == 1 then
+    redis.call('HINCRBY', KEYS[3], '{w}' .. owner, n)
+  end
 end
 if written then redis.call('PUBLISH', ARGV[1], 'upsert') end
 return table.concat(results)

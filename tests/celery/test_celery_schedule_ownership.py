@@ -287,3 +287,30 @@ def test_a_worker_logs_what_its_sync_changes_at_warning_once_logging_is_up_and_r
     third = deploy.boot("worker", "2").stop()
     assert f"sync {SOURCE}: 0 created, 0 updated, 2 unchanged, 0 removed" in third
     assert not re.search(rf"sync {SOURCE}: [-+~=] ", third), third[-3000:]
+
+
+def test_an_unchanged_beat_restart_skips_its_sync_until_another_process_writes_its_schedules(
+    deploy: Deploy,
+) -> None:
+    deploy.boot("beat", "1").stop()
+    live = deploy.schedules()
+    again = deploy.boot("beat", "1")
+    wait_for(lambda: f"sent {deploy.queue}/x " in again.log(), 15, "x sent by the restarted beat")
+    output = again.stop()
+    assert "celery.own unchanged since its last sync (4 schedule(s))" in output, output[-3000:]
+    assert "created" not in output and deploy.schedules().keys() == live.keys()
+
+    deploy.repeat.cancel(deploy.queue, "y")  # by hand: the next boot syncs in full
+    third = deploy.boot("beat", "1").stop()
+    assert "unchanged since" not in third
+    assert f"sync {SOURCE}: 1 created, 0 updated, 3 unchanged, 0 removed" in third, third[-3000:]
+    assert deploy.definitions()["y"] == ("every 2s", SOURCE)
+
+    # A worker of another version changes a decorated task: the beat's next boot reverts it.
+    deploy.boot("worker", "2").stop()
+    assert deploy.definitions()["own.hourly"] == ("every 2h", SOURCE)
+    fourth = deploy.boot("beat", "1").stop()
+    assert "unchanged since" not in fourth
+    assert deploy.definitions()["own.hourly"] == ("every 1h", SOURCE)
+    assert "own.v2only" not in deploy.definitions()
+    assert "unchanged since" in deploy.boot("beat", "1").stop()

@@ -1,0 +1,146 @@
+"""The fingerprint of what a Celery app declares: a digest of everything its conversion reads.
+
+Part of `emq_bridge.celery`. `app_fingerprint(app)` digests the app's `beat_schedule`
+entries, its `@recurring` declarations, the settings and task options their conversion
+reads (routing, time zone, emq-bridge's own settings) and the versions of the code that
+converts them, so that two boots with one fingerprint convert to the same declarations. The
+beat stamps its sync with it (`sync.Stamp`), and an unchanged restart, finding the stamp,
+skips the conversion and the sync.
+
+What it cannot pin gives None, and the boot converts and syncs in full: a `task_routes`
+router function (its code can change under the same name) or router path, a schedule of
+a class other than Celery's plain `schedule` and `crontab` (a custom class holds state
+its pickle need not show), an entry that is not a dict, and anything pickle refuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Mapping
+from datetime import timedelta
+from importlib import metadata
+from typing import Any
+
+from celery import Celery
+from celery.local import Proxy
+from celery.schedules import crontab, schedule
+
+__all__ = ["app_fingerprint"]
+
+# Raised when what the conversion does with the same inputs changes without a release.
+FORMAT = 1
+# The settings the conversion reads, besides every `emq_bridge_*` one: the time zone, cron
+# deadlines, and what routing reads (Celery's router and its queues).
+_SETTINGS = (
+    "timezone",
+    "enable_utc",
+    "beat_cron_starting_deadline",
+    "task_default_queue",
+    "task_default_exchange",
+    "task_default_exchange_type",
+    "task_default_routing_key",
+    "task_default_priority",
+    "task_queue_max_priority",
+    "task_create_missing_queues",
+    "task_queues",
+    "task_routes",
+    "worker_direct",
+)
+# Schedule values whose pickle is all the conversion reads of them.
+_PLAIN_SCHEDULES = (int, float, timedelta, schedule, crontab)
+
+
+def _versions() -> tuple[str, ...]:
+    found = [str(FORMAT)]
+    for package in ("emq-bridge", "celery", "kombu"):
+        try:
+            found.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            found.append("")
+    return tuple(found)
+
+
+def _route_is_data(route: Any) -> bool:
+    """True for a `task_routes` map (glob or pattern -> queue name or options)."""
+    return isinstance(route, Mapping) and all(
+        isinstance(value, (str, Mapping)) for value in route.values()
+    )
+
+
+def _routes_are_data(routes: Any) -> bool:
+    """True when `task_routes` is maps only: a router function or its import path may route
+    differently under the same name, so no fingerprint can pin it."""
+    if routes is None:
+        return True
+    if isinstance(routes, (list, tuple)):
+        return all(_route_is_data(route) for route in routes)
+    return _route_is_data(routes)
+
+
+def _entry_tasks(entries: Mapping[str, Any]) -> set[str] | None:
+    """The task names of `entries`, or None if one cannot be pinned (see the module)."""
+    tasks: set[str] = set()
+    for raw in entries.values():
+        if type(raw) is not dict:
+            return None
+        value = raw.get("schedule")
+        if value is not None and type(value) not in _PLAIN_SCHEDULES:
+            return None
+        if isinstance(value, schedule) and value.relative:
+            return None
+        task = raw.get("task")
+        tasks.add(task if isinstance(task, str) else "")
+    return tasks
+
+
+def _decorated(app: Celery, declared: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
+    """The app's own `@recurring` declarations, as `declare._decorated` keeps them."""
+    found = []
+    for task, declared_schedule in declared:
+        current = task._get_current_object() if isinstance(task, Proxy) else task
+        if app.tasks.get(current.name) is current:
+            found.append((current.name, declared_schedule))
+    return found
+
+
+def _task_options(app: Celery, names: set[str]) -> list[tuple[str, Any]]:
+    """Per task named, whether it is known and the sending options its routing starts from."""
+    found = []
+    for name in sorted(names):
+        task = app.tasks.get(name)
+        options = task._get_exec_options() if task is not None else None
+        found.append((name, None if options is None else sorted(options.items())))
+    return found
+
+
+def app_fingerprint(
+    app: Celery, entries: Mapping[str, Any], declared: list[tuple[Any, Any]]
+) -> str | None:
+    """Return the fingerprint of `app`'s declarations (`entries`: its `beat_schedule` with
+    Celery's default entries; `declared`: every `@recurring` declaration of the process), or
+    None when something in them cannot be pinned (see the module)."""
+    conf = app.conf
+    if not _routes_are_data(conf.get("task_routes")):
+        return None
+    tasks = _entry_tasks(entries)
+    if tasks is None:
+        return None
+    decorated = _decorated(app, declared)
+    tasks.update(name for name, _ in decorated)
+    settings = [(key, conf.get(key)) for key in _SETTINGS]
+    settings += sorted((key, conf.get(key)) for key in conf if key.startswith("emq_bridge_"))
+    state = (
+        _versions(),
+        settings,
+        repr(app.timezone),
+        sorted(app.amqp.queues),
+        _task_options(app, tasks),
+        entries,
+        decorated,
+    )
+    try:
+        encoded = pickle.dumps(state, protocol=5)
+    except Exception:  # anything pickle refuses: no fingerprint, so a full boot
+        return None
+    return hashlib.blake2b(encoded, digest_size=16).hexdigest()
