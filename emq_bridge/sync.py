@@ -50,6 +50,9 @@ class SyncPlan:
     # The newer generation of `source` the registry holds, when it refused this sync (or the
     # rest of it: what was applied before the refusal is listed above).
     refused_by: int | None = None
+    # The source's write count per queue read, taken before the plan read the queues, when
+    # the plan is to be stamped (`plan_sync(stamped=True)`, `apply_plan(stamp=...)`).
+    counts: dict[str, int] | None = None
 
     @property
     def changes(self) -> int:
@@ -118,20 +121,27 @@ def plan_sync(
     *,
     prune: bool = True,
     generation: int | None = None,
+    stamped: bool = False,
 ) -> SyncPlan:
     """Compare `declarations` with the registry and return what a sync would change.
 
     With `generation`, a registry that holds a newer generation of `source` in any of the
-    queues read gives an empty plan whose `refused_by` is that generation.
+    queues read gives an empty plan whose `refused_by` is that generation. `stamped` (with
+    `prune`) first reads the source's write counts, so that `apply_plan` can stamp the plan
+    (it starts the counters where there are none: a write, once per queue).
     """
+    if stamped and not prune:
+        raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
     wanted = _checked(declarations, source, generation)
     queues = _queues(repeat, wanted, prune)
     if generation is not None:
         live = max((repeat.generations(q).get(source, -1) for q in queues), default=-1)
         if live > generation:
             return SyncPlan(source, generation=generation, refused_by=live)
+    counts = repeat.begin_stamp(source, queues) if stamped else None
     plan = _plan(repeat, wanted, source, queues, prune)
     plan.generation = generation
+    plan.counts = counts
     return plan
 
 
@@ -232,17 +242,22 @@ def _stamp(repeat: Repeat, applied: SyncPlan, counts: dict[str, int], stamp: Sta
         )
 
 
-def apply_plan(repeat: Repeat, plan: SyncPlan) -> SyncPlan:
+def apply_plan(repeat: Repeat, plan: SyncPlan, *, stamp: Stamp | None = None) -> SyncPlan:
     """Apply `plan` as `plan_sync` returned it (one made without a generation): upsert what it
     creates or updates, cancel what it removes, log it as `sync` does, and return what was
     done. Each write re-checks the digest or the owner it changes, so a registry that moved
     since the plan was read converges as after `sync`; what `plan_sync` read is not read
-    again (`emq-bridge sync` shows a plan, then applies that one)."""
+    again (`emq-bridge sync` shows a plan, then applies that one). `stamp` stamps it, as
+    `sync` does, when the plan was made with `stamped=True`."""
     if plan.generation is not None or plan.refused_by is not None:
         raise ValueError("a plan with a generation is applied by sync(generation=...)")
+    if stamp is not None and plan.counts is None:
+        raise ValueError("a stamp needs a plan made with plan_sync(stamped=True)")
     applied = SyncPlan(plan.source)
     old = _old_records(repeat, plan)
     _apply(repeat, plan, applied)
+    if stamp is not None and plan.counts is not None:
+        _stamp(repeat, applied, plan.counts, stamp)
     _log(applied, old)
     return applied
 

@@ -29,6 +29,7 @@ from ..cadence import Anchor, Cadence, Misfire
 from ..calendars import ExcludeItem
 from ..definition import Declaration, Offset, Overlap, Schedule
 from ..errors import ConfigError, EmqError
+from ..file_stamp import FileStamp, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import Stamp, SyncPlan, stamped, sync
@@ -297,6 +298,13 @@ def _file_queues(extra: Sequence[tuple[str, tuple[Declaration, ...]]]) -> set[st
 
 def app_schedule(app: Celery) -> AppSchedule:
     """Validate and convert everything the app declares; raise `ConfigError`, write nothing."""
+    return _app_schedule(app, _schedule_files(app))
+
+
+def _app_schedule(
+    app: Celery, extra: tuple[tuple[str, tuple[Declaration, ...]], ...]
+) -> AppSchedule:
+    """`app_schedule`, with the schedule files' declarations given (`extra`)."""
     check = bool(_setting(app, "emq_bridge_check_tasks", True))
     declarations: list[Declaration] = []
     custom: dict[tuple[str, str], CelerySchedule] = {}
@@ -308,7 +316,6 @@ def app_schedule(app: Celery) -> AppSchedule:
             custom[(declaration.queue, declaration.name)] = live
     tasks = _decorated(app, context)
     declarations.extend(tasks)
-    extra = _schedule_files(app)
     return AppSchedule(
         _source(app),
         tuple(declarations),
@@ -337,65 +344,103 @@ def decorated_schedule(app: Celery) -> AppSchedule:
 
 def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     """Validate, convert and sync what the app declares, as its beat does when it starts
-    (`sync_app`), and stamp the sync with the app's fingerprint (`app_fingerprint`).
+    (`sync_app`), stamping each sync: the app's with its fingerprint (`app_fingerprint`),
+    the schedule file's with the file's (`file_stamp`).
 
-    A restart whose fingerprint is the one stamped, while nothing else has written the
-    app's schedules since (`sync.stamped`), converts and reads nothing more: the registry
-    is what the sync would leave. The schedule file, a source of its own, is synced either
-    way. `emq_bridge_boot_stamp = False` always converts and syncs in full.
+    A restart whose fingerprint is the one stamped, while nothing else has written those
+    schedules since (`sync.stamped`), converts, reads and syncs none of them: the registry is
+    what the sync would leave. `emq_bridge_boot_stamp = False` always does it all. Whatever
+    is to be synced is validated before the first write.
     """
-    fingerprint = None
-    if _setting(app, "emq_bridge_boot_stamp", True):
-        fingerprint = app_fingerprint(app, _beat_entries(app), _DECLARED)
-    if fingerprint is not None:
-        source = _source(app)
-        try:
-            summary = stamped(repeat, source, fingerprint)
-        except EmqError as exc:  # the full path reports it, after the declarations' errors
-            log.debug("emq-bridge: the boot stamp could not be read: %s", exc)
-            summary = None
-        vouched = _vouched(app, source, summary)
-        if vouched is not None:
-            log.info(
-                "emq-bridge: %s unchanged since its last sync (%d schedule(s)): not "
-                "converted, no record read",
-                source,
-                vouched.count,
-            )
-            for file_source, decls in vouched.extra:
-                sync(repeat, decls, file_source, generation=vouched.generation)
-            return vouched
-    plan = app_schedule(app)
-    stamp = None
-    if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
-        queues = sorted(_app_queues(app, plan.declarations))
-        stamp = Stamp(fingerprint, {"queues": queues, "declared": len(plan.declarations)})
-    sync_app(app, repeat, plan, stamp=stamp)
-    return plan
+    source, generation = _source(app), _generation(app)
+    stamps = bool(_setting(app, "emq_bridge_boot_stamp", True))
+    fingerprint = app_fingerprint(app, _beat_entries(app), _DECLARED) if stamps else None
+    vouched = _vouched(repeat, source, fingerprint)
+    path = _setting(app, "emq_bridge_schedule_file")
+    file = _file_stamp(repeat, str(path), generation) if path and stamps else None
+    plan = _app_schedule(app, ()) if vouched is None else None
+    loaded = None
+    if path and (file is None or not file.holds):
+        from ..config import load_schedule_file  # lazily: only apps that name a file need it
+
+        loaded = load_schedule_file(str(path))
+    if plan is not None:
+        stamp = None
+        if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
+            queues = sorted(_app_queues(app, plan.declarations))
+            stamp = Stamp(fingerprint, {"queues": queues, "declared": len(plan.declarations)})
+        sync(repeat, plan.declarations, source, generation=generation, stamp=stamp)
+    else:
+        _log_unchanged(source, vouched[1] if vouched else 0)
+    extra: tuple[tuple[str, tuple[Declaration, ...]], ...] = ()
+    if loaded is not None:
+        declared = tuple(loaded.declarations)
+        extra = ((loaded.source, declared),)
+        its_stamp = file.stamp(declared) if file and file.source == loaded.source else None
+        sync(repeat, declared, loaded.source, generation=generation, stamp=its_stamp)
+        file_queues = _file_queues(extra)
+    elif file is not None and file.queues is not None:
+        _log_unchanged(file.source, file.declared or 0)
+        file_queues = set(file.queues)
+    else:
+        file_queues = set()
+    if plan is not None:
+        pumped = tuple(sorted(set(plan.queues) | file_queues))
+        return replace(plan, queues=pumped, extra=extra)
+    assert vouched is not None
+    return AppSchedule(
+        source,
+        (),
+        {},
+        tuple(sorted(set(vouched[0]) | file_queues)),
+        extra,
+        generation=generation,
+        vouched=vouched[1],
+    )
 
 
-def _vouched(app: Celery, source: str, summary: Mapping[str, Any] | None) -> AppSchedule | None:
-    """The plan of a boot whose stamp holds, from the stamp's summary; None without one (or
-    with a summary this version cannot read)."""
+def _log_unchanged(source: str, count: int) -> None:
+    log.info(
+        "emq-bridge: %s unchanged since its last sync (%d schedule(s)): not converted, no "
+        "record read",
+        source,
+        count,
+    )
+
+
+def _file_stamp(repeat: Repeat, path: str, generation: int | None) -> FileStamp | None:
+    """The schedule file's stamp; None when the registry cannot say (the full path then
+    reports the file's errors first, and the registry's)."""
+    try:
+        return file_stamp(repeat, path, generation)
+    except EmqError as exc:
+        log.debug("emq-bridge: the schedule file's stamp could not be read: %s", exc)
+        return None
+
+
+def _vouched(
+    repeat: Repeat, source: str, fingerprint: str | None
+) -> tuple[tuple[str, ...], int] | None:
+    """The queues and count of the app's schedules when its last stamped sync was of
+    `fingerprint` and still holds; else None (also for a summary this version cannot read,
+    and when the registry cannot say: the full path then reports the declarations' errors
+    first, and the registry's)."""
+    if fingerprint is None:
+        return None
+    try:
+        summary = stamped(repeat, source, fingerprint)
+    except EmqError as exc:
+        log.debug("emq-bridge: the boot stamp could not be read: %s", exc)
+        return None
     if summary is None:
         return None
     queues, declared = summary.get("queues"), summary.get("declared")
     if not isinstance(queues, list) or type(declared) is not int:
         return None
     try:
-        own = {validate_name(q, "queue") for q in queues}
+        return tuple(validate_name(q, "queue") for q in queues), declared
     except EmqError:
         return None
-    extra = _schedule_files(app)
-    return AppSchedule(
-        source,
-        (),
-        {},
-        tuple(sorted(own | _file_queues(extra))),
-        extra,
-        generation=_generation(app),
-        vouched=declared,
-    )
 
 
 def sync_app(
@@ -404,7 +449,6 @@ def sync_app(
     plan: AppSchedule | None = None,
     *,
     beat: bool = True,
-    stamp: Stamp | None = None,
 ) -> list[SyncPlan]:
     """Sync the app's declared schedules into the registry; return the applied plans.
 
@@ -414,7 +458,7 @@ def sync_app(
     only, removing nothing (its `beat_schedule` is not even converted). Every sync carries
     `emq_bridge_generation`. What is synced is validated before the first write. Raises
     `ConfigError` on bad input and `RegistryError` when Redis fails midway (running it again
-    converges). `stamp` stamps the beat's sync of `source` (`boot_schedule`).
+    converges). The beat itself boots through `boot_schedule`, which stamps its syncs.
     """
     plan = plan or (app_schedule(app) if beat else decorated_schedule(app))
     own = repeat is None
@@ -423,7 +467,7 @@ def sync_app(
     try:
         if not beat:
             return [sync(repeat, plan.tasks, plan.source, prune=False, generation=generation)]
-        plans = [sync(repeat, plan.declarations, plan.source, generation=generation, stamp=stamp)]
+        plans = [sync(repeat, plan.declarations, plan.source, generation=generation)]
         plans += [
             sync(repeat, decls, source, generation=generation) for source, decls in plan.extra
         ]

@@ -19,6 +19,8 @@ from .. import targets
 from ..config import ScheduleFile, load_schedule_file
 from ..definition import Declaration
 from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
+from ..errors import RegistryError
+from ..file_stamp import FileStamp, file_stamp
 from ..heartbeat import Heartbeat
 from ..pump import Pump
 from ..registry import Registration, Repeat
@@ -122,6 +124,15 @@ def _own_diff(verbosity: int) -> Iterator[None]:
         logger.setLevel(previous)
 
 
+def _stamp_of(repeat: Repeat, file: str) -> FileStamp | None:
+    """The file's stamp (`file_stamp`); None when the registry cannot say, so that the file's
+    own errors are reported first (the full sync then reports the registry's)."""
+    try:
+        return file_stamp(repeat, file)
+    except RegistryError:
+        return None
+
+
 @click.command("sync")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
@@ -140,6 +151,8 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
     live cadence is kept). Only schedules tagged with the file's `source` are removed;
     schedules the file does not name, such as those added at runtime, are never touched.
     The whole file is validated first: if any entry is invalid, nothing is written.
+    A file whose bytes are those of its last sync, when nothing else has written its
+    schedules since, is not read again: the registry holds a stamp of that sync.
 
     \b
     Examples:
@@ -147,9 +160,26 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
       emq-bridge sync schedules.toml
       emq-bridge sync schedules.toml --no-prune --json
     """
-    schedule_file = load_schedule_file(file)
     repeat = settings.repeat()
-    plan = plan_sync(repeat, schedule_file.declarations, schedule_file.source, prune=prune)
+    found = _stamp_of(repeat, file) if prune and not dry_run and not as_json else None
+    if found is not None and found.holds:
+        click.echo(f"# {file} (source {found.source}) -> {settings.where}", err=True)
+        click.echo(
+            f"0 created, 0 updated, 0 removed, {found.declared} unchanged "
+            "(the file and its schedules are as its last sync left them: nothing read)",
+            err=True,
+        )
+        return
+    schedule_file = load_schedule_file(file)
+    if found is not None and found.source != schedule_file.source:
+        found = None  # (never: both read the same key) a stamp under the source it syncs
+    plan = plan_sync(
+        repeat,
+        schedule_file.declarations,
+        schedule_file.source,
+        prune=prune,
+        stamped=found is not None,
+    )
     touched: dict[str, list[str]] = {}
     for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
         touched.setdefault(queue, []).append(name)
@@ -160,8 +190,9 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         for name, registration in repeat.get_many(queue, names).items()
     }
     if not dry_run:  # the plan shown is the one applied: the registry is read once
+        stamp = found.stamp(schedule_file.declarations) if found is not None else None
         with _own_diff(settings.verbosity):
-            plan = apply_plan(repeat, plan)
+            plan = apply_plan(repeat, plan, stamp=stamp)
     if as_json:
         click.echo(to_json(_plan_json(plan, dry_run)))
         return

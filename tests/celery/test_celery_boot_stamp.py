@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -219,25 +220,44 @@ def test_a_custom_schedule_is_never_stamped(
         scheduler.close()
 
 
-def test_the_schedule_file_is_synced_on_an_unchanged_restart(
+def unchanged_sources(caplog: pytest.LogCaptureFixture) -> set[str]:
+    """The sources the last boot found unchanged (its stamp held)."""
+    found = (re.search(r"emq-bridge: (\S+) " + UNCHANGED, r.getMessage()) for r in caplog.records)
+    return {m.group(1) for m in found if m}
+
+
+def test_the_schedule_file_is_stamped_on_its_own(
     make_app: Callable[..., Celery], prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "schedules.toml"
     body = f'source = "{prefix}-file"\nqueue = "{prefix}-file"\n\n[[schedule]]\nname = "f"\n'
     path.write_text(body + 'every = "1m"\ntask = "t.record"\n')
-    boot(make_app(emq_bridge_schedule_file=str(path)), caplog)[0].close()
-    # The file's queue is new to the app's stamp (read before the file created it): once in full.
-    scheduler, found = boot(make_app(emq_bridge_schedule_file=str(path)), caplog)
-    assert not found
+    app_source, file_source = f"celery.app-{prefix}", f"{prefix}-file"
+
+    def booted() -> tuple[RepeatScheduler, set[str]]:
+        scheduler, _ = boot(make_app(emq_bridge_schedule_file=str(path)), caplog)
+        return scheduler, unchanged_sources(caplog)
+
+    scheduler, unchanged = booted()
+    assert unchanged == set()
+    scheduler.close()
+    # The file's queue is new to the app's stamp (read before the file created it): the app
+    # syncs in full once more; the file, unchanged, is not read.
+    scheduler, unchanged = booted()
+    assert unchanged == {file_source}
     scheduler.close()
     path.write_text(body + 'every = "2m"\ntask = "t.record"\n')
 
-    scheduler, found = boot(make_app(emq_bridge_schedule_file=str(path)), caplog)
+    scheduler, unchanged = booted()
 
-    assert found
+    assert unchanged == {app_source}
     assert f"{prefix}-file" in scheduler.plan.queues  # type: ignore[union-attr]
     f = scheduler.pump.repeat.get(f"{prefix}-file", "f")  # type: ignore[union-attr]
     assert f is not None and f.definition.cadence.describe() == "every 2m"
+    scheduler.close()
+    scheduler, unchanged = booted()
+    assert unchanged == {app_source, file_source}
+    assert f"{prefix}-file" in scheduler.plan.queues  # type: ignore[union-attr]
     scheduler.close()
 
 
@@ -282,6 +302,20 @@ def test_the_fingerprint_changes_with_what_the_conversion_reads(
     base = fingerprint(make_app())
     assert base is not None and base == fingerprint(make_app())
     assert fingerprint(make_app(**change)) not in (None, base)
+
+
+def test_the_fingerprint_changes_with_a_decorated_tasks_schedule(
+    make_app: Callable[..., Celery],
+) -> None:
+    found = []
+    for every in ("1h", "2h", "1h"):
+        app = make_app()
+        recurring(every=every, name="hourly", kwargs={"k": 1})(app.tasks["t.other"])
+        try:
+            found.append(fingerprint(app))
+        finally:
+            del _DECLARED[-1:]
+    assert None not in found and found[0] != found[1] and found[0] == found[2]
 
 
 def test_the_fingerprint_changes_with_a_tasks_own_queue(make_app: Callable[..., Celery]) -> None:

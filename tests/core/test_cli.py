@@ -312,8 +312,15 @@ def test_sync_prints_the_plan_as_a_diff_and_dry_run_writes_nothing(
     ]
     assert "reports/digest" not in changed.stderr  # each change told once, as the diff
     assert sorted(repeat.names("reports")) == ["digest", "manual"]
-    same = run("sync", str(path))
+    same = run("sync", str(path), "--dry-run")  # reads the file and the registry
     assert same.stdout.splitlines() == ["= reports/digest  every 5m"]
+    # The same bytes again, and nothing else wrote the file's schedules: only the summary.
+    stamped = run("sync", str(path))
+    assert stamped.exit_code == 0 and stamped.stdout == ""
+    assert "0 created, 0 updated, 0 removed, 1 unchanged" in stamped.stderr
+    assert "nothing read" in stamped.stderr
+    repeat.cancel("reports", "digest")  # another writer: the next sync reads in full
+    assert run("sync", str(path)).stdout.splitlines() == ["+ reports/digest  every 5m"]
     path.write_text(FILE)
     verbose = run("-v", "sync", str(path))  # -v: the sync's own log lines as well
     assert "WARNING emq_bridge.sync: sync ops: ~ reports/digest" in verbose.stderr

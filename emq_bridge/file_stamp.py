@@ -1,0 +1,131 @@
+"""The fingerprint of a schedule file, read without validating it.
+
+`emq-bridge sync FILE` and the Celery beat's `emq_bridge_schedule_file` stamp their sync of
+a file with it (`sync.Stamp`), so that a later sync of the same bytes whose stamp holds
+(`sync.stamped`) neither parses, validates nor syncs the file again. The fingerprint
+digests the file's bytes, its kind (JSON or TOML) and the version of the code that reads
+it. The file's source is its top-level `source` key, or `file:<name>` without one, as
+`load_schedule_file` reads it: from the lines before the file's first table for TOML (TOML
+keeps top-level keys there; the rest of the file is what takes long to parse), from the
+document for JSON (which parses quickly). A file read no other way has no fingerprint: it is
+then loaded and synced in full, which says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from .config import default_source
+from .definition import Declaration
+from .errors import EmqError
+from .keys import validate_name
+from .registry import Repeat
+from .sync import Stamp, stamped
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+__all__ = ["FileStamp", "code_versions", "file_fingerprint", "file_stamp"]
+
+# Raised when what a sync makes of the same bytes changes without a release.
+FORMAT = 1
+# The first table header (`[calendars]`, `[[schedule]]`): top-level keys come before it.
+_FIRST_TABLE = re.compile(r"^[ \t]*\[", re.MULTILINE)
+
+
+def code_versions(*packages: str) -> tuple[str, ...]:
+    """Return the installed version of each of `packages` ('' for one not installed)."""
+    found = []
+    for package in packages:
+        try:
+            found.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            found.append("")
+    return tuple(found)
+
+
+def _top_level(data: bytes, is_json: bool) -> object:
+    if is_json:
+        return json.loads(data)
+    text = data.decode("utf-8")
+    return tomllib.loads(_FIRST_TABLE.split(text, maxsplit=1)[0])
+
+
+def file_fingerprint(
+    path: str | os.PathLike[str], generation: int | None = None
+) -> tuple[str, str] | None:
+    """Return `(source, fingerprint)` of the schedule file at `path` synced at `generation`,
+    or None when it cannot be read or its top-level keys do not parse (see the module)."""
+    file_path = Path(path)
+    is_json = file_path.suffix == ".json"
+    try:
+        data = file_path.read_bytes()
+        top = _top_level(data, is_json)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None  # (tomllib's and json's errors are ValueErrors)
+    if not isinstance(top, dict):
+        return None
+    source = top.get("source", default_source(file_path))
+    try:
+        validate_name(source, "source")
+    except EmqError:
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    kind = "json" if is_json else "toml"
+    head = (str(FORMAT), kind, str(generation), *code_versions("emq-bridge"))
+    digest.update(" ".join(head).encode())
+    digest.update(b"\n")
+    digest.update(data)
+    return source, digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FileStamp:
+    """A schedule file's fingerprint, and what its last stamped sync left when that stamp
+    still holds (`queues`: the queues its schedules are in; `declared`: how many)."""
+
+    source: str
+    fingerprint: str
+    queues: tuple[str, ...] | None = None
+    declared: int | None = None
+
+    @property
+    def holds(self) -> bool:
+        return self.queues is not None and self.declared is not None
+
+    def stamp(self, declarations: Sequence[Declaration]) -> Stamp:
+        """The stamp of a sync of the file's `declarations`."""
+        queues = sorted({d.queue for d in declarations})
+        return Stamp(self.fingerprint, {"queues": queues, "declared": len(declarations)})
+
+
+def file_stamp(
+    repeat: Repeat, path: str | os.PathLike[str], generation: int | None = None
+) -> FileStamp | None:
+    """Return the file's fingerprint and, if its last stamped sync still holds, what it left
+    (`FileStamp.holds`); None when the file has no fingerprint (see the module)."""
+    found = file_fingerprint(path, generation)
+    if found is None:
+        return None
+    source, fingerprint = found
+    summary = stamped(repeat, source, fingerprint)
+    if summary is None:
+        return FileStamp(source, fingerprint)
+    queues, declared = summary.get("queues"), summary.get("declared")
+    try:
+        if not isinstance(queues, list) or type(declared) is not int:
+            raise TypeError
+        names = tuple(validate_name(q, "queue") for q in queues)
+    except (TypeError, EmqError):  # a summary this version cannot read: sync in full
+        return FileStamp(source, fingerprint)
+    return FileStamp(source, fingerprint, names, declared)
