@@ -50,6 +50,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .bounds import Bounds, epoch_ms, instants_ms
+from .bulk import without_gc
 from .cadence import ANCHORS, MISFIRES, At, Cadence, Cron, Every, parse_every, parse_every_ms
 from .calendars import Calendar, resolve_exclude
 from .definition import (
@@ -151,6 +152,7 @@ def default_source(path: str | os.PathLike[str]) -> str:
     return f"file:{Path(path).name}"
 
 
+@without_gc
 def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     """Read and validate the schedule file at `path`; raise `ConfigError` if anything is wrong.
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import Bounds
+from .bulk import without_gc
 from .definition import DEFINITION_FIELDS, Declaration, Definition
 from .errors import ConfigError, EmqError
 from .keys import validate_name
@@ -114,6 +115,7 @@ def _queues(repeat: Repeat, wanted: list[Declaration], prune: bool) -> list[str]
     return sorted(queues)
 
 
+@without_gc
 def plan_sync(
     repeat: Repeat,
     declarations: Iterable[Declaration],
@@ -168,6 +170,7 @@ def _plan(
     return plan
 
 
+@without_gc
 def sync(
     repeat: Repeat,
     declarations: Iterable[Declaration],
@@ -242,6 +245,7 @@ def _stamp(repeat: Repeat, applied: SyncPlan, counts: dict[str, int], stamp: Sta
         )
 
 
+@without_gc
 def apply_plan(repeat: Repeat, plan: SyncPlan, *, stamp: Stamp | None = None) -> SyncPlan:
     """Apply `plan` as `plan_sync` returned it (one made without a generation): upsert what it
     creates or updates, cancel what it removes, log it as `sync` does, and return what was

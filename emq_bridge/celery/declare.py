@@ -25,6 +25,7 @@ from celery.schedules import crontab
 from celery.signals import celeryd_after_setup
 
 from ..bounds import Instant
+from ..bulk import without_gc
 from ..cadence import Anchor, Cadence, Misfire
 from ..calendars import ExcludeItem
 from ..definition import Declaration, Offset, Overlap, Schedule
@@ -206,9 +207,10 @@ def _decorated(app: Celery, context: Entries) -> list[Declaration]:
     """The app's `@recurring` declarations; `context` routes them (once per task and
     `queue` option, as it does the `beat_schedule` entries)."""
     found = []
+    tasks = app.tasks  # a cached property behind a lock: read once, not per declaration
     for declared, schedule in _DECLARED:
         task = declared._get_current_object() if isinstance(declared, Proxy) else declared
-        if app.tasks.get(task.name) is not task:
+        if tasks.get(task.name) is not task:
             continue  # another app's task (or a shared copy of it)
         label = f"@recurring on {task.name}"
         try:
@@ -296,6 +298,7 @@ def _file_queues(extra: Sequence[tuple[str, tuple[Declaration, ...]]]) -> set[st
     return {d.queue for _, decls in extra for d in decls}
 
 
+@without_gc
 def app_schedule(app: Celery) -> AppSchedule:
     """Validate and convert everything the app declares; raise `ConfigError`, write nothing."""
     return _app_schedule(app, _schedule_files(app))
@@ -327,6 +330,7 @@ def _app_schedule(
     )
 
 
+@without_gc
 def decorated_schedule(app: Celery) -> AppSchedule:
     """Validate and convert the app's `@recurring` tasks alone: what a worker syncs (its
     `beat_schedule` belongs to the beat, so a worker neither converts nor checks it)."""
@@ -342,6 +346,7 @@ def decorated_schedule(app: Celery) -> AppSchedule:
     )
 
 
+@without_gc
 def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     """Validate, convert and sync what the app declares, as its beat does when it starts
     (`sync_app`), stamping each sync: the app's with its fingerprint (`app_fingerprint`),

@@ -106,11 +106,12 @@ def _decorated(app: Celery, declared: list[tuple[Any, Any]]) -> list[tuple[str, 
     """The app's own `@recurring` declarations, as `declare._decorated` keeps them: (task
     name, the values of its `Schedule`); None if one is not a `Schedule`."""
     found = []
+    tasks = app.tasks  # a cached property behind a lock: read once, not per declaration
     for task, declared_schedule in declared:
         if type(declared_schedule) is not Schedule:
             return None
         current = task._get_current_object() if isinstance(task, Proxy) else task
-        if app.tasks.get(current.name) is current:
+        if tasks.get(current.name) is current:
             found.append((current.name, _schedule_values(declared_schedule)))
     return found
 

@@ -19,6 +19,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
+from ..bulk import without_gc
 from ..config import load_schedule_file
 from ..definition import Declaration
 from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
@@ -283,6 +284,7 @@ class RecurringMiddleware(Middleware):
                 self.repeat = Repeat(spec, self.prefix)
         return self.repeat
 
+    @without_gc
     def boot(self, broker: dramatiq.Broker) -> list[SyncPlan]:
         """Check the registry answers, then sync the declared schedules; return the applied plans.
 
