@@ -20,7 +20,6 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from .config import default_source
@@ -28,6 +27,7 @@ from .definition import Declaration
 from .errors import EmqError
 from .keys import validate_name
 from .registry import Repeat
+from .stamps import code_versions
 from .sync import Stamp, stamped
 
 if sys.version_info >= (3, 11):
@@ -35,23 +35,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["FileStamp", "code_versions", "file_fingerprint", "file_stamp"]
+__all__ = ["FileStamp", "file_fingerprint", "file_stamp"]
 
 # Raised when what a sync makes of the same bytes changes without a release.
 FORMAT = 1
 # The first table header (`[calendars]`, `[[schedule]]`): top-level keys come before it.
 _FIRST_TABLE = re.compile(r"^[ \t]*\[", re.MULTILINE)
-
-
-def code_versions(*packages: str) -> tuple[str, ...]:
-    """Return the installed version of each of `packages` ('' for one not installed)."""
-    found = []
-    for package in packages:
-        try:
-            found.append(metadata.version(package))
-        except metadata.PackageNotFoundError:
-            found.append("")
-    return tuple(found)
 
 
 def _top_level(data: bytes, is_json: bool) -> object:
@@ -62,9 +51,10 @@ def _top_level(data: bytes, is_json: bool) -> object:
 
 
 def file_fingerprint(
-    path: str | os.PathLike[str], generation: int | None = None
+    path: str | os.PathLike[str], generation: int | None = None, context: str = ""
 ) -> tuple[str, str] | None:
-    """Return `(source, fingerprint)` of the schedule file at `path` synced at `generation`,
+    """Return `(source, fingerprint)` of the schedule file at `path` synced at `generation`
+    (and `context`: what else the caller checks the file against, e.g. a broker's actors),
     or None when it cannot be read or its top-level keys do not parse (see the module)."""
     file_path = Path(path)
     is_json = file_path.suffix == ".json"
@@ -84,6 +74,8 @@ def file_fingerprint(
     kind = "json" if is_json else "toml"
     head = (str(FORMAT), kind, str(generation), *code_versions("emq-bridge"))
     digest.update(" ".join(head).encode())
+    digest.update(b"\n")
+    digest.update(context.encode("utf-8", "surrogatepass"))
     digest.update(b"\n")
     digest.update(data)
     return source, digest.hexdigest()
@@ -110,11 +102,14 @@ class FileStamp:
 
 
 def file_stamp(
-    repeat: Repeat, path: str | os.PathLike[str], generation: int | None = None
+    repeat: Repeat,
+    path: str | os.PathLike[str],
+    generation: int | None = None,
+    context: str = "",
 ) -> FileStamp | None:
     """Return the file's fingerprint and, if its last stamped sync still holds, what it left
     (`FileStamp.holds`); None when the file has no fingerprint (see the module)."""
-    found = file_fingerprint(path, generation)
+    found = file_fingerprint(path, generation, context)
     if found is None:
         return None
     source, fingerprint = found

@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from typing import Any
 
 from .errors import EmqError
@@ -24,7 +25,19 @@ from .keys import QueueKeys, synced_key
 from .replies import redis_errors, text
 from .scripts import Scripts
 
-__all__ = ["StampMoves"]
+__all__ = ["StampMoves", "code_versions"]
+
+
+def code_versions(*packages: str) -> tuple[str, ...]:
+    """Return the installed version of each of `packages` ('' for one not installed): what
+    a fingerprint mixes in, so that an upgrade syncs in full once."""
+    found = []
+    for package in packages:
+        try:
+            found.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            found.append("")
+    return tuple(found)
 
 
 def _counter(source: str) -> str:

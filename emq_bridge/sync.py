@@ -20,8 +20,9 @@ sync would leave.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +32,19 @@ from .definition import DEFINITION_FIELDS, Declaration, Definition
 from .errors import ConfigError, EmqError
 from .keys import validate_name
 from .registry import Repeat, Seed, StaleGeneration, Upserted, generation_arg, record_digest
+from .stamps import code_versions
 
 # Declaration lives in definition.
-__all__ = ["Declaration", "Stamp", "SyncPlan", "apply_plan", "plan_sync", "stamped", "sync"]
+__all__ = [
+    "Declaration",
+    "Stamp",
+    "SyncPlan",
+    "apply_plan",
+    "declarations_fingerprint",
+    "plan_sync",
+    "stamped",
+    "sync",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,8 @@ class SyncPlan:
     # The source's write count per queue read, taken before the plan read the queues, when
     # the plan is to be stamped (`plan_sync(stamped=True)`, `apply_plan(stamp=...)`).
     counts: dict[str, int] | None = None
+    # True when the sync found its stamp holding (`sync(stamp=True)`): nothing was read.
+    by_stamp: bool = False
 
     @property
     def changes(self) -> int:
@@ -77,6 +90,27 @@ class Stamp:
 
     fingerprint: str
     summary: Mapping[str, Any] = field(default_factory=dict)
+
+
+# Raised when what a sync does with the same declarations changes without a release.
+_FINGERPRINT_FORMAT = 1
+
+
+def declarations_fingerprint(
+    declarations: Sequence[Declaration], source: str, generation: int | None = None
+) -> str:
+    """Return the fingerprint of a sync of `declarations` under `source` at `generation`:
+    the queue, name and stored digest of each (what a sync compares), in any order, and the
+    version of the code. Exact: two syncs with one fingerprint would plan the same."""
+    digest = hashlib.blake2b(digest_size=16)
+    head = (str(_FINGERPRINT_FORMAT), source, str(generation), *code_versions("emq-bridge"))
+    digest.update(" ".join(head).encode())
+    # Names hold no whitespace: one line per declaration cannot be read two ways.
+    lines = sorted(
+        f"\n{d.queue} {d.name} {record_digest(d.definition, source)}" for d in declarations
+    )
+    digest.update("".join(lines).encode())
+    return digest.hexdigest()
 
 
 def stamped(repeat: Repeat, source: str, fingerprint: str) -> dict[str, Any] | None:
@@ -179,7 +213,7 @@ def sync(
     prune: bool = True,
     dry_run: bool = False,
     generation: int | None = None,
-    stamp: Stamp | None = None,
+    stamp: Stamp | bool | None = None,
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
@@ -194,13 +228,22 @@ def sync(
 
     With `stamp` (and `prune`: a stamp vouches for every queue), the queues read are stamped
     once the plan is applied, unless another writer changed the source's records meanwhile
-    (see `stamped`).
+    (see `stamped`). `stamp=True` stamps with `declarations_fingerprint`, and first looks for
+    that stamp: while it holds, the registry is what this sync would leave, so nothing is read
+    or written and the plan returned has every declaration unchanged (`by_stamp`). A record
+    deleted by hand with `DEL` (not `cancel`) is then not recreated: see `stamped`.
     """
-    if stamp is not None and not prune:
+    if stamp and not prune:
         raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
     wanted = _checked(declarations, source, generation)
     if dry_run:
         return plan_sync(repeat, wanted, source, prune=prune, generation=generation)
+    if stamp is True:
+        stamp = Stamp(declarations_fingerprint(wanted, source, generation))
+        if stamped(repeat, source, stamp.fingerprint) is not None:
+            found = SyncPlan(source, unchanged=wanted, generation=generation, by_stamp=True)
+            _log(found, {})
+            return found
     queues = _queues(repeat, wanted, prune)
     applied = SyncPlan(source, generation=generation)
     old: dict[tuple[str, str], dict[str, str]] = {}
@@ -208,11 +251,11 @@ def sync(
         if generation is not None:
             repeat.upsert_declared([], source=source, generation=generation, queues=queues)
         # Read before the plan: a write after this read moves a count, so the stamp is refused.
-        counts = repeat.begin_stamp(source, queues) if stamp is not None else {}
+        counts = repeat.begin_stamp(source, queues) if isinstance(stamp, Stamp) else {}
         plan = _plan(repeat, wanted, source, queues, prune)
         old = _old_records(repeat, plan)
         _apply(repeat, plan, applied)
-        if stamp is not None:
+        if isinstance(stamp, Stamp):
             _stamp(repeat, applied, counts, stamp)
     except StaleGeneration as exc:
         applied.refused_by = exc.live
@@ -440,6 +483,8 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
 
 
 def _generation_note(applied: SyncPlan) -> str:
+    if applied.by_stamp:
+        return " (its stamp holds: nothing read)"
     if applied.generation is None:
         return ""
     if applied.refused_by is None:

@@ -20,7 +20,6 @@ import hashlib
 import pickle
 from collections.abc import Mapping
 from datetime import timedelta
-from importlib import metadata
 from operator import attrgetter
 from typing import Any
 
@@ -29,6 +28,7 @@ from celery.local import Proxy
 from celery.schedules import crontab, schedule
 
 from ..definition import Schedule
+from ..stamps import code_versions
 
 __all__ = ["app_fingerprint"]
 
@@ -57,16 +57,6 @@ _PLAIN_SCHEDULES = (int, float, timedelta, schedule, crontab)
 # its fields in Python: 100,000 declarations pickled twice as slowly).
 _SCHEDULE_FIELDS = tuple(f.name for f in dataclasses.fields(Schedule))
 _schedule_values = attrgetter(*_SCHEDULE_FIELDS)
-
-
-def _versions() -> tuple[str, ...]:
-    found = [str(FORMAT)]
-    for package in ("emq-bridge", "celery", "kombu"):
-        try:
-            found.append(metadata.version(package))
-        except metadata.PackageNotFoundError:
-            found.append("")
-    return tuple(found)
 
 
 def _route_is_data(route: Any) -> bool:
@@ -145,7 +135,7 @@ def app_fingerprint(
     settings = [(key, conf.get(key)) for key in _SETTINGS]
     settings += sorted((key, conf.get(key)) for key in conf if key.startswith("emq_bridge_"))
     state = (
-        _versions(),
+        (FORMAT, *code_versions("emq-bridge", "celery", "kombu")),
         settings,
         repr(app.timezone),
         sorted(app.amqp.queues),

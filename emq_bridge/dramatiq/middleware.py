@@ -24,13 +24,14 @@ from ..config import load_schedule_file
 from ..definition import Declaration
 from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
 from ..events import PumpEvents
+from ..file_stamp import FileStamp, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
 from ..lifecycle import check_history_size
 from ..outcome import HISTORY_SIZE
 from ..pump import Pump
 from ..registry import Repeat, generation_arg
 from ..reporting import HEARTBEAT_S, Reporter
-from ..sync import SyncPlan, sync
+from ..sync import Stamp, SyncPlan, sync
 from .dispatch import PipelinedDramatiqDispatcher, dramatiq_dispatcher
 from .outcomes import MessageOutcomes
 from .schedule import (
@@ -297,12 +298,33 @@ class RecurringMiddleware(Middleware):
         except RegistryUnavailable as exc:
             raise RegistryUnavailable(f"{exc} at {_address(repeat.client)}") from exc
         code = broker_declarations(broker)
-        sources: list[tuple[str, tuple[Declaration, ...]]] = [(self.source, code)]
+        # Stamped syncs (docs/design.md, sync and ownership): a worker process whose
+        # declarations and file are those of the last sync, with nothing else written since,
+        # reads no record, and does not read its schedule file again.
+        stamps = self.sync_at_boot and self.prune
+        sources: list[tuple[str, tuple[Declaration, ...], Stamp | bool | None]] = [
+            (self.source, code, stamps)
+        ]
+        unread: SyncPlan | None = None  # the file's, when its stamp holds
         if self.schedule_file is not None:
-            loaded = load_schedule_file(self.schedule_file)
-            check_actors(broker, loaded.declarations, self.schedule_file)
-            sources.append((loaded.source, loaded.declarations))
-        self.declarations = tuple(d for _, declared in sources for d in declared)
+            # With report=False the file's definitions are read for the warning below.
+            found = self._file_stamp(repeat, broker) if stamps and self.report else None
+            if found is not None and found.holds:
+                log.info(
+                    "emq-bridge: %s unchanged since its last sync (%d schedule(s)): the file "
+                    "is not read again",
+                    found.source,
+                    found.declared,
+                )
+                unread = SyncPlan(found.source, by_stamp=True)
+            else:
+                loaded = load_schedule_file(self.schedule_file)
+                check_actors(broker, loaded.declarations, self.schedule_file)
+                its_stamp = None
+                if found is not None and found.source == loaded.source:
+                    its_stamp = found.stamp(loaded.declarations)
+                sources.append((loaded.source, loaded.declarations, its_stamp))
+        self.declarations = tuple(d for _, declared, _ in sources for d in declared)
         if not self.report:
             guarded = sorted(
                 f"{d.queue}/{d.name}"
@@ -320,10 +342,30 @@ class RecurringMiddleware(Middleware):
         if self.sync_at_boot:
             # `sync` logs its plan: changes at WARNING/INFO, unchanged schedules at DEBUG only,
             # so the processes of a deploy do not log every schedule they find unchanged.
-            for source, declared in sources:
-                plan = sync(repeat, declared, source, prune=self.prune, generation=self.generation)
+            for source, declared, stamp in sources:
+                plan = sync(
+                    repeat,
+                    declared,
+                    source,
+                    prune=self.prune,
+                    generation=self.generation,
+                    stamp=stamp,
+                )
                 self.plans.append(plan)
+            if unread is not None:
+                self.plans.append(unread)
         return self.plans
+
+    def _file_stamp(self, repeat: Repeat, broker: dramatiq.Broker) -> FileStamp | None:
+        """The schedule file's stamp, checked against the broker's actors and their queues
+        (what `check_actors` checks the file against); None when the registry cannot say."""
+        assert self.schedule_file is not None
+        actors = ";".join(f"{name} {a.queue_name}" for name, a in sorted(broker.actors.items()))
+        try:
+            return file_stamp(repeat, self.schedule_file, self.generation, actors)
+        except EmqError as exc:  # the full path reports the file's errors, then the registry's
+            log.debug("emq-bridge: the schedule file's stamp could not be read: %s", exc)
+            return None
 
     def queues(
         self, broker: dramatiq.Broker, declarations: Iterable[Declaration] = ()

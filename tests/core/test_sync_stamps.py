@@ -12,7 +12,7 @@ import pytest
 
 from emq_bridge import Declaration, Repeat, define, sync
 from emq_bridge.keys import synced_key
-from emq_bridge.sync import Stamp, stamped
+from emq_bridge.sync import Stamp, declarations_fingerprint, stamped
 
 SOURCE = "app"
 STAMP = Stamp("f1", {"queues": ["reports"], "declared": 3})
@@ -154,3 +154,32 @@ def test_a_refused_generation_is_not_stamped(repeat: Repeat) -> None:
     plan = sync(repeat, declarations("2m"), SOURCE, generation=1, stamp=STAMP)
     assert plan.refused_by == 2
     assert stamped(repeat, SOURCE, "f1") is None
+
+
+def test_a_sync_that_stamps_itself_reads_and_writes_nothing_the_second_time(
+    repeat: Repeat,
+) -> None:
+    first = sync(repeat, declarations(), SOURCE, stamp=True)
+    assert len(first.create) == 3 and not first.by_stamp
+    before = writes(repeat), repeat.client.info("commandstats").get("cmdstat_evalsha", {})
+
+    again = sync(repeat, list(reversed(declarations())), SOURCE, stamp=True)  # any order
+
+    assert again.by_stamp and again.changes == 0
+    assert sorted(d.name for d in again.unchanged) == ["job-0", "job-1", "job-2"]
+    assert (writes(repeat), repeat.client.info("commandstats").get("cmdstat_evalsha", {})) == before
+    repeat.cancel("reports", "job-1")  # another writer: read and synced in full again
+    third = sync(repeat, declarations(), SOURCE, stamp=True)
+    assert not third.by_stamp and [d.name for d in third.create] == ["job-1"]
+    changed = sync(repeat, declarations("2m"), SOURCE, stamp=True)
+    assert not changed.by_stamp and len(changed.update) == 3
+
+
+def test_the_declarations_fingerprint_is_what_a_sync_compares() -> None:
+    base = declarations_fingerprint(declarations(), SOURCE)
+    assert base == declarations_fingerprint(list(reversed(declarations())), SOURCE)
+    assert base != declarations_fingerprint(declarations("2m"), SOURCE)
+    assert base != declarations_fingerprint(declarations()[:2], SOURCE)
+    assert base != declarations_fingerprint(declarations(queue="other"), SOURCE)
+    assert base != declarations_fingerprint(declarations(), "other")
+    assert base != declarations_fingerprint(declarations(), SOURCE, generation=1)
