@@ -424,13 +424,15 @@ def pump_command(
 
 
 def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]) -> None:
-    plans = [sync(repeat, f.declarations, f.source) for f in files]
+    # Stamped (`sync(stamp=True)`): a pump restarted on unchanged declarations reads no record.
+    plans = [sync(repeat, f.declarations, f.source, stamp=True) for f in files]
     if target is not None:
-        plans.append(sync(repeat, target.declarations, target.source))
+        plans.append(sync(repeat, target.declarations, target.source, stamp=True))
     for plan in plans:
         click.echo(
             f"synced {plan.source}: {len(plan.create)} created, {len(plan.update)} updated, "
-            f"{len(plan.remove)} removed, {len(plan.unchanged)} unchanged",
+            f"{len(plan.remove)} removed, {len(plan.unchanged)} unchanged"
+            + (" (its stamp holds: nothing read)" if plan.by_stamp else ""),
             err=True,
         )
 

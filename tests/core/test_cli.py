@@ -418,6 +418,11 @@ def test_pump_once_syncs_a_file_and_pushes_due_occurrences_onto_a_list(
     assert [(m["queue"], m["name"], m["template"]) for m in messages] == [
         ("reports", "due", {"task": "d"})
     ]
+    # Restarted on the same file: its sync's stamp holds, so no record is read.
+    again = run("pump", "--file", str(path), "--list-key", f"{prefix}:out", "--once")
+    assert "synced ops: 0 created, 0 updated, 0 removed, 2 unchanged (its stamp holds" in (
+        again.stderr
+    )
 
 
 @pytest.mark.parametrize(
