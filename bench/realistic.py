@@ -237,6 +237,13 @@ def run_boot(plan: Plan, results: Results, server: Server) -> None:
         plan.declarations_n,
         partial(sc.boot_declarations, server, plan.declarations_n),
     )
+    step(
+        results,
+        "boot",
+        "sync(stamp=True) of prebuilt declarations · secondary",
+        plan.declarations_n,
+        partial(sc.boot_declarations, server, plan.declarations_n, True),
+    )
 
 
 def run_rest(plan: Plan, results: Results, server: Server, emq: Emq) -> None:

@@ -250,16 +250,16 @@ def boot_toml(server: Server, n: int, as_json: bool = False) -> dict[str, Any]:
     }
 
 
-def _sync_in_child(url: str, n: int) -> dict[str, Any]:
+def _sync_in_child(url: str, n: int, stamped: bool) -> dict[str, Any]:
     server = Server(url)
     repeat = Repeat(redis.Redis.from_url(db_url(url, DB_REGISTRY)), EMQ_PREFIX)
     started = time.perf_counter()
     declared = declarations(n)
     build_s = time.perf_counter() - started
     with measured(server) as first:
-        sync(repeat, declared, SOURCE)
+        sync(repeat, declared, SOURCE, stamp=stamped)
     with measured(server) as again:
-        sync(repeat, declared, SOURCE)
+        sync(repeat, declared, SOURCE, stamp=stamped)
     return {
         "build_s": build_s,
         "boot_s": first["seconds"],
@@ -270,10 +270,11 @@ def _sync_in_child(url: str, n: int) -> dict[str, Any]:
     }
 
 
-def boot_declarations(server: Server, n: int) -> dict[str, Any]:
-    """`emq_bridge.sync.sync()` of n prebuilt declarations (built untimed), then unchanged."""
+def boot_declarations(server: Server, n: int, stamped: bool = False) -> dict[str, Any]:
+    """`emq_bridge.sync.sync()` of n prebuilt declarations (built untimed), then unchanged;
+    `stamped`: `sync(..., stamp=True)` both times (the unchanged one finds its stamp)."""
     server.flush()
-    out: dict[str, Any] = in_child(_sync_in_child, server.url, n)
+    out: dict[str, Any] = in_child(_sync_in_child, server.url, n, stamped)
     server.flush()
     return out
 
