@@ -183,3 +183,52 @@ def test_the_declarations_fingerprint_is_what_a_sync_compares() -> None:
     assert base != declarations_fingerprint(declarations(queue="other"), SOURCE)
     assert base != declarations_fingerprint(declarations(), "other")
     assert base != declarations_fingerprint(declarations(), SOURCE, generation=1)
+
+
+@pytest.mark.parametrize("point", ["before the plan", "after the plan", "before the stamp"])
+@pytest.mark.parametrize("other", ["cancel", "takeover", "create"])
+def test_a_stamp_never_holds_over_a_registry_another_writer_changed_mid_sync(
+    repeat: Repeat, monkeypatch: pytest.MonkeyPatch, point: str, other: str
+) -> None:
+    """Whatever another writer does to the source's records at whichever step of a stamped
+    sync, the stamp is refused; the next sync puts the declarations back and stamps."""
+    sync(repeat, declarations(), SOURCE)  # the registry as the declarations say
+    wanted = {f"job-{i}": SOURCE for i in range(3)}
+    done: list[bool] = []
+
+    def interfere() -> None:
+        if done:
+            return
+        done.append(True)
+        if other == "cancel":
+            repeat.cancel("reports", "job-1")
+        elif other == "takeover":
+            sync(repeat, declarations("9m")[:1], "intruder", prune=False)
+        else:  # a record of the source that the declarations do not hold
+            extra = Declaration("reports", "stray", define(every="1h", template={"task": "t"}))
+            sync(repeat, [extra], SOURCE, prune=False)
+
+    sync_module = importlib.import_module("emq_bridge.sync")
+    if point == "before the plan":
+        digests = repeat.digests
+        monkeypatch.setattr(repeat, "digests", lambda q: (interfere(), digests(q))[1])
+    elif point == "after the plan":
+        old_records = sync_module._old_records
+        monkeypatch.setattr(
+            sync_module, "_old_records", lambda r, p: (interfere(), old_records(r, p))[1]
+        )
+    else:
+        write_stamps = repeat.write_stamps
+        monkeypatch.setattr(
+            repeat, "write_stamps", lambda *a, **k: (interfere(), write_stamps(*a, **k))[1]
+        )
+
+    sync(repeat, declarations(), SOURCE, stamp=STAMP)
+    monkeypatch.undo()
+
+    # Every one of those writes is of the source's records: the stamp is refused, whatever
+    # the sync itself wrote to converge.
+    assert done and stamped(repeat, SOURCE, "f1") is None
+    sync(repeat, declarations(), SOURCE, stamp=STAMP)  # the next boot: in full
+    assert {r.name: r.source for r in repeat.list("reports")} == wanted
+    assert stamped(repeat, SOURCE, "f1") is not None
