@@ -44,6 +44,13 @@ def _counter(source: str) -> str:
     return "{w}" + source  # source names hold no braces: never a stamp's field
 
 
+def _count(raw: Any) -> int:
+    """A counter as read; -1 for one edited by hand into something else, which no stamp
+    then matches (the next write of the source restarts it: upsert.lua)."""
+    value = text(raw) if raw is not None else ""
+    return int(value) if value.isdigit() else -1
+
+
 class StampMoves:
     """The sync-stamp moves of `Repeat` (see the module docstring)."""
 
@@ -79,7 +86,7 @@ class StampMoves:
                 pipe.hsetnx(self.keys(queue).synced, field, 0)
                 pipe.hget(self.keys(queue).synced, field)
             replies = pipe.execute()
-        return {q: int(text(replies[2 * i + 1])) for i, q in enumerate(queues)}
+        return {q: _count(replies[2 * i + 1]) for i, q in enumerate(queues)}
 
     def write_stamps(
         self,
@@ -129,7 +136,9 @@ class StampMoves:
             summary = record["summary"]
             if record["fingerprint"] != fingerprint or not isinstance(summary, dict):
                 return None
-        except (ValueError, TypeError, KeyError):  # edited by hand: sync in full
+            if not all(isinstance(queue, str) for queue in stamped):
+                return None
+        except (ValueError, TypeError, KeyError, RecursionError):  # edited by hand: in full
             return None
         queues = sorted(stamped | set(self.queues()))
         field = _counter(source)

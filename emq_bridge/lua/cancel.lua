@@ -30,7 +30,8 @@ if type(owner) == 'table' then owner = false end  -- not a hash (edited by hand)
 if ARGV[2] ~= '' and owner ~= ARGV[2] then return 0 end
 local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
 if owner and removed > 0 and redis.call('HEXISTS', KEYS[8], '{w}' .. owner) == 1 then
-  redis.call('HINCRBY', KEYS[8], '{w}' .. owner, 1)
+  local result = redis.pcall('HINCRBY', KEYS[8], '{w}' .. owner, 1)  -- edited by hand: restart
+  if type(result) == 'table' and result.err then redis.call('HSET', KEYS[8], '{w}' .. owner, 1) end
 end
 redis.call('DEL', KEYS[6], KEYS[7])
 local prefix = ARGV[1] .. ' '

@@ -29,7 +29,8 @@ if reason then redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', 
 redis.call('ZADD', KEYS[1], reason and '+inf' or ARGV[2], ARGV[1])
 local owner = redis.call('HGET', KEYS[2], 'source')
 if owner and redis.call('HEXISTS', KEYS[3], '{w}' .. owner) == 1 then
-  redis.call('HINCRBY', KEYS[3], '{w}' .. owner, 1)
+  local result = redis.pcall('HINCRBY', KEYS[3], '{w}' .. owner, 1)  -- edited by hand: restart
+  if type(result) == 'table' and result.err then redis.call('HSET', KEYS[3], '{w}' .. owner, 1) end
 end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

@@ -221,8 +221,11 @@ for i, item in ipairs(cjson.decode(ARGV[3])) do
   end
 end
 for owner, n in pairs(writes) do
-  if redis.call('HEXISTS', KEYS[3], '{w}' .. owner) == 1 then
-    redis.call('HINCRBY', KEYS[3], '{w}' .. owner, n)
+  local counter = '{w}' .. owner
+  if redis.call('HEXISTS', KEYS[3], counter) == 1 then
+    -- A counter edited by hand into a non-integer restarts (claim.lua's `count`): it moved.
+    local result = redis.pcall('HINCRBY', KEYS[3], counter, n)
+    if type(result) == 'table' and result.err then redis.call('HSET', KEYS[3], counter, n) end
   end
 end
 if written then redis.call('PUBLISH', ARGV[1], 'upsert') end

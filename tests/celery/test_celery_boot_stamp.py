@@ -354,12 +354,14 @@ FINGERPRINT_CHILD = textwrap.dedent("""
     from datetime import timedelta
     from celery import Celery
     from celery.schedules import crontab
+    from kombu import Exchange, Queue
     from emq_bridge.celery.declare import _DECLARED, _beat_entries
     from emq_bridge.celery.fingerprint import app_fingerprint
 
     app = Celery("same", set_as_current=False)
     app.conf.update(timezone="Europe/Paris", result_expires=None)
     app.conf.task_routes = {"t.*": {"queue": "q"}}
+    app.conf.task_queues = [Queue("q", Exchange("x", type="direct"), routing_key="q")]
 
 
     def record(*args, **kwargs):

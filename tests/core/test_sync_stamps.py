@@ -131,7 +131,9 @@ def test_a_stamp_edited_or_deleted_by_hand_is_not_trusted(repeat: Repeat) -> Non
     sync(repeat, declarations(), SOURCE, stamp=STAMP)
     key = synced_key(repeat.prefix, SOURCE)
     broken = '{"fingerprint":"f1","queues":[],"summary":1}'
-    for edited in ["not json", '{"fingerprint": "f1"}', broken]:
+    deep = '{"fingerprint":"f1","queues":[7],"summary":{}}'
+    nested = "[" * 100_000 + "]" * 100_000
+    for edited in ["not json", '{"fingerprint": "f1"}', broken, deep, nested]:
         repeat.client.set(key, edited)
         assert stamped(repeat, SOURCE, "f1") is None
     sync(repeat, declarations(), SOURCE, stamp=STAMP)
@@ -141,6 +143,17 @@ def test_a_stamp_edited_or_deleted_by_hand_is_not_trusted(repeat: Repeat) -> Non
     assert stamped(repeat, SOURCE, "f1") is not None
     repeat.client.delete(key)
     assert stamped(repeat, SOURCE, "f1") is None
+    # A write counter edited by hand into a non-integer: no stamp holds, nothing fails, and
+    # the next writes restart it.
+    synced = repeat.keys("reports").synced
+    repeat.client.hset(synced, "{w}" + SOURCE, "x")
+    plan = sync(repeat, declarations("3m"), SOURCE, stamp=STAMP)
+    assert len(plan.update) == 3 and stamped(repeat, SOURCE, "f1") is None
+    repeat.client.hset(synced, "{w}" + SOURCE, "y")
+    repeat.cancel("reports", "job-0")  # cancel restarts it as well
+    assert repeat.client.hget(synced, "{w}" + SOURCE) == b"1"
+    sync(repeat, declarations("3m"), SOURCE, stamp=STAMP)
+    assert stamped(repeat, SOURCE, "f1") is not None
 
 
 def test_a_stamp_needs_a_pruning_sync(repeat: Repeat) -> None:
