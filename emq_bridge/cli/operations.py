@@ -161,8 +161,9 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
       emq-bridge sync schedules.toml --no-prune --json
     """
     repeat = settings.repeat()
-    found = _stamp_of(repeat, file) if prune and not dry_run and not as_json else None
-    if found is not None and found.holds:
+    # `--json` lists every schedule, so it reads them all; it stamps as a plain sync does.
+    found = _stamp_of(repeat, file) if prune and not dry_run else None
+    if found is not None and found.holds and not as_json:
         click.echo(f"# {file} (source {found.source}) -> {settings.where}", err=True)
         click.echo(
             f"0 created, 0 updated, 0 removed, {found.declared} unchanged "

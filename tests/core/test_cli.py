@@ -334,6 +334,10 @@ def test_sync_no_prune_keeps_dropped_schedules_and_json_parses(
     first = json.loads(run("sync", str(path), "--json").stdout)
     assert first["source"] == "ops"
     assert sorted(i["name"] for i in first["create"]) == ["digest", "nightly"]
+    assert run("sync", str(path)).stdout == ""  # stamped: the summary only
+    # --json reads the file and the registry even when the stamp holds: every item is listed.
+    again = json.loads(run("sync", str(path), "--json").stdout)
+    assert sorted(i["name"] for i in again["unchanged"]) == ["digest", "nightly"]
     path.write_text('source = "ops"\n')
     kept = json.loads(run("sync", str(path), "--no-prune", "--json").stdout)
     assert kept["remove"] == []
