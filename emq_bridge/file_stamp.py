@@ -18,17 +18,15 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import default_source
-from .definition import Declaration
+from .config import ScheduleFile, default_source
 from .errors import EmqError
 from .keys import validate_name
 from .registry import Repeat
 from .stamps import code_versions
-from .sync import Stamp, stamped
+from .sync import Stamp, queues_of, stamped
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -95,10 +93,12 @@ class FileStamp:
     def holds(self) -> bool:
         return self.queues is not None and self.declared is not None
 
-    def stamp(self, declarations: Sequence[Declaration]) -> Stamp:
-        """The stamp of a sync of the file's `declarations`."""
-        queues = sorted({d.queue for d in declarations})
-        return Stamp(self.fingerprint, {"queues": queues, "declared": len(declarations)})
+    def stamp_for(self, loaded: ScheduleFile) -> Stamp | None:
+        """The stamp of a sync of the file as `load_schedule_file` read it; None when the
+        loader read another source than this fingerprint did (never: both read one key)."""
+        if loaded.source != self.source:
+            return None
+        return Stamp.of_queues(self.fingerprint, loaded.declarations)
 
 
 def file_stamp(
@@ -113,14 +113,7 @@ def file_stamp(
     if found is None:
         return None
     source, fingerprint = found
-    summary = stamped(repeat, source, fingerprint)
-    if summary is None:
+    left = queues_of(stamped(repeat, source, fingerprint))
+    if left is None:
         return FileStamp(source, fingerprint)
-    queues, declared = summary.get("queues"), summary.get("declared")
-    try:
-        if not isinstance(queues, list) or type(declared) is not int:
-            raise TypeError
-        names = tuple(validate_name(q, "queue") for q in queues)
-    except (TypeError, EmqError):  # a summary this version cannot read: sync in full
-        return FileStamp(source, fingerprint)
-    return FileStamp(source, fingerprint, names, declared)
+    return FileStamp(source, fingerprint, *left)

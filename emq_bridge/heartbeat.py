@@ -22,13 +22,13 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from .errors import EmqError, RegistryUnavailable
 from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
 from .scripts import Scripts
+from .stamps import code_versions
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -210,10 +210,8 @@ class HeartbeatMoves:
 
 def _version() -> str:
     # The distribution's: the package root imports the pump, which imports this module.
-    try:
-        return metadata.version("emq-bridge")
-    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        return "unknown"
+    # '' when run from a source tree that is not installed.
+    return code_versions("emq-bridge")[0] or "unknown"
 
 
 class Heartbeat:

@@ -42,6 +42,7 @@ __all__ = [
     "apply_plan",
     "declarations_fingerprint",
     "plan_sync",
+    "queues_of",
     "stamped",
     "sync",
 ]
@@ -90,6 +91,27 @@ class Stamp:
 
     fingerprint: str
     summary: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_queues(cls, fingerprint: str, declarations: Sequence[Declaration]) -> Stamp:
+        """The stamp of a boot's sync of `declarations`: its summary the queues they are in
+        (what its pump serves of them) and how many they are (`queues_of` reads it back)."""
+        queues = sorted({d.queue for d in declarations})
+        return cls(fingerprint, {"queues": queues, "declared": len(declarations)})
+
+
+def queues_of(summary: Mapping[str, Any] | None) -> tuple[tuple[str, ...], int] | None:
+    """The queues and the count a `Stamp.of_queues` summary holds; None for no summary or one
+    this version cannot read (the caller then syncs in full)."""
+    if summary is None:
+        return None
+    queues, declared = summary.get("queues"), summary.get("declared")
+    if not isinstance(queues, list) or type(declared) is not int:
+        return None
+    try:
+        return tuple(validate_name(q, "queue") for q in queues), declared
+    except EmqError:
+        return None
 
 
 # Raised when what a sync does with the same declarations changes without a release.

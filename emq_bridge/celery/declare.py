@@ -33,13 +33,14 @@ from ..errors import ConfigError, EmqError
 from ..file_stamp import FileStamp, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
-from ..sync import Stamp, SyncPlan, stamped, sync
+from ..sync import Stamp, SyncPlan, queues_of, stamped, sync
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
     Entries,
     convert_entry,
     json_options,
+    own_tasks,
     zone_name,
 )
 from .fingerprint import app_fingerprint
@@ -207,11 +208,7 @@ def _decorated(app: Celery, context: Entries) -> list[Declaration]:
     """The app's `@recurring` declarations; `context` routes them (once per task and
     `queue` option, as it does the `beat_schedule` entries)."""
     found = []
-    tasks = app.tasks  # a cached property behind a lock: read once, not per declaration
-    for declared, schedule in _DECLARED:
-        task = declared._get_current_object() if isinstance(declared, Proxy) else declared
-        if tasks.get(task.name) is not task:
-            continue  # another app's task (or a shared copy of it)
+    for task, schedule in own_tasks(app, _DECLARED):
         label = f"@recurring on {task.name}"
         try:
             options = json_options(schedule.options or {}, label)
@@ -305,14 +302,17 @@ def app_schedule(app: Celery) -> AppSchedule:
 
 
 def _app_schedule(
-    app: Celery, extra: tuple[tuple[str, tuple[Declaration, ...]], ...]
+    app: Celery,
+    extra: tuple[tuple[str, tuple[Declaration, ...]], ...],
+    entries: Mapping[str, Any] | None = None,
 ) -> AppSchedule:
-    """`app_schedule`, with the schedule files' declarations given (`extra`)."""
+    """`app_schedule`, with the schedule files' declarations given (`extra`), and the
+    `beat_schedule` entries when the caller read them (`_beat_entries`)."""
     check = bool(_setting(app, "emq_bridge_check_tasks", True))
     declarations: list[Declaration] = []
     custom: dict[tuple[str, str], CelerySchedule] = {}
     context = Entries(app, check)  # the conf, tasks and routing, read once for all entries
-    for key, raw in _beat_entries(app).items():
+    for key, raw in (_beat_entries(app) if entries is None else entries).items():
         declaration, live = convert_entry(app, key, raw, context=context)
         declarations.append(declaration)
         if live is not None:
@@ -359,11 +359,12 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     """
     source, generation = _source(app), _generation(app)
     stamps = bool(_setting(app, "emq_bridge_boot_stamp", True))
-    fingerprint = app_fingerprint(app, _beat_entries(app), _DECLARED) if stamps else None
+    entries = _beat_entries(app)
+    fingerprint = app_fingerprint(app, entries, _DECLARED) if stamps else None
     vouched = _vouched(repeat, source, fingerprint)
     path = _setting(app, "emq_bridge_schedule_file")
     file = _file_stamp(repeat, str(path), generation) if path and stamps else None
-    plan = _app_schedule(app, ()) if vouched is None else None
+    plan = _app_schedule(app, (), entries) if vouched is None else None
     loaded = None
     if path and (file is None or not file.holds):
         from ..config import load_schedule_file  # lazily: only apps that name a file need it
@@ -372,8 +373,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     if plan is not None:
         stamp = None
         if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
-            queues = sorted(_app_queues(app, plan.declarations))
-            stamp = Stamp(fingerprint, {"queues": queues, "declared": len(plan.declarations)})
+            stamp = Stamp.of_queues(fingerprint, plan.declarations)
         sync(repeat, plan.declarations, source, generation=generation, stamp=stamp)
     else:
         _log_unchanged(source, vouched[1] if vouched else 0)
@@ -381,7 +381,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     if loaded is not None:
         declared = tuple(loaded.declarations)
         extra = ((loaded.source, declared),)
-        its_stamp = file.stamp(declared) if file and file.source == loaded.source else None
+        its_stamp = file.stamp_for(loaded) if file else None
         sync(repeat, declared, loaded.source, generation=generation, stamp=its_stamp)
         file_queues = _file_queues(extra)
     elif file is not None and file.queues is not None:
@@ -397,7 +397,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         source,
         (),
         {},
-        tuple(sorted(set(vouched[0]) | file_queues)),
+        tuple(sorted(set(vouched[0]) | _app_queues(app, ()) | file_queues)),
         extra,
         generation=generation,
         vouched=vouched[1],
@@ -437,15 +437,7 @@ def _vouched(
     except EmqError as exc:
         log.debug("emq-bridge: the boot stamp could not be read: %s", exc)
         return None
-    if summary is None:
-        return None
-    queues, declared = summary.get("queues"), summary.get("declared")
-    if not isinstance(queues, list) or type(declared) is not int:
-        return None
-    try:
-        return tuple(validate_name(q, "queue") for q in queues), declared
-    except EmqError:
-        return None
+    return queues_of(summary)
 
 
 def sync_app(

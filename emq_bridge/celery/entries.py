@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo
 
 from celery import Celery
 from celery.beat import DEFAULT_MAX_INTERVAL, BeatLazyFunc, ScheduleEntry
+from celery.local import Proxy
 from celery.schedules import BaseSchedule, crontab, schedule
 from kombu.entity import Exchange, Queue
 
@@ -55,6 +56,7 @@ __all__ = [
     "convert_schedule",
     "crontab_expr",
     "json_options",
+    "own_tasks",
     "registry_name",
     "resolve_queue",
     "zone_name",
@@ -328,6 +330,18 @@ def _every(every_ms: int) -> Every:
         found = Every(every_ms)
         if len(_EVERY) < _EVERY_CACHED:
             _EVERY[every_ms] = found
+    return found
+
+
+def own_tasks(app: Celery, declared: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The `(task, schedule)` pairs of `declared` (`@recurring`'s process-wide list) whose
+    task is `app`'s own, proxies resolved; another app's task (or a shared copy) is left."""
+    found = []
+    tasks = app.tasks  # a cached property behind a lock: read once, not per declaration
+    for given, declared_schedule in declared:
+        task = given._get_current_object() if isinstance(given, Proxy) else given
+        if tasks.get(task.name) is task:
+            found.append((task, declared_schedule))
     return found
 
 

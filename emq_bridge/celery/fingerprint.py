@@ -24,11 +24,11 @@ from operator import attrgetter
 from typing import Any
 
 from celery import Celery
-from celery.local import Proxy
 from celery.schedules import crontab, schedule
 
 from ..definition import Schedule
 from ..stamps import code_versions
+from .entries import own_tasks
 
 __all__ = ["app_fingerprint"]
 
@@ -95,15 +95,9 @@ def _entry_tasks(entries: Mapping[str, Any]) -> set[str] | None:
 def _decorated(app: Celery, declared: list[tuple[Any, Any]]) -> list[tuple[str, Any]] | None:
     """The app's own `@recurring` declarations, as `declare._decorated` keeps them: (task
     name, the values of its `Schedule`); None if one is not a `Schedule`."""
-    found = []
-    tasks = app.tasks  # a cached property behind a lock: read once, not per declaration
-    for task, declared_schedule in declared:
-        if type(declared_schedule) is not Schedule:
-            return None
-        current = task._get_current_object() if isinstance(task, Proxy) else task
-        if tasks.get(current.name) is current:
-            found.append((current.name, _schedule_values(declared_schedule)))
-    return found
+    if any(type(schedule) is not Schedule for _, schedule in declared):
+        return None
+    return [(task.name, _schedule_values(schedule)) for task, schedule in own_tasks(app, declared)]
 
 
 def _task_options(app: Celery, names: set[str]) -> list[tuple[str, Any]]:

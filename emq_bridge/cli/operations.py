@@ -172,14 +172,13 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         )
         return
     schedule_file = load_schedule_file(file)
-    if found is not None and found.source != schedule_file.source:
-        found = None  # (never: both read the same key) a stamp under the source it syncs
+    stamp = found.stamp_for(schedule_file) if found is not None else None
     plan = plan_sync(
         repeat,
         schedule_file.declarations,
         schedule_file.source,
         prune=prune,
-        stamped=found is not None,
+        stamped=stamp is not None,
     )
     touched: dict[str, list[str]] = {}
     for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
@@ -191,7 +190,6 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         for name, registration in repeat.get_many(queue, names).items()
     }
     if not dry_run:  # the plan shown is the one applied: the registry is read once
-        stamp = found.stamp(schedule_file.declarations) if found is not None else None
         with _own_diff(settings.verbosity):
             plan = apply_plan(repeat, plan, stamp=stamp)
     if as_json:

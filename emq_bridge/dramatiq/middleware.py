@@ -320,9 +320,7 @@ class RecurringMiddleware(Middleware):
             else:
                 loaded = load_schedule_file(self.schedule_file)
                 check_actors(broker, loaded.declarations, self.schedule_file)
-                its_stamp = None
-                if found is not None and found.source == loaded.source:
-                    its_stamp = found.stamp(loaded.declarations)
+                its_stamp = found.stamp_for(loaded) if found is not None else None
                 sources.append((loaded.source, loaded.declarations, its_stamp))
         self.declarations = tuple(d for _, declared, _ in sources for d in declared)
         if not self.report:

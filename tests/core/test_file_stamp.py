@@ -86,7 +86,7 @@ def test_a_stamp_is_found_only_for_the_bytes_it_was_made_of(
     found = file_stamp(any_repeat, path)
     assert found is not None and not found.holds
     loaded = load_schedule_file(path)
-    sync(any_repeat, loaded.declarations, loaded.source, stamp=found.stamp(loaded.declarations))
+    sync(any_repeat, loaded.declarations, loaded.source, stamp=found.stamp_for(loaded))
 
     again = file_stamp(any_repeat, path)
     assert again is not None and again.holds
