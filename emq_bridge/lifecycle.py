@@ -36,6 +36,7 @@ __all__ = [
     "HEARTBEAT_TTL_MS",
     "START_TIMEOUT_MS",
     "LifecycleMoves",
+    "checked_name",
     "report_of",
 ]
 
@@ -55,13 +56,15 @@ def check_history_size(history_size: int) -> int:
     return history_size
 
 
-# Names already checked by `report_of`: a worker reports the same few registrations over
-# and over, so each is validated once (bounded: emptied when it grows past this).
+# Names already checked (`report_of`, the adapters): a worker reports the same few
+# registrations over and over, so each is validated once (bounded: emptied when it grows past this).
 _CHECKED_NAMES: set[str] = set()
 _MAX_CHECKED_NAMES = 10_000
 
 
-def _checked(value: Any, what: str) -> str:
+def checked_name(value: Any, what: str) -> str:
+    """Return `value`, a queue or registration name a worker reports, once validated
+    (`keys.validate_name`; raises `ScheduleError`), from a bounded cache after that."""
     if isinstance(value, str) and value in _CHECKED_NAMES:
         return value
     name = validate_name(value, what)
@@ -105,8 +108,8 @@ def report_of(
         triggered = bool(occurrence.get("triggered"))
     return Report(
         kind=kind,
-        queue=_checked(queue, "queue"),
-        name=_checked(name, "registration name"),
+        queue=checked_name(queue, "queue"),
+        name=checked_name(name, "registration name"),
         id=str(ident),
         due_ms=due,
         at_ms=int(time.time() * 1000) if at_ms is None else at_ms,

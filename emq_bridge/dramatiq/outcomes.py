@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..lifecycle import report_of
+from ..lifecycle import checked_name
 from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
 from .schedule import (
@@ -51,21 +51,33 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def occurrence_fields(message: Any) -> dict[str, Any] | None:
-    """Return what `report_of` reads of the occurrence `message` carries, or None."""
+def start_report(message: Any, at_ms: int) -> Report | None:
+    """Return the `started` report, at `at_ms`, of the occurrence `message` carries (attempt
+    `retries + 1`), or None for a message emq-bridge did not send. ValueError or
+    `InvalidName` if its options are garbled. What `report_of` would make of them, read
+    in one pass: this runs before every message a worker processes."""
     options = getattr(message, "options", None) or {}
     due_ms = options.get(OPTION_DUE_MS)
     if due_ms is None:
         return None
-    return {
-        "id": str(message.message_id),
-        "queue": options.get(OPTION_QUEUE) or message.queue_name,
-        "name": options.get(OPTION_NAME, ""),
-        "due_ms": due_ms,
-        "released_ms": options.get(OPTION_RELEASED_MS),
-        "redelivered": options.get(OPTION_REDELIVERED, False),
-        "triggered": options.get(OPTION_TRIGGERED, False),
-    }
+    released = options.get(OPTION_RELEASED_MS)
+    try:
+        due = int(due_ms)
+        released_ms = None if released in (None, "") else int(released)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not an occurrence message: {exc}") from None
+    return Report(
+        "started",
+        checked_name(options.get(OPTION_QUEUE) or message.queue_name, "queue"),
+        checked_name(options.get(OPTION_NAME, ""), "registration name"),
+        str(message.message_id),
+        due,
+        at_ms,
+        attempt_of(options),
+        released_ms,
+        bool(options.get(OPTION_REDELIVERED, False)),
+        bool(options.get(OPTION_TRIGGERED, False)),
+    )
 
 
 @dataclass(slots=True)
@@ -76,6 +88,7 @@ class _Run:
     from it (`Report.ended`), carrying the start. `began` says whether it was sent (a run
     whose start was not seen reports no start)."""
 
+    message: Any  # the `MessageProxy` every hook of one processing is handed
     message_id: str
     start: Report
     finished_ms: int | None = None
@@ -118,8 +131,7 @@ class MessageOutcomes:
         run = self._run_of(message, create=True)
         if run is None:
             return True
-        guarded = (getattr(message, "options", None) or {}).get(OPTION_GUARDED)
-        if guarded and not self._may_begin(run):
+        if message.options.get(OPTION_GUARDED) and not self._may_begin(run):
             return False
         run.began = True
         self._queue(run.start)
@@ -192,17 +204,18 @@ class MessageOutcomes:
         """Return this thread's run of `message`; with `create`, one made from the message
         when the start was not seen (a middleware before ours skipped or failed it)."""
         run: _Run | None = getattr(self._local, "run", None)
+        if run is not None and run.message is message:  # the hooks of one processing
+            return run
         try:
             message_id = str(message.message_id)
             if run is not None and run.message_id == message_id:
                 return run
             if not create:
                 return None
-            fields = occurrence_fields(message)
-            if fields is None:
+            start = start_report(message, _now_ms())
+            if start is None:
                 return None
-            start = report_of("started", fields, attempt=attempt_of(message.options))
-            run = _Run(message_id, start)
+            run = _Run(message, message_id, start)
         except Exception as exc:  # a message that is not one: never into the worker
             log.warning("a message's occurrence could not be read; not reported: %s", exc)
             return None
