@@ -31,6 +31,7 @@ __all__ = [
     "PREVIOUS_DUE_HEADER",
     "REDELIVERED_HEADER",
     "RELEASED_HEADER",
+    "ROUTING_OPTIONS",
     "SCHEDULE_HEADER",
     "TRIGGERED_HEADER",
     "CeleryDispatcher",
@@ -40,6 +41,7 @@ __all__ = [
     "nominal_time",
     "occurrence_headers",
     "previous_nominal_time",
+    "routing_option_error",
 ]
 
 DUE_HEADER = "emq_due_ms"
@@ -117,6 +119,15 @@ class CeleryDispatcher:
                 "import the module that defines it"
             )
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise `PermanentDispatchError` if a template's `options` can never route a task.
+
+        What `emq-bridge add --celery SPEC --options ...` asks before it writes a schedule.
+        """
+        unroutable = routing_option_error(options)
+        if unroutable is not None:
+            raise PermanentDispatchError(unroutable)
+
     def dispatch(self, occurrence: Occurrence) -> None:
         self.send(occurrence, occurrence.id, self.headers(occurrence))
 
@@ -188,6 +199,10 @@ class CeleryDispatcher:
             raise PermanentDispatchError(f"its template cannot be sent: {exc}") from exc
         name = template.task
         options = dict(template.options)
+        try:
+            self.check_options(options)
+        except PermanentDispatchError as exc:
+            raise PermanentDispatchError(f"its template cannot be sent: {exc}") from exc
         headers = dict(options.pop("headers", None) or {})
         headers.update(emq_headers)
         if not {"queue", "exchange", "routing_key"} & options.keys():
@@ -207,6 +222,20 @@ class CeleryDispatcher:
         except Exception as exc:
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
+
+
+# The options that say where a task goes: kombu reads each as a name.
+ROUTING_OPTIONS = ("queue", "exchange", "routing_key")
+
+
+def routing_option_error(options: Mapping[str, Any]) -> str | None:
+    """Return why `options` cannot route a task (a `queue`, `exchange` or `routing_key` that
+    is not a name), or None. kombu would fail on every send of such a task."""
+    for key in ROUTING_OPTIONS:
+        value = options.get(key)
+        if value is not None and not isinstance(value, str):
+            return f"options[{key!r}] must be a name (a string), got {value!r}"
+    return None
 
 
 def header(request: Any, name: str) -> Any:

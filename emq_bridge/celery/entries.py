@@ -46,6 +46,7 @@ from ..errors import ConfigError, EmqError, ScheduleError
 from ..keys import validate_name
 from ..millis import ceil_ms
 from ..template import TaskTemplate
+from .dispatch import routing_option_error
 
 __all__ = [
     "PLACEHOLDER",
@@ -287,11 +288,17 @@ def _check_schedule_value(value: Any, label: str) -> None:
 
 
 def _interval(value: timedelta, label: str) -> Every:
-    """The cadence of a plain interval, on the grid; `ConfigError` unless positive."""
+    """The cadence of a plain interval, on the grid; `ConfigError` unless at least 1 ms and
+    within `Every`'s bound."""
     seconds = value.total_seconds()
-    if seconds <= 0 or seconds * 1000 < 1:
+    if seconds <= 0:
         raise ConfigError(f"{label}: the interval must be positive, got {seconds}s")
-    return _every(round(seconds * 1000))
+    if seconds * 1000 < 1:
+        raise ConfigError(f"{label}: the interval must be at least 1 ms, got {seconds}s")
+    try:
+        return _every(round(seconds * 1000))
+    except ScheduleError as exc:
+        raise ConfigError(f"{label}: {exc}") from exc
 
 
 def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
@@ -300,7 +307,10 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
         return _interval(value.run_every, label)
     _check_schedule_value(value, label)
     if isinstance(value, (int, float, timedelta)):
-        value = schedule(value, app=app)
+        try:
+            value = schedule(value, app=app)
+        except (OverflowError, ValueError) as exc:  # past a timedelta's range, or NaN
+            raise ConfigError(f"{label}: the interval {value!r} is not usable: {exc}") from exc
     if not (hasattr(value, "is_due") or hasattr(value, "remaining_estimate")):
         raise ConfigError(f"{label}: {value!r} is not a schedule (it has no is_due)")
     value.app = app
@@ -368,6 +378,9 @@ def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{label}: options[{key!r}] = {value!r} is not JSON") from exc
         out[key] = value
+    unroutable = routing_option_error(out)
+    if unroutable is not None:
+        raise ConfigError(f"{label}: {unroutable}")
     return out
 
 
@@ -525,7 +538,7 @@ def convert_entry(
         try:
             celery_keys.setdefault("last_run_at", _NEVER_RAN)
             entry = ScheduleEntry(**dict(celery_keys, name=key, app=app))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(f"{label}: Celery rejects this entry: {exc}") from exc
     else:
         raise ConfigError(f"{label} must be a dict, got {type(raw).__name__}")

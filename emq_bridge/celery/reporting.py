@@ -8,7 +8,8 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
 * `task_postrun`: `succeeded` when the task returned (its state `SUCCESS`), `skipped` for an
   `Ignore` (what `Task.replace()` raises), `failed` for a `Reject` without requeue;
 * `task_failure`: `failed`, with `"Type: message"`; also sent by the main process when a
-  pool process died (`WorkerLostError`), as Celery records that task's result;
+  pool process died (`WorkerLostError`) or a task hit its hard time limit
+  (`TimeLimitExceeded`, Celery 5.7), as Celery records that task's result;
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
 * `task_revoked` (in the main process): `revoked`.
 
@@ -17,8 +18,8 @@ it has receivers, and postrun is needed anyway, so a task costs two signals, not
 
 The attempt is `request.retries + 1`. A worker killed as a whole (SIGKILL, its host gone)
 reports nothing: its occurrences are marked `lost` by the pump once they go
-`3 * emq_bridge_heartbeat_s` without a heartbeat (so is a task killed by its hard time limit,
-whose failure Celery reports without its request). A `Reject(requeue=True)` reports nothing:
+`3 * emq_bridge_heartbeat_s` without a heartbeat (so is a task killed by its hard time limit
+on a Celery that does not send `task_failure` for it). A `Reject(requeue=True)` reports nothing:
 the run of the requeued message does.
 
 Each process has one `emq_bridge.reporting.Reporter` per app, made on first use (in the
@@ -323,9 +324,9 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
 
 
 def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
-    # In the main process (a pool process died) Celery pushes the request for its receivers;
-    # for a hard time limit it does not, and nothing is reported here (the occurrence is
-    # lost once its heartbeats stop).
+    # In the main process (a pool process died, a hard time limit) Celery pushes the request
+    # for its receivers; a Celery that sends no `task_failure` for a hard time limit reports
+    # nothing here (the occurrence is lost once its heartbeats stop).
     _report("failed", sender, getattr(sender, "request", None), error=exception)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -746,7 +746,8 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     entry.update({"args" if k == "args_" else k: v for k, v in fields.items() if v is not None})
     declaration = declaration_from_entry(entry, calendars=calendars)
     task = str(fields["task"])
-    checked = _check_task(*given[0], task) if given else False
+    options = declaration.definition.template.get("options") or {}
+    checked = _check_task(*given[0], task, options) if given else False
     repeat = settings.repeat()
     if replace:
         result = repeat.upsert(queue, name, definition=declaration.definition)
@@ -772,11 +773,13 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
         )
 
 
-def _check_task(framework: str, spec: str, task: str) -> bool:
-    """Load the app at `spec` through its adapter and make sure it can send `task`.
+def _check_task(framework: str, spec: str, task: str, options: Mapping[str, Any]) -> bool:
+    """Load the app at `spec` through its adapter and make sure it can send `task` with the
+    sending `options` (`--options`).
 
     Returns False when the adapter's dispatcher cannot tell (it has no `check_task`); exits
-    1 (nothing written) when the app cannot send `task`.
+    1 (nothing written) when the app cannot send `task`, or cannot route it as `options` say
+    (a dispatcher's `check_options`).
     """
     target = load_target(framework, spec)
     try:
@@ -790,6 +793,12 @@ def _check_task(framework: str, spec: str, task: str) -> bool:
                 f"--task {task!r}: {exc} (nothing written; leave out --{framework} to add it "
                 "unchecked)"
             ) from exc
+        check_options = getattr(target.dispatcher, "check_options", None)
+        if check_options is not None:
+            try:
+                check_options(options)
+            except EmqError as exc:
+                raise click.ClickException(f"--options: {exc} (nothing written)") from exc
         return True
     finally:
         if target.repeat is not None:

@@ -77,6 +77,7 @@ APP = textwrap.dedent("""
             "fail": {"task": "emql.fail", "schedule": HOUR, "offset": QUIET},
             "flaky": {"task": "emql.flaky", "schedule": HOUR, "offset": QUIET},
             "selfkill": {"task": "emql.selfkill", "schedule": HOUR, "offset": QUIET},
+            "hardlimit": {"task": "emql.hardlimit", "schedule": HOUR, "offset": QUIET},
             "slow": {"task": "emql.slow", "schedule": 1.0, "overlap": "skip"},
             "flop": {
                 "task": "emql.fail", "schedule": 1.0, "overlap": "skip",
@@ -139,6 +140,12 @@ APP = textwrap.dedent("""
         if reporter is not None:
             reporter.flush(2)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+    @app.task(bind=True, name="emql.hardlimit", time_limit=1)
+    def hardlimit(self):
+        note(self, "ran")
+        time.sleep(30)  # killed by its hard time limit first
 
 
     @app.task(bind=True, name="emql.slow")
@@ -344,7 +351,7 @@ def _drive(fleet: Fleet, registry: EmbeddedServer) -> None:
     main_repeat, lost_repeat, outage_repeat = (fleet.repeat(k) for k in ("main", "lost", "outage"))
     assert wait_until(lambda: main_repeat.get(main.queue, "ok") is not None, 30)
     assert wait_until(lambda: outage_repeat.get(fleet.stacks["outage"].queue, "outage"), 30)
-    for name in ("ok", "fail", "flaky", "selfkill"):
+    for name in ("ok", "fail", "flaky", "selfkill", "hardlimit"):
         fleet.marks[f"trigger-{name}"] = main_repeat.trigger(main.queue, name)
     fleet.marks["trigger-outage"] = outage_repeat.trigger(fleet.stacks["outage"].queue, "outage")
     observed: list[tuple[int, bool]] = []  # (failures, paused) of `flop`, as seen
@@ -399,7 +406,8 @@ def _drive(fleet: Fleet, registry: EmbeddedServer) -> None:
         slow = history(fleet, "main", "slow")
         replaced = history(fleet, "main", "replaced")
         triggered = {
-            name: history(fleet, "main", name) for name in ("ok", "fail", "flaky", "selfkill")
+            name: history(fleet, "main", name)
+            for name in ("ok", "fail", "flaky", "selfkill", "hardlimit")
         }
         return (
             phase == "done"
@@ -465,6 +473,17 @@ def test_a_pool_process_killed_under_its_task_is_failed_with_worker_lost_error(
     entry = only(history(fleet, "main", "selfkill"), fleet.marks["trigger-selfkill"])
     assert entry.status == "failed", fleet.logs_of("main-worker")
     assert entry.error is not None and entry.error.startswith("WorkerLostError:"), entry.error
+
+
+def test_a_task_killed_by_its_hard_time_limit_is_failed_with_time_limit_exceeded(
+    fleet: Fleet,
+) -> None:
+    # Celery (5.7 here) sends `task_failure` from the main process for a hard time limit:
+    # the run is failed at once, not lost after its heartbeats stop.
+    entry = only(history(fleet, "main", "hardlimit"), fleet.marks["trigger-hardlimit"])
+    assert entry.status == "failed", fleet.logs_of("main-worker")
+    assert entry.error is not None and entry.error.startswith("TimeLimitExceeded"), entry.error
+    assert entry.duration_ms is not None and 900 <= entry.duration_ms < 10_000, entry
 
 
 def test_replace_revokes_the_running_task_and_its_run_is_revoked(fleet: Fleet) -> None:

@@ -75,6 +75,25 @@ def test_the_pump_parks_a_registration_whose_template_has_no_task_and_sends_its_
     assert repeat.leases("q") == []
 
 
+@pytest.mark.parametrize(
+    "options", [{"queue": 5}, {"exchange": {"name": "x"}}, {"routing_key": 1.5}]
+)
+def test_a_routing_option_that_is_not_a_name_is_a_permanent_failure_and_is_parked(
+    app: Celery, repeat: Repeat, options: dict[str, object]
+) -> None:
+    with pytest.raises(PermanentDispatchError, match="must be a name"):
+        CeleryDispatcher(app).dispatch(occurrence({"task": "pf.known", "options": options}))
+    now = repeat.server_time_ms()
+    template = {"task": "pf.known", "options": options}
+    repeat.register("q", "bad", every="1h", template=template, now_ms=now - 3_600_000)
+    tick = Pump(repeat, ["q"], CeleryDispatcher(app)).run_once()
+    assert tick.dispatched == [] and tick.parked == ["bad"]
+    bad = repeat.get("q", "bad")
+    assert bad is not None and bad.parked_reason is not None
+    assert "must be a name" in bad.parked_reason
+    assert repeat.leases("q") == []  # dropped once, not retried after every lease
+
+
 APP = textwrap.dedent("""
     from celery import Celery
 
@@ -118,6 +137,20 @@ def test_add_with_the_celery_app_refuses_an_unknown_task_and_writes_nothing(
     assert added.exit_code == 0, added.output
     assert added.stderr == ""
     assert repeat.get("q", "job") is not None
+
+    unroutable = runner.invoke(
+        cli,
+        [
+            *base,
+            "misrouted",
+            *("--task", "pfcli.known", "--every", "1m", "--options", '{"queue": 5}'),
+            *("--celery", f"{app_module}:app"),
+        ],
+    )
+    assert unroutable.exit_code == 1, unroutable.output
+    [line] = unroutable.stderr.strip().splitlines()
+    assert "--options: options['queue'] must be a name (a string), got 5" in line
+    assert repeat.get("q", "misrouted") is None
 
     both = runner.invoke(
         cli,
