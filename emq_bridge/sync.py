@@ -359,7 +359,15 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
 
 # What a paused registration carries as it is when its declaration moves to another queue,
 # and what else is read of it for the move.
-_CARRIED = ("paused_ms", "paused_note", "paused_by", "parked_reason", "parked_ms")
+# What a paused registration that moves queue takes along (besides its pause, `fired` and
+# `last_fired_ms`): the note and reason, its counters and its last outcome. Not what names
+# its occurrences (the last id, the one in flight): their history stays behind.
+_CARRIED = (
+    *("paused_ms", "paused_note", "paused_by", "parked_reason", "parked_ms"),
+    *("missed", "failures", "skipped", "lost"),
+    *("last_status", "last_error", "last_started_ms", "last_finished_ms", "last_duration_ms"),
+    *("last_success_ms", "last_success_due_ms", "last_failure_ms"),
+)
 _PAUSE_FIELDS = ("paused", "paused_next_ms", *_CARRIED, "fired", "last_fired_ms", "cadence_digest")
 
 

@@ -317,7 +317,14 @@ def test_a_paused_schedule_whose_declaration_moves_to_another_queue_stays_paused
         ]
 
     sync(repeat, declared("q1"), "app")
-    repeat.client.hset(repeat.keys("q1").record("moved"), mapping={"fired": 7})
+    outcome = {
+        "missed": 3,
+        "failures": 2,
+        "last_status": "failed",
+        "last_error": "ValueError: bad",
+        "last_finished_ms": 1_800_000_000_000,
+    }
+    repeat.client.hset(repeat.keys("q1").record("moved"), mapping={"fired": 7, **outcome})
     assert repeat.pause("q1", "moved", note="until the fix ships", by="ops")
     before = repeat.get("q1", "moved")
     assert before is not None and before.paused
@@ -332,9 +339,17 @@ def test_a_paused_schedule_whose_declaration_moves_to_another_queue_stays_paused
         before.paused_ms,
     )
     assert after.fired == 7 and after.next_run_ms == before.next_run_ms  # same cadence
+    assert (after.missed, after.failures, after.last_status, after.last_error) == (
+        3,
+        2,
+        "failed",
+        "ValueError: bad",
+    )
+    assert after.last_finished_ms == 1_800_000_000_000
     assert repeat.resume("routed", "moved")
     resumed = repeat.get("routed", "moved")
     assert resumed is not None and not resumed.paused and resumed.next_run_ms is not None
+    assert resumed.failures == 0  # resuming clears the streak, as in its old queue
     free = repeat.get("routed", "free")
     assert free is not None and not free.paused and free.fired == 0
 
