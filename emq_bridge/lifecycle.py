@@ -224,10 +224,12 @@ class LifecycleMoves:
         occurrence: Occurrence | Mapping[str, Any] | Report,
         *,
         heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
+        mark: bool = True,
     ) -> bool:
         """Ask before a worker runs `occurrence` of a guarded registration (`overlap` other
         than allow): False while another occurrence of it is in flight, and the worker should
-        skip this one (report it `skipped`); True makes it the one in flight. See
+        skip this one (report it `skipped`); True makes it the one in flight (with `mark`;
+        `mark=False` only asks and writes nothing). See
         `lua/begin.lua`: it closes what the claim cannot see, a message delivered again after
         it was marked lost, or a retry that waited in the queue past its hold. One round trip.
         Never raises: when Redis cannot answer it says True (the claim's guard still holds),
@@ -244,7 +246,7 @@ class LifecycleMoves:
             with redis_errors(f"begin {item.queue}/{item.name}"):
                 answer = self.scripts.begin(
                     keys=[keys.record(item.name), keys.running],
-                    args=[f"{item.name} {item.due_ms}", heartbeat_ttl_ms],
+                    args=[f"{item.name} {item.due_ms}", heartbeat_ttl_ms, "0" if mark else "1"],
                 )
             return int(answer) != 0
         except (EmqError, ValueError, TypeError) as exc:

@@ -139,6 +139,23 @@ class Reporter:
             return True
         return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms)
 
+    def may_begin(self, item: Report) -> bool:
+        """Ask, writing nothing, whether the occurrence `item` starts may run: False while
+        another occurrence of its guarded registration is in flight (`Repeat.begin` with
+        `mark=False`, one round trip from the calling thread). True without asking while
+        reports are being dropped (Redis down: the calling thread must not wait on it), and
+        when Redis cannot answer."""
+        if self._pid != os.getpid():
+            self._reset()
+        if self._failing:
+            return True
+        try:
+            repeat = self._registry()
+        except Exception as exc:  # never into the worker: run it, the claim's guard holds
+            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
+            return True
+        return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms, mark=False)
+
     def _registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""
         if self._repeat is None:

@@ -27,6 +27,7 @@ __all__ = [
     "BACKFILL_HEADER",
     "BEAT_HEADER",
     "DUE_HEADER",
+    "GUARDED_HEADER",
     "LAST_SUCCESS_HEADER",
     "PREVIOUS_DUE_HEADER",
     "REDELIVERED_HEADER",
@@ -53,6 +54,8 @@ TRIGGERED_HEADER = "emq_triggered"
 BACKFILL_HEADER = "emq_backfill"  # sent by a backfill (backfill.py), for a past slot
 PREVIOUS_DUE_HEADER = "emq_previous_due_ms"
 LAST_SUCCESS_HEADER = "emq_last_success_ms"
+# True for an occurrence of a registration with an overlap policy (skip, buffer_one, replace).
+GUARDED_HEADER = "emq_guarded"
 
 
 def occurrence_headers(occurrence: Occurrence) -> dict[str, Any]:
@@ -69,6 +72,7 @@ def occurrence_headers(occurrence: Occurrence) -> dict[str, Any]:
         BACKFILL_HEADER: occurrence.backfill,
         PREVIOUS_DUE_HEADER: occurrence.previous_due_ms,
         LAST_SUCCESS_HEADER: occurrence.last_success_ms,
+        GUARDED_HEADER: occurrence.guarded,
     }
 
 

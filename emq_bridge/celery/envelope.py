@@ -27,6 +27,7 @@ from ..occurrence import Occurrence
 from .dispatch import (
     BACKFILL_HEADER,
     DUE_HEADER,
+    GUARDED_HEADER,
     LAST_SUCCESS_HEADER,
     PREVIOUS_DUE_HEADER,
     REDELIVERED_HEADER,
@@ -49,6 +50,7 @@ RAW_HEADERS = {
     "backfill": BACKFILL_HEADER,
     "previous": PREVIOUS_DUE_HEADER,
     "last_success": LAST_SUCCESS_HEADER,
+    "guarded": GUARDED_HEADER,
 }
 ARGS_VALUES = ("body", "argsrepr", "kwargsrepr")
 VALUE_NAMES = (*QUOTED_VALUES, *RAW_HEADERS, *ARGS_VALUES)
@@ -245,6 +247,7 @@ def occurrence_values(occurrence: Occurrence, parts: tuple[str, str, str]) -> tu
         json_value(occurrence.backfill),
         json_value(occurrence.previous_due_ms),
         json_value(occurrence.last_success_ms),
+        json_value(occurrence.guarded),
         *parts,
     )
 

@@ -13,6 +13,13 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
 * `task_revoked` (in the main process): `revoked`.
 
+A guarded occurrence (`emq_guarded`: overlap skip, buffer_one or replace) is checked when
+the worker's main process receives it (`task_received`, before it waits for a pool
+process): while another occurrence of its registration is in flight it is revoked there, as
+Celery's own `revoke` does (the pool never runs it; `task_revoked` reports it `revoked`).
+That closes what a revoke broadcast cannot reach: a `replace` that revoked an occurrence
+while no worker was listening, a message delivered again after it was marked lost.
+
 Success is read at `task_postrun`, not `task_success`: Celery sends each signal only while
 it has receivers, and postrun is needed anyway, so a task costs two signals, not three.
 
@@ -36,9 +43,11 @@ import os
 import threading
 import time
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 from celery import Celery, signals
+from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
 from ..lifecycle import report_of
@@ -49,6 +58,7 @@ from ..reporting import HEARTBEAT_S, Reporter
 from .declare import registry_prefix, registry_url, repeat_for
 from .dispatch import (
     DUE_HEADER,
+    GUARDED_HEADER,
     REDELIVERED_HEADER,
     RELEASED_HEADER,
     SCHEDULE_HEADER,
@@ -318,6 +328,36 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         reporter_for(app)
 
 
+def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """`task_received`, in the worker's main process: revoke a guarded occurrence while
+    another occurrence of its registration is in flight (the module docstring). One round
+    trip, for guarded occurrences only; on any doubt the task runs (the claim's guard holds)."""
+    try:
+        fields = getattr(request, "request_dict", None)
+        if not fields or not fields.get(GUARDED_HEADER) or fields.get(TRIGGERED_HEADER):
+            return
+        app = getattr(getattr(request, "task", None), "app", None)
+        reporter = reporter_for(app) if isinstance(app, Celery) else None
+        if reporter is None:
+            return
+        occurrence = occurrence_of(SimpleNamespace(**fields), app)
+        if occurrence is None:
+            return
+        attempt = int(fields.get("retries") or 0) + 1
+        if reporter.may_begin(report_of("started", occurrence, attempt=attempt)):
+            return
+        worker_state.revoked.add(request.id)  # what the revoke command does: never run
+        log.info(
+            "emq-bridge: task %s (%s/%s) revoked on receipt: another occurrence of its "
+            "schedule is in flight (overlap)",
+            request.id,
+            occurrence["queue"],
+            occurrence["name"],
+        )
+    except Exception as exc:  # never into the worker: the task runs
+        log.warning("emq-bridge: the overlap check of a received task failed: %s", exc)
+
+
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     task = task or sender
     _report("started", task, getattr(task, "request", None))
@@ -365,6 +405,7 @@ def _on_shutdown(**_: Any) -> None:
 
 _RECEIVERS = (
     (signals.worker_init, _on_worker_init),
+    (signals.task_received, _on_received),
     (signals.task_prerun, _on_prerun),
     (signals.task_failure, _on_failure),
     (signals.task_retry, _on_retry),

@@ -5,6 +5,7 @@
 -- KEYS[2]  <prefix>:{q}:running         sorted set: occurrence in flight -> lost deadline
 -- ARGV[1]  the occurrence's lease member, "<name> <due_ms>"
 -- ARGV[2]  how long it is in flight from now without a heartbeat, ms
+-- ARGV[3]  '1': only ask (a Celery worker's main process, on receipt): nothing is written
 --
 -- The claim already keeps a slot from being sent while one is in flight; this closes what
 -- the claim cannot see: a message the broker delivers again after the pump marked it lost (a
@@ -20,6 +21,7 @@ if current and current ~= ARGV[1] then
   local live = redis.call('ZSCORE', KEYS[2], current)
   if live and tonumber(live) > now then return 0 end
 end
+if ARGV[3] == '1' then return 1 end
 redis.call('HSET', KEYS[1], 'inflight', ARGV[1])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 return 1
