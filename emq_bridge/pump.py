@@ -21,7 +21,7 @@ from .dispatch import BatchDispatcher, Dispatcher, batch_failure
 from .errors import DispatchError, PermanentDispatchError, RegistryError, RegistryUnavailable
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .heartbeat import Heartbeat
-from .jitter import nominal_slot
+from .jitter import Jittered, nominal_slot
 from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
@@ -311,7 +311,7 @@ class Pump:
                 candidates.append((name, score, next_ms, 0, mode, score))
                 continue
             if step.missed:
-                steps[len(candidates)] = step
+                steps[len(candidates)] = _nominal_step(firings[name].cadence, step)
             fire = score if step.fire_ms is None else step.fire_ms
             # A jittered score stands for its nominal slot: the occurrence's id and due.
             fire = nominal_slot(firings[name].cadence, fire)
@@ -881,6 +881,20 @@ class Pump:
         read_at = self._policy_read_at
         if read_at is None or time.monotonic() - read_at >= self.eviction_check_s:
             self.check_eviction_policy()
+
+
+def _nominal_step(cadence: Cadence, step: CatchUp) -> CatchUp:
+    """`step` with its slots told as nominal times: a jittered cadence's scores are the
+    jittered instants, but the log and the listeners name slots, as occurrences do."""
+    if not isinstance(cadence, Jittered):
+        return step
+    fire = step.fire_ms
+    return replace(
+        step,
+        fire_ms=None if fire is None else cadence.nominal(fire),
+        first_ms=cadence.nominal(step.first_ms),
+        last_ms=cadence.nominal(step.last_ms),
+    )
 
 
 def _idle(scan: Scan) -> bool:

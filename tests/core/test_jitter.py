@@ -4,6 +4,7 @@ brute-force cron oracle across DST, pumped, and declared through every surface."
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -222,6 +223,22 @@ def test_after_an_outage_the_misfire_policy_fires_the_newest_nominal_slot_once(
     assert fired.due_ms == newest and fired.id == occurrence_id(repeat.prefix, "q", "late", newest)
     record = repeat.get("q", "late")
     assert record is not None and record.missed == (newest - t0) // MIN - 1
+
+
+def test_the_missed_slots_line_names_nominal_slots_not_jittered_instants(
+    repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    t0 = ms(datetime(2026, 6, 1, tzinfo=UTC))
+    repeat.upsert("q", "late", definition=define(every="1m", jitter="20s"), now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    with caplog.at_level("WARNING", logger="emq_bridge.pump"):
+        pump.run_once(t0 + 10 * MIN + 30_000)
+    (line,) = [r.getMessage() for r in caplog.records if "missed while no pump ran" in r.message]
+    instants = re.findall(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", line)
+    assert len(instants) == 3, line  # the first and last slots passed, the one that fires
+    for text in instants:  # every one a minute's slot, none a jittered instant
+        assert datetime.fromisoformat(text).second == 0, line
+        assert datetime.fromisoformat(text).microsecond == 0, line
 
 
 def test_a_start_at_inside_a_slots_jitter_begins_at_the_next_slot() -> None:
