@@ -565,6 +565,7 @@ def convert_entry(
     policies = raw if isinstance(raw, Mapping) else {}
     misfire, window, most = _misfire(ctx.deadline, policies, cadence, label)
     custom = cadence if isinstance(cadence, CelerySchedule) else None
+    name = registry_name(key)  # its error names the entry already
     try:
         template = TaskTemplate(task, args, kwargs, options).to_dict()
         if custom is not None:  # what the registry's readers (`emq-bridge list`) show
@@ -582,7 +583,7 @@ def convert_entry(
             labels=labels if labels is not None else {},
         )
         queue = ctx.queue(task, options, args, kwargs)
-        declaration = Declaration(queue, registry_name(key), definition)
+        declaration = Declaration(queue, name, definition)
     except EmqError as exc:
         raise ConfigError(f"{label}: {exc}") from exc
     return declaration, custom

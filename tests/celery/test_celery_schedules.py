@@ -297,6 +297,14 @@ def test_a_bad_beat_schedule_entry_is_a_config_error_that_names_the_entry(
     assert "beat_schedule['my-entry']" in str(raised.value)
 
 
+def test_a_key_that_cannot_be_a_name_is_one_error_that_names_the_entry_once() -> None:
+    with pytest.raises(ConfigError) as raised:
+        convert_entry(make_app(), "a\u200bb", {"task": "t.noop", "schedule": 60})
+    message = str(raised.value)
+    assert message.count("beat_schedule[") == 1, message
+    assert "must not contain whitespace or control characters" in message
+
+
 def test_an_entry_key_with_spaces_becomes_a_valid_registration_name() -> None:
     declaration, _ = convert_entry(
         make_app(), "send the report", {"task": "t.noop", "schedule": 60}
