@@ -271,10 +271,15 @@ def export_command(
     if output is None:
         click.echo(text, nl=False)
     else:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        try:
+            with open(output, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from exc
     for queue, name, reason in export.refused:
         click.echo(f"! {queue}/{name}: {reason}", err=True)
+    for note in export.notes:
+        click.echo(note, err=True)
     click.echo(
         f"exported {len(export.entries)} schedule(s), {len(export.refused)} left out", err=True
     )

@@ -41,6 +41,8 @@ class Export:
     entries: list[dict[str, Any]] = field(default_factory=list)
     refused: list[tuple[str, str, str]] = field(default_factory=list)  # queue, name, reason
     calendars: dict[str, list[str]] = field(default_factory=dict)  # the `[calendars]` table
+    # What the caller should tell (stderr): an owner not declared, a queue with nothing.
+    notes: list[str] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
         head: dict[str, Any] = {} if self.source is None else {"source": self.source}
@@ -61,7 +63,13 @@ def export_registry(
     With `source`, only the registrations that source owns are exported, and the file
     declares that source (its sync then owns exactly them, unchanged). Without it, the
     file declares the owner its registrations share, if they all share one.
+
+    A file that declares a source must hold every registration of it, in every queue: its
+    sync removes the ones it leaves out. So `source` with queues that leave some of its
+    registrations out (or with some it cannot carry) is a `ConfigError`, and an owner
+    merely shared is then not declared (a note says so).
     """
+    queues = tuple(queues) if queues is not None else None
     registrations = [
         r
         for queue in sorted(queues if queues is not None else repeat.queues())
@@ -81,7 +89,50 @@ def export_registry(
             out.entries.append(_checked(entry, registration, table, record.get("digest")))
         except _Refused as exc:
             out.refused.append((registration.queue, registration.name, str(exc)))
+    for queue in sorted(set(queues or ())):
+        if not any(r.queue == queue for r in registrations):
+            out.notes.append(f"note: queue {queue!r} has no schedule to export")
+    if owner is not None:
+        _declare_only_whole(repeat, out, owner, queues, explicit=source is not None)
     return out
+
+
+def _declare_only_whole(
+    repeat: Repeat, out: Export, owner: str, queues: Iterable[str] | None, *, explicit: bool
+) -> None:
+    """Keep `owner` declared only if the file holds all its registrations (module rule)."""
+    elsewhere = 0
+    if queues is not None:
+        listed = set(queues)
+        elsewhere = sum(
+            1
+            for queue in repeat.queues()
+            if queue not in listed
+            for r in repeat.iter_list(queue)
+            if r.source == owner
+        )
+    left_out = elsewhere + len(out.refused)
+    if not left_out:
+        return
+    where = ", ".join(
+        part
+        for part in (
+            f"{elsewhere} in queues not exported" if elsewhere else "",
+            f"{len(out.refused)} this file cannot carry" if out.refused else "",
+        )
+        if part
+    )
+    if explicit:
+        raise ConfigError(
+            f"--source {owner}: {left_out} of its schedules would be left out ({where}), "
+            f"and a sync of a file that declares {owner} removes what it leaves out: export "
+            "every queue, or leave out --source (nothing written)"
+        )
+    out.source = None
+    out.notes.append(
+        f"note: the file does not declare source {owner!r}: {left_out} of its schedules are "
+        f"left out ({where}), which a sync of it would remove"
+    )
 
 
 # Records read per round trip for their stored digests (as Repeat.digests does).

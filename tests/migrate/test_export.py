@@ -147,7 +147,10 @@ def test_what_a_file_cannot_carry_is_listed_and_left_out(
     as_json = run("export", "q", "--format", "json")
     assert as_json.exit_code == 0, as_json.output
     document = json.loads(as_json.stdout)
-    assert document["source"] == "ops"
+    # Two of ops's schedules are left out, which a sync of a file declaring ops would remove:
+    # the file does not declare it, and says why.
+    assert "source" not in document
+    assert "note: the file does not declare source 'ops': 2 of its schedules" in as_json.stderr
     assert [e["name"] for e in document["schedule"]] == ["null-arg", "plain"]
 
     (tmp_path / "s.json").write_text(as_json.stdout)
@@ -164,6 +167,46 @@ def test_export_only_a_source_and_the_file_declares_it(run: Run, repeat: Repeat)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith('source = "a"\n')
     assert 'name = "mine"' in result.stdout and "theirs" not in result.stdout
+
+
+def test_a_file_that_would_leave_out_some_of_its_source_never_declares_it(
+    run: Run, repeat: Repeat, prefix: str, tmp_path: Path
+) -> None:
+    # A file that declares a source removes, at its sync, what it leaves out of that source.
+    task = TaskTemplate("app.t").to_dict()
+    for queue, name in (("rq", "a"), ("rq", "b"), ("emails", "retry")):
+        repeat.upsert(queue, name, every="1m", template=task, source="rich")
+    before = digests(repeat)
+
+    partial = run("export", "rq", "--source", "rich", "-o", str(tmp_path / "rq.toml"))
+    assert partial.exit_code == 1, partial.output
+    [line] = partial.stderr.strip().splitlines()
+    assert "--source rich: 1 of its schedules would be left out (1 in queues not exported)" in (
+        line
+    )
+    assert not (tmp_path / "rq.toml").exists()
+    typo = run("export", "rqq", "--source", "rich")
+    assert typo.exit_code == 1 and "3 of its schedules would be left out" in typo.stderr
+
+    shared = run("export", "rq", "-o", str(tmp_path / "shared.toml"))  # rq's owner, not declared
+    assert shared.exit_code == 0, shared.output
+    assert "note: the file does not declare source 'rich'" in shared.stderr
+    assert not (tmp_path / "shared.toml").read_text().startswith("source")
+    dry = run("sync", str(tmp_path / "shared.toml"), "--dry-run")
+    assert dry.exit_code == 0 and "0 removed" in dry.stderr, dry.output
+    nothing = run("export", "nowhere")
+    assert nothing.exit_code == 0 and "note: queue 'nowhere' has no schedule" in nothing.stderr
+
+    whole = run("export", "rq", "emails", "--source", "rich", "-o", str(tmp_path / "all.toml"))
+    assert whole.exit_code == 0, whole.output
+    synced = run("sync", str(tmp_path / "all.toml"))
+    assert "0 created, 0 updated, 0 removed, 3 unchanged" in synced.stderr, synced.output
+    assert digests(repeat) == before
+
+    unwritable = run("export", "-o", str(tmp_path / "no" / "such" / "dir.toml"))
+    assert unwritable.exit_code == 1
+    [line] = unwritable.stderr.strip().splitlines()
+    assert line.startswith("Error: cannot write ") and "No such file or directory" in line
 
 
 def round_trip(
