@@ -255,3 +255,72 @@ def test_a_bad_database_url_is_a_one_line_error(
         "Error: --database-url: unknown scheme 'oracle'; use postgresql://, mysql:// or "
         "sqlite:///path"
     ]
+
+
+def test_a_row_celery_refuses_is_listed_with_the_reason_and_the_others_are_read(
+    databases: dict[str, str],
+) -> None:
+    from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+    from emq_bridge.celery.importers.django.reader import read_periodic_tasks
+
+    never = CrontabSchedule.objects.using("default").create(
+        minute="0", hour="0", day_of_month="30", month_of_year="2"
+    )
+    minute = IntervalSchedule.objects.using("default").create(every=1, period="minutes")
+    micro = IntervalSchedule.objects.using("default").create(every=1, period="microseconds")
+    db = PeriodicTask.objects.using("default")
+    db.create(name="feb-30", task="proj.tasks.run", crontab=never)
+    db.create(name="micro", task="proj.tasks.run", interval=micro)
+    db.create(name="fine", task="proj.tasks.run", interval=minute)
+    try:
+        plan = read_periodic_tasks(now_ms=ms(datetime.now(timezone.utc)), using="default")
+        assert [e.declaration.name for e in plan.entries] == ["fine"]
+        reasons = {r.origin: r.reason for r in plan.refused}
+        assert set(reasons) == {"periodic task 'feb-30'", "periodic task 'micro'"}
+        assert reasons["periodic task 'feb-30'"].startswith("Celery refuses it: ")
+        assert "never occurs" in reasons["periodic task 'feb-30'"]
+        assert not reasons["periodic task 'micro'"].startswith("periodic task")  # named once
+    finally:
+        db.all().delete()
+
+
+def _import_from(url: str, redis_url: str, prefix: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command += ["import", "django-celery-beat", "--database-url", url, "--dry-run"]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_a_database_that_cannot_be_read_is_a_one_line_error_and_creates_nothing(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing.sqlite3"
+    result = _import_from(f"sqlite:///{missing}", redis_url, prefix)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --database-url: no SQLite database file '{missing}'"
+    ]
+    assert not missing.exists()  # a dry run leaves no empty database behind
+
+    empty = tmp_path / "empty.sqlite3"
+    empty.write_bytes(b"")  # a SQLite database with no table
+    bare = _import_from(f"sqlite:///{empty}", redis_url, prefix)
+    assert bare.returncode == 1, bare.stderr
+    [line] = bare.stderr.strip().splitlines()
+    assert line.startswith("Error: cannot read django-celery-beat's periodic tasks (")
+    assert "no such table" in line and "migrations applied?" in line
+
+    if not _postgres_reachable():
+        if IN_CI:
+            pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 and CI=true")
+        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (runs in CI)")
+    for url, said in (
+        ("postgresql://postgres@127.0.0.1:5432/postgres", "does not exist"),  # no such tables
+        ("postgresql://postgres:secret@127.0.0.1:1/test", "OperationalError"),  # nobody there
+    ):
+        result = _import_from(url, redis_url, prefix)
+        assert result.returncode == 1, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith("Error: cannot read django-celery-beat's periodic tasks (")
+        assert said in line and "secret" not in line

@@ -22,7 +22,7 @@ from celery.schedules import crontab, schedule
 
 from ....cadence import At
 from ....definition import Declaration, Definition
-from ....errors import EmqError
+from ....errors import ConfigError, EmqError
 from ....migrate.plan import Imported, ImportPlan, Refusal
 from ....millis import floor_ms
 from ....registry import Seed
@@ -50,21 +50,31 @@ def read_periodic_tasks(
     `queue` is the queue of rows that name none (Celery's `task_default_queue`). Django
     must be set up (inside the project, or `standalone.setup`).
     """
+    from django.db import Error as DatabaseError  # type: ignore[import-untyped]
     from django_celery_beat.models import PeriodicTask  # type: ignore[import-untyped]
 
     apps: dict[str, Celery] = {}
     plan = ImportPlan(source)
-    rows = (
-        PeriodicTask.objects.using(using)
-        .select_related("interval", "crontab", "solar", "clocked")
-        .order_by("name")
-    )
+    try:
+        rows = list(
+            PeriodicTask.objects.using(using)
+            .select_related("interval", "crontab", "solar", "clocked")
+            .order_by("name")
+        )
+    except DatabaseError as exc:  # unreachable, or no django-celery-beat tables there
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"cannot read django-celery-beat's periodic tasks ({type(exc).__name__}: {first}); "
+            "is it the project's database, with django-celery-beat's migrations applied?"
+        ) from None
     for row in rows:
         origin = f"periodic task {row.name!r}"
         try:
             plan.entries.append(_entry(row, apps, now_ms, queue, source))
         except (Unrepresentable, EmqError) as exc:
-            plan.refused.append(Refusal(origin, str(exc)))
+            plan.refused.append(Refusal(origin, str(exc).removeprefix(f"{origin}: ")))
+        except (ValueError, TypeError) as exc:  # a row Celery refuses (a crontab never due)
+            plan.refused.append(Refusal(origin, f"Celery refuses it: {exc}"))
     return plan
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -36,6 +37,8 @@ def database_settings(url: str) -> dict[str, Any]:
         name = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db (dj-database-url's)
         if not name:
             raise ConfigError("--database-url: sqlite:///path names no database file")
+        if not os.path.isfile(name):  # SQLite would create it, empty, even for a dry run
+            raise ConfigError(f"--database-url: no SQLite database file {name!r}")
         return {"ENGINE": engine, "NAME": name}
     name = unquote(parts.path.lstrip("/"))
     if not name:
