@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import click
@@ -97,11 +98,17 @@ def web_command(settings: Settings, bind: tuple[str, int], token_file: Path | No
     host, port = bind
     mode = "writes with the token" if token else "read-only"
     shown = f"[{host}]" if ":" in host else host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:  # listen before saying so: a port in use is one line, exit 1
+        listening = socket.create_server((host, port), family=family)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise click.ClickException(f"cannot listen on {shown}:{port}: {reason}") from exc
     click.echo(f"serving {settings.where} on http://{shown}:{port}/ ({mode})", err=True)
     config = uvicorn.Config(
         app(repeat, token=token), host=host, port=port, log_level="warning", access_log=False
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[listening])
 
 
 COMMANDS = (web_command,)

@@ -3,6 +3,11 @@ anything listens. (The browser test runs the command for real.)"""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +60,36 @@ def test_bad_input_exits_with_one_line_and_its_code(
     assert message in result.stderr
     assert "hunter2" not in result.output
     assert len([line for line in result.stderr.splitlines() if line.startswith("Error")]) == 1
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_and_a_free_one_serves(redis_url: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "web"]
+        busy = subprocess.run(
+            [*command, "--bind", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60
+        )
+    assert busy.returncode == 1, busy.stderr
+    assert busy.stderr.strip().splitlines() == [
+        f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]  # and no "serving" line before it
+    env = {k: v for k, v in os.environ.items() if k != "EMQ_BRIDGE_WEB_TOKEN"}
+    served = subprocess.Popen(
+        [*command, "--bind", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert served.stderr is not None
+        assert served.stderr.readline().startswith("serving ")
+        deadline = time.monotonic() + 30
+        while True:  # the socket bound before that line is the one uvicorn serves
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
+                    assert conn.recv(100).startswith(b"HTTP/1.1 ")
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        served.terminate()
+        served.wait(timeout=20)
