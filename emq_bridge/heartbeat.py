@@ -237,9 +237,16 @@ class Heartbeat:
             # Written three times a lifetime, so one slow tick is not a death.
             self.interval_s = min(HEARTBEAT_INTERVAL_S, ttl_s / 3)
             if not ttl_s > self.interval_s + max_sleep_s:
+                # The least life that holds: a third of it (the interval) plus a sleep, or,
+                # past three intervals, the full interval plus a sleep.
+                if max_sleep_s <= 2 * HEARTBEAT_INTERVAL_S:
+                    least = 1.5 * max_sleep_s
+                else:
+                    least = HEARTBEAT_INTERVAL_S + max_sleep_s
                 raise ValueError(
                     f"a heartbeat of {ttl_s:g}s would expire while its pump sleeps: give more "
-                    f"than {self.interval_s + max_sleep_s:g}s (an interval and a sleep)"
+                    f"than {least:g}s (a third of it, the interval between heartbeats, and a "
+                    f"sleep of {max_sleep_s:g}s)"
                 )
             self.ttl_ms = round(ttl_s * 1000)
         self.queues = tuple(queues)

@@ -4,6 +4,7 @@ one key per queue on the queue's slot; from `Pump.run`, celery beat and Dramatiq
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -224,3 +225,19 @@ def test_pumps_of_a_prefix_holding_glob_characters_are_its_own_only(
     pump = Pump(starred, ["reports"], RecordingDispatcher())
     pump.step()
     assert [p.id for p in starred.pumps()] == [pump.heartbeat.id]
+
+
+@pytest.mark.parametrize("max_sleep_s", [0.5, 5.0, 10.0, 30.0])
+@pytest.mark.parametrize("ttl_s", [1.0, 5.4, 6.0, 7.5, 14.9, 30.0])
+def test_a_refused_heartbeat_life_names_the_least_one_that_is_accepted(
+    max_sleep_s: float, ttl_s: float
+) -> None:
+    try:
+        Heartbeat(["q"], max_sleep_s=max_sleep_s, ttl_s=ttl_s)
+    except ValueError as exc:
+        found = re.search(r"give more than ([0-9.]+)s", str(exc))
+        assert found is not None, str(exc)
+        least = float(found.group(1))
+        with pytest.raises(ValueError):
+            Heartbeat(["q"], max_sleep_s=max_sleep_s, ttl_s=least)
+        Heartbeat(["q"], max_sleep_s=max_sleep_s, ttl_s=least + 0.001)  # just above: accepted
