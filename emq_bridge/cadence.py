@@ -470,9 +470,18 @@ class Cron:
         return fields
 
     def describe(self) -> str:
+        # `day_and` changes which days fire only when both day fields are restricted.
+        where = f"{self.tz}; day of month and of week both" if self._days_anded() else self.tz
         if uses_hash(self.expr):  # what its H stands for, for this name
-            return f"cron {self.expr} = {self.resolved} ({self.tz})"
-        return f"cron {self.expr} ({self.tz})"
+            return f"cron {self.expr} = {self.resolved} ({where})"
+        return f"cron {self.expr} ({where})"
+
+    def _days_anded(self) -> bool:
+        if not self.day_and:
+            return False
+        fields = self.resolved.split()
+        days = (fields[2], fields[4]) if len(fields) == 5 else (fields[3], fields[5])
+        return all(day not in ("*", "?") for day in days)
 
 
 _DST_SPAN = timedelta(hours=3)  # larger than any DST shift (Troll's is 2 h)

@@ -293,3 +293,17 @@ def test_both_decorators_declare_seconds_and_h_crons_seeded_with_the_task_name(
     assert declared.definition.to_fields()["seed"] == "monthly"
     hour = int(declared.definition.cadence.resolved.split()[1])  # type: ignore[attr-defined]
     assert 0 <= hour <= 5
+
+
+def test_day_and_shows_in_the_description_where_it_changes_which_days_fire() -> None:
+    from emq_bridge.cadence import Cron
+
+    assert Cron("0 0 13 * 5", day_and=True).describe() == (
+        "cron 0 0 13 * 5 (UTC; day of month and of week both)"
+    )
+    assert Cron("0 0 13 * 5").describe() == "cron 0 0 13 * 5 (UTC)"
+    # One day field unrestricted: AND and OR fire the same days, and nothing is added.
+    assert Cron("0 3 * * 1-5", day_and=True).describe() == "cron 0 3 * * 1-5 (UTC)"
+    assert Cron("0 0 0 13 * 5", "Europe/Paris", day_and=True).describe() == (
+        "cron 0 0 0 13 * 5 (Europe/Paris; day of month and of week both)"
+    )
