@@ -165,7 +165,7 @@ def state(registration: Registration) -> str:
 COMPLETED_WORDS = {
     "end_at": "past its end_at",
     "limit": "its limit of runs is reached",
-    "at": "its last at instant fired",
+    "at": "its last at instant has passed",
 }
 
 

@@ -354,6 +354,19 @@ def test_cli_add_with_a_bad_label_exits_with_one_line_and_writes_nothing(
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_cli_add_with_labels_the_options_alone_refuse_is_a_usage_error(
+    run: Run, repeat: Repeat
+) -> None:
+    before = snapshot(repeat)
+    base = ("add", "reports", "x", "--task", "t", "--every", "1h")
+    many = [arg for i in range(33) for arg in ("--label", f"k{i}=v")]
+    too_many = run(*base, *many)
+    assert too_many.exit_code == 2 and "the limit is 32" in too_many.stderr, too_many.output
+    twice = run(*base, "--label", "k=a", "--label", "k=b")
+    assert twice.exit_code == 2, twice.output
+    assert snapshot(repeat) == before
+
+
 def test_cli_list_with_a_malformed_label_is_a_usage_error(run: Run) -> None:
     result = run("list", "--label", "team")
     assert result.exit_code == 2 and "must be KEY=VALUE" in result.stderr

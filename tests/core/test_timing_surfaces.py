@@ -174,8 +174,8 @@ def test_cli_add_takes_bounds_and_one_offs_and_list_and_show_say_completed(
     assert len(fired["trial"]) == 2 and "past" not in fired
     listed = run("list", "q").output
     rows = {line.split()[1]: line for line in listed.splitlines()[1:]}
-    assert "completed: its last at instant fired" in rows["once"]
-    assert "completed: its last at instant fired" in rows["past"]
+    assert "completed: its last at instant has passed" in rows["once"]
+    assert "completed: its last at instant has passed" in rows["past"]
     assert "completed: its limit of runs is reached" in rows["trial"]
     shown = run("show", "q", "trial").output
     assert "  state     completed: its limit of runs is reached" in shown
