@@ -164,8 +164,11 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     try:
         with file_path.open("rb") as handle:
             # The same document as JSON (`emq-bridge export --format json` writes one).
-            data = json.load(handle) if file_path.suffix == ".json" else tomllib.load(handle)
-    except json.JSONDecodeError as exc:
+            if file_path.suffix == ".json":
+                data = json.load(handle, object_pairs_hook=_unique_keys)
+            else:
+                data = tomllib.load(handle)
+    except (json.JSONDecodeError, _DuplicateKey) as exc:
         raise ConfigError(f"{file_path}: not valid JSON: {exc}") from exc
     except OSError as exc:
         raise ConfigError(
@@ -181,6 +184,23 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     if not isinstance(data, dict):
         raise ConfigError(f"{file_path}: a schedule file is one JSON object, got {_kind(data)}")
     return _parse(data, file_path)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it gives a key twice (TOML refuses that too; JSON's
+    parser would keep the last one silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):  # the rare case: find the key to name it
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"the key {key!r} is given twice in one object")
+            seen.add(key)
+    return out
 
 
 def sync_file(

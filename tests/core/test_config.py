@@ -262,6 +262,24 @@ task = "t"
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    "document",
+    [
+        '{"source": "a", "source": "b", "schedule": []}',
+        '{"schedule": [{"queue": "q", "name": "n", "task": "t", "every": "1h", "every": "2h"}]}',
+        '{"schedule": [{"queue": "q", "name": "n", "task": "t", "every": "1h",'
+        ' "kwargs": {"x": 1, "x": 2}}]}',
+    ],
+)
+def test_a_json_file_giving_a_key_twice_is_refused_as_toml_would_be(
+    tmp_path: Path, document: str
+) -> None:
+    path = tmp_path / "twice.json"
+    path.write_text(document)
+    with pytest.raises(ConfigError, match=r"not valid JSON: the key '\w+' is given twice"):
+        load_schedule_file(path)
+
+
 def test_a_missing_file_raises_a_config_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nowhere\.toml: cannot read the schedule file"):
         load_schedule_file(tmp_path / "nowhere.toml")
