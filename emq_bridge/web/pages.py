@@ -11,7 +11,7 @@ one, paused last), so a filtered page's next page starts where it stopped readin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,24 @@ class BadQuery(ValueError):
     """A query parameter of the page is invalid: the reason, for a 400 reply."""
 
 
+def label_pairs(given: Iterable[object]) -> list[str]:
+    """The `KEY=VALUE` items of `label` parameters, each a comma-separated list. A piece
+    without `=` continues the value before it (a label value may hold commas: `k=a,b` is the
+    one label `k` = `a,b`); a first piece without one is left to be refused."""
+    pairs: list[str] = []
+    for raw in given:
+        first = True
+        for piece in str(raw).split(","):
+            if not piece.strip():  # `a=b,` or `a=b,,c=d`: nothing there
+                pass
+            elif "=" not in piece and not first and pairs:
+                pairs[-1] += "," + piece
+            else:
+                pairs.append(piece.strip())
+            first = False
+    return pairs
+
+
 @dataclass(frozen=True, slots=True)
 class Filters:
     """The table's filters: queue (exact), state, source (the owner, exact), name (substring),
@@ -88,7 +106,7 @@ class Filters:
         # `label=a=b,c=d`, or the parameter repeated (a form's multi-dict has `getlist`).
         getlist = getattr(query, "getlist", None)
         given = getlist("label") if callable(getlist) else [query.get("label") or ""]
-        pairs = [p.strip() for raw in given for p in str(raw).split(",") if p.strip()]
+        pairs = label_pairs(given)
         try:
             selector = parse_selector(pairs, "label")
         except ScheduleError as exc:

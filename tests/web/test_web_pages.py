@@ -196,6 +196,12 @@ def test_the_label_filter_keeps_what_holds_every_pair_in_the_table_and_the_api(
         "/api/schedules", params=[("label", "team=billing"), ("label", "tier=gold")]
     )
     assert [item["name"] for item in repeated.json()["items"]] == ["a"]
+    repeat.upsert("reports", "comma", definition=define(every="1h", labels={"k": "a,b"}))
+    for selector in ("k=a,b", "team=nobody,k=a,b", "k=a,b,team=billing"):
+        wanted = ["comma"] if selector == "k=a,b" else []
+        api = client.get("/api/schedules", params={"label": selector})
+        assert api.status_code == 200, api.text  # a comma in a value is the value's
+        assert [item["name"] for item in api.json()["items"]] == wanted, selector
     bad = client.get("/", params={"label": "team"})
     assert bad.status_code == 400 and "label 'team' must be KEY=VALUE" in html.unescape(bad.text)
 
