@@ -16,7 +16,14 @@ from .. import __version__
 from ..errors import InvalidName
 from ..keys import DEFAULT_PREFIX, validate_prefix
 from .backfill import COMMANDS as BACKFILL_COMMANDS
-from .context import DEFAULT_REDIS_URL, Settings, emq_errors, install_logging, remove_logging
+from .context import (
+    DEFAULT_REDIS_URL,
+    Settings,
+    emq_errors,
+    install_logging,
+    remove_logging,
+    usage_line,
+)
 from .health import COMMANDS as HEALTH_COMMANDS
 from .migrate import COMMANDS as MIGRATE_COMMANDS
 from .operations import COMMANDS as OPERATION_COMMANDS
@@ -32,6 +39,21 @@ class EmqGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with emq_errors(ctx):
             return super().invoke(ctx)
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # The group's own options (--redis-url, --prefix) are read here, before `invoke`.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise usage_line(exc) from exc
 
 
 def _prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:

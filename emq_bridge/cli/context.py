@@ -23,11 +23,13 @@ __all__ = [
     "ServerError",
     "Settings",
     "UrlError",
+    "UsageLine",
     "emq_errors",
     "given_as",
     "install_logging",
     "pass_settings",
     "redact_url",
+    "usage_line",
 ]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -145,6 +147,23 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
         raise ServerError(_clean(f"Redis at {where} refused: {exc}", settings)) from exc
     except EmqError as exc:
         raise click.ClickException(_clean(str(exc), ctx.find_object(Settings))) from exc
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # a command given no arguments shows its help, as click does
+    except click.UsageError as exc:
+        raise usage_line(exc, ctx.find_object(Settings)) from exc
+
+
+def usage_line(exc: click.UsageError, settings: Settings | None = None) -> UsageLine:
+    """`exc` as one line (click's own form adds the usage and a hint on lines of their own)."""
+    path = exc.ctx.command_path.split()[1:] if exc.ctx is not None else []
+    where = " ".join(["emq-bridge", *path])  # the console script's name, however invoked
+    return UsageLine(_clean(f"{exc.format_message()} (see '{where} --help')", settings))
+
+
+class UsageLine(click.ClickException):
+    """Bad usage told in one line on stderr (exit 2, click's code for it)."""
+
+    exit_code = 2
 
 
 def _clean(message: str, settings: Settings | None) -> str:

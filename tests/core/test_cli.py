@@ -135,6 +135,36 @@ def test_show_prints_one_schedule_and_its_json(run: Run, repeat: Repeat) -> None
     assert (data["queue"], data["name"], data["source"]) == ("reports", "digest", "ops")
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("add", "q", "x", "--task", "t", "--every", "5s", "--limit", "0"),
+            "Invalid value for '--limit': 0 is not in the range 1<=x<=1000000000. "
+            "(see 'emq-bridge add --help')",
+        ),
+        (("lsit",), "No such command 'lsit'. Did you mean 'list'? (see 'emq-bridge --help')"),
+        (("add", "q"), "Missing argument 'NAME'. (see 'emq-bridge add --help')"),
+        (("history", "q", "n", "-n", "0"), "(see 'emq-bridge history --help')"),
+    ],
+)
+def test_bad_usage_is_one_line_on_stderr_and_exit_2(
+    run: Run, repeat: Repeat, args: tuple[str, ...], said: str
+) -> None:
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: ") and line.endswith(said), line
+
+
+def test_a_bad_group_option_is_one_line_too() -> None:
+    result = CliRunner().invoke(cli, ["--prefix", "", "list"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "Error: Invalid value for '--prefix': prefix must not be empty (see 'emq-bridge --help')"
+    ]
+
+
 def test_show_of_an_unknown_schedule_exits_1_with_one_line(run: Run) -> None:
     result = run("show", "reports", "ghost")
     assert result.exit_code == 1
