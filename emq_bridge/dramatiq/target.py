@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from typing import Any
@@ -12,13 +13,15 @@ from dramatiq import broker as dramatiq_broker
 from dramatiq.brokers.redis import RedisBroker
 
 from ..dispatch import PumpTarget
-from ..errors import ConfigError
+from ..errors import ConfigError, EmqError
 from ..registry import Repeat
 from .dispatch import dramatiq_dispatcher
 from .middleware import DEFAULT_SOURCE, RecurringMiddleware
 from .schedule import broker_declarations
 
 __all__ = ["import_broker", "load_target"]
+
+log = logging.getLogger("emq_bridge.dramatiq")
 
 
 def import_broker(spec: str) -> dramatiq.Broker:
@@ -35,8 +38,16 @@ def import_broker(spec: str) -> dramatiq.Broker:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
+    except EmqError:
+        raise  # an actor's recurring option, say: its own one-line reason
     except ImportError as exc:
         raise ConfigError(f"cannot import Dramatiq app {module_name!r}: {exc}") from exc
+    except Exception as exc:  # the app's own code failed: one line, the traceback at -vv
+        log.debug("importing %s failed", module_name, exc_info=True)
+        raise ConfigError(
+            f"cannot import Dramatiq app {module_name!r}: {type(exc).__name__}: {exc} "
+            "(-vv shows the traceback)"
+        ) from exc
     if attr:
         found: Any = module
         for part in attr.split("."):

@@ -570,6 +570,11 @@ def test_load_target_finds_the_app_the_way_celery_a_does(
             del sys.modules[name]
     with pytest.raises(ConfigError, match="cannot load the Celery app"):
         load_target(f"nowhere_{prefix}")
+    broken = tmp_path / f"broken_{prefix}.py"
+    broken.write_text("raise RuntimeError('no config here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"RuntimeError: no config here \(-vv shows"):
+        load_target(f"broken_{prefix}")
 
 
 def test_the_example_app_declares_its_beat_schedule_and_decorated_tasks(

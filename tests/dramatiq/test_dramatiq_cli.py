@@ -214,6 +214,9 @@ def test_load_target_rejects_a_module_that_cannot_be_imported_or_an_attribute_th
 ) -> None:
     with pytest.raises(ConfigError, match="cannot import Dramatiq app"):
         load_target("emq_no_such_module_here:broker")
+    (app.root / f"{app.module}_broken.py").write_text("raise RuntimeError('no config here')\n")
+    with pytest.raises(ConfigError, match=r"RuntimeError: no config here \(-vv shows"):
+        load_target(f"{app.module}_broken")
     (app.root / f"{app.module}_plain.py").write_text("value = 3\n")
     with pytest.raises(ConfigError, match="neither a Dramatiq broker"):
         load_target(f"{app.module}_plain:value")
