@@ -123,7 +123,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         self.pump.heartbeat.role = "celery-beat"
         self.pump.check_eviction_policy()
         log.info(
-            "emq-bridge beat: %d schedule(s) synced; pumping %s",
+            "emq-bridge beat: %d schedule(s) declared; pumping %s",
             plan.count,
             ", ".join(plan.queues),
         )

@@ -313,7 +313,7 @@ def test_a_redis_broker_fleet_runs_every_second_and_crontab_entries_with_occurre
 def test_three_beats_at_once_started_three_ways_run_each_occurrence_once(fleet: Fleet) -> None:
     logs = {name: fleet.log(name) for name in ("beat-path", "beat-alias", "beat-conf")}
     for name, text in logs.items():
-        assert "emq-bridge beat: 2 schedule(s) synced" in text, (
+        assert "emq-bridge beat: 2 schedule(s) declared" in text, (
             f"{name} did not start:\n{text[-2000:]}"
         )
         assert "registry -> redis://" in text
@@ -328,7 +328,7 @@ def test_a_worker_with_embedded_beat_and_a_second_beat_on_rabbitmq_run_each_occu
 ) -> None:
     assert "rabbit" in fleet.stacks, "RabbitMQ was not reachable when the fleet started"
     for name in ("rabbit-worker-B", "rabbit-beat"):
-        assert "emq-bridge beat: 2 schedule(s) synced" in fleet.log(name), fleet.log(name)[-2000:]
+        assert "emq-bridge beat: 2 schedule(s) declared" in fleet.log(name), fleet.log(name)[-2000:]
         assert fleet.stacks["rabbit"].procs[name].poll() is None, f"{name} exited early"
     assert_each_occurrence_ran_once(fleet, "rabbit")
 
