@@ -175,6 +175,13 @@ def test_health_fails_on_a_schedule_overdue_beyond_the_bound_though_a_pump_lives
     assert 480_000 < queue["overdue_ms"] < 660_000
     # Served, so not flagged: `health --max-lag` tells the stuck pump.
     assert "overdue" not in run(redis_url, prefix, "list").stdout
+    # Nothing due: the earliest next run is told, its name only once due (docs/health.md).
+    repeat.register("later", "hourly", every="1h", template={"task": "t"})
+    every = json.loads(run(redis_url, prefix, "health", "--max-lag", "2h", "--json").stdout)
+    later = next(q for q in every["queues"] if q["queue"] == "later")
+    assert later["earliest"] is None
+    assert later["earliest_ms"] > repeat.server_time_ms() - 1_000  # in the future
+    assert later["overdue_ms"] == 0
     stuck.heartbeat.remove(repeat)
 
 
