@@ -186,6 +186,7 @@ def _schedule_view(registration: Registration, now_ms: int, pumped: set[str]) ->
         "last_success": when(registration.last_success_ms),
         "last_duration": duration_text(registration.last_duration_ms),
         "parked_since": when(registration.parked_ms),
+        "paused_since": when(registration.paused_ms),
     }
 
 

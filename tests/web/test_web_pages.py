@@ -270,6 +270,12 @@ def test_the_schedule_page_shows_definition_next_runs_history_streak_and_timelin
     body = web().get("/api/schedule", params={"queue": "reports", "name": "digest"}).json()
     assert [h["status"] for h in body["history"]] == ["failed", "failed", "succeeded"]
     assert len(body["next_runs_ms"]) == 10 and body["failures"] == 2
+    assert 'id="paused-by"' not in text  # not paused: no pause lines
+
+    assert repeat.pause("reports", "hourly", note="until <the fix> ships", by="ops")
+    paused = web().get("/schedule", params={"queue": "reports", "name": "hourly"}).text
+    assert re.search(r'id="paused-by">ops, \d{4}-\d\d-\d\d', paused), paused
+    assert 'id="paused-note">until &lt;the fix&gt; ships</dd>' in paused  # as `show`, escaped
 
 
 def test_the_json_api_gives_what_the_clis_json_gives(
