@@ -150,7 +150,7 @@ class Deploy:
     def boot(self, kind: str, version: str, generation: int | None = None) -> Process:
         """Start a process and wait until its sync is done (a worker syncs before it is ready)."""
         process = self.start(kind, version, generation)
-        done = r"@\S+ ready\." if kind == "worker" else r"schedule\(s\) synced"
+        done = r"@\S+ ready\." if kind == "worker" else r"schedule\(s\) declared"
         wait_for(lambda: re.search(done, process.log()) is not None, 30, f"{kind} {version} sync")
         return process
 
