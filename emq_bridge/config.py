@@ -144,6 +144,9 @@ class _FieldError(Exception):
         super().__init__(f"field {field!r}: {reason}")
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def default_source(path: str | os.PathLike[str]) -> str:
     """Return the ownership tag of a file that sets no `source`: `file:<file name>`.
 
@@ -166,8 +169,8 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
             # The same document as JSON (`emq-bridge export --format json` writes one).
             if file_path.suffix == ".json":
                 data = json.load(handle, object_pairs_hook=_unique_keys)
-            else:
-                data = tomllib.load(handle)
+            else:  # a UTF-8 byte order mark (some editors write one) is read as JSON reads it
+                data = tomllib.loads(handle.read().removeprefix(UTF8_BOM).decode("utf-8"))
     except (json.JSONDecodeError, _DuplicateKey) as exc:
         raise ConfigError(f"{file_path}: not valid JSON: {exc}") from exc
     except OSError as exc:

@@ -25,7 +25,7 @@ from ..definition import MAX_PAUSE_AFTER, OVERLAPS
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..health import served, unserved
 from ..keys import parse_lease_member
-from ..labels import matches, parse_selector
+from ..labels import check_labels, matches, parse_selector
 from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
 from ..registry import Registration, Repeat
 from ..template import MAX_TEMPLATE_DEPTH
@@ -67,6 +67,19 @@ def _selector(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
         raise click.BadParameter(str(exc)) from exc
 
 
+def _label_filter(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> dict[str, str]:
+    """`_selector`, its pairs held to the rules of labels too: a key no schedule can have
+    (empty, with whitespace) is bad usage, not a filter that matches nothing."""
+    selector = _selector(ctx, param, value)
+    try:
+        check_labels(selector)
+    except ScheduleError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return selector
+
+
 def _lifecycle(move: Callable[[], T]) -> T:
     """Run a registry move that raises KeyError for an unknown name; exit 1 with its reason."""
     try:
@@ -104,7 +117,7 @@ def _require(repeat: Repeat, queue: str, name: str) -> Registration:
     "selector",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_selector,
+    callback=_label_filter,
     help="Only schedules with this label; repeat it: all must match (paging counts those).",
 )
 @pass_settings

@@ -280,6 +280,19 @@ def test_a_json_file_giving_a_key_twice_is_refused_as_toml_would_be(
         load_schedule_file(path)
 
 
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_a_byte_order_mark_is_read_in_toml_as_in_json(tmp_path: Path, suffix: str) -> None:
+    text = (
+        '{"source": "bom", "schedule": [{"queue": "q", "name": "n", "task": "t", "every": "1h"}]}'
+        if suffix == ".json"
+        else 'source = "bom"\n[[schedule]]\nqueue = "q"\nname = "n"\ntask = "t"\nevery = "1h"\n'
+    )
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    loaded = load_schedule_file(path)
+    assert loaded.source == "bom" and [d.name for d in loaded.declarations] == ["n"]
+
+
 def test_a_missing_file_raises_a_config_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nowhere\.toml: cannot read the schedule file"):
         load_schedule_file(tmp_path / "nowhere.toml")

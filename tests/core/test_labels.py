@@ -370,6 +370,8 @@ def test_cli_add_with_labels_the_options_alone_refuse_is_a_usage_error(
 def test_cli_list_with_a_malformed_label_is_a_usage_error(run: Run) -> None:
     result = run("list", "--label", "team")
     assert result.exit_code == 2 and "must be KEY=VALUE" in result.stderr
+    empty_key = run("list", "--label", "=a")  # as `add` refuses it
+    assert empty_key.exit_code == 2 and "a label key must not be empty" in empty_key.stderr
 
 
 # -- export -> sync ---------------------------------------------------------------------
