@@ -20,6 +20,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from registry_state import drop_prefix
 
 from emq_bridge import Repeat
 from emq_bridge.outcome import Report
@@ -35,7 +36,13 @@ DUE = 1_900_000_000_000
 def model_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
+    for prefix in _PREFIXES:  # one per example
+        drop_prefix(client, prefix)
+    _PREFIXES.clear()
     client.close()
+
+
+_PREFIXES: list[str] = []
 
 
 reports = st.lists(
@@ -73,6 +80,7 @@ def _state(repeat: Repeat) -> tuple[dict[bytes, bytes], list[bytes], set[bytes]]
 
 def _fresh(client: redis.Redis) -> Repeat:
     repeat = Repeat(client, f"m{uuid.uuid4().hex[:10]}")
+    _PREFIXES.append(repeat.prefix)
     repeat.upsert("q", "job", every="1h", template={"task": "t"}, now_ms=DUE)
     repeat.upsert("q", "other", every="1h", template={"task": "t"}, now_ms=DUE)
     return repeat

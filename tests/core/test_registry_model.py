@@ -14,6 +14,7 @@ import redis
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from registry_state import drop_prefix
 
 from emq_bridge import Occurrence, Pump, Repeat, occurrence_id
 from emq_bridge.errors import DispatchError
@@ -73,6 +74,9 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
             self.in_flight: dict[InFlight, int] = {}
             self.dispatcher = FlakyDispatcher()
             self.pump = Pump(self.repeat, ["q"], self.dispatcher, lease_ms=LEASE_MS)
+
+        def teardown(self) -> None:
+            drop_prefix(client, self.repeat.prefix)  # each example has a prefix of its own
 
         @rule(name=NAMES, every=EVERY, task=TASKS)
         def register(self, name: str, every: int, task: str) -> None:
