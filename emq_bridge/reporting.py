@@ -126,35 +126,22 @@ class Reporter:
             self._idle = False
             self._wake.set()
 
-    def begin(self, item: Report) -> bool:
+    def begin(self, item: Report, *, mark: bool = True) -> bool:
         """Ask, before a worker runs the occurrence `item` starts, whether it may: False
         while another occurrence of its guarded registration is in flight (`Repeat.begin`,
-        one round trip from the calling thread). True when Redis cannot answer."""
+        one round trip from the calling thread). True when Redis cannot answer. With
+        `mark=False` it only asks (writes nothing), and not at all while reports are being
+        dropped (Redis down: the calling thread, a worker's consumer, must not wait on it)."""
         if self._pid != os.getpid():
             self._reset()
+        if not mark and self._failing:
+            return True
         try:
             repeat = self._registry()
         except Exception as exc:  # never into the task: run it, the claim's guard holds
             log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
             return True
-        return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms)
-
-    def may_begin(self, item: Report) -> bool:
-        """Ask, writing nothing, whether the occurrence `item` starts may run: False while
-        another occurrence of its guarded registration is in flight (`Repeat.begin` with
-        `mark=False`, one round trip from the calling thread). True without asking while
-        reports are being dropped (Redis down: the calling thread must not wait on it), and
-        when Redis cannot answer."""
-        if self._pid != os.getpid():
-            self._reset()
-        if self._failing:
-            return True
-        try:
-            repeat = self._registry()
-        except Exception as exc:  # never into the worker: run it, the claim's guard holds
-            log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
-            return True
-        return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms, mark=False)
+        return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms, mark=mark)
 
     def _registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""

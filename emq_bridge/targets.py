@@ -25,7 +25,7 @@ from typing import Protocol
 from .dispatch import PumpTarget
 from .errors import ConfigError
 
-__all__ = ["ENTRY_POINT_GROUP", "TargetLoader", "frameworks", "load_target"]
+__all__ = ["ENTRY_POINT_GROUP", "TargetLoader", "app_failed", "frameworks", "load_target"]
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +82,11 @@ def load_target(framework: str, spec: str, *, pipelined: bool = False) -> PumpTa
             "not a PumpTarget"
         )
     return target
+
+
+def app_failed(what: str, exc: Exception) -> ConfigError:
+    """The one-line error of an application whose own code raised while an adapter loaded
+    it (`what`: "cannot load the Celery app 'proj'"); its traceback goes to the DEBUG log
+    (`-vv`), not to the user's terminal."""
+    log.debug("%s", what, exc_info=exc)
+    return ConfigError(f"{what}: {type(exc).__name__}: {exc} (-vv shows the traceback)")

@@ -344,7 +344,7 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         if occurrence is None:
             return
         attempt = int(fields.get("retries") or 0) + 1
-        if reporter.may_begin(report_of("started", occurrence, attempt=attempt)):
+        if reporter.begin(report_of("started", occurrence, attempt=attempt), mark=False):
             return
         worker_state.revoked.add(request.id)  # what the revoke command does: never run
         log.info(

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 from celery import Celery
 
 from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
+from ..targets import app_failed
 from .declare import app_schedule, registry_url, repeat_for
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 
 __all__ = ["load_target"]
-
-log = logging.getLogger("emq_bridge.celery")
 
 
 def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
@@ -37,12 +34,8 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         raise  # a @recurring declaration, say: its own one-line reason
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load the Celery app {spec!r}: {exc}") from exc
-    except Exception as exc:  # the app's own code failed: one line, the traceback at -vv
-        log.debug("loading %s failed", spec, exc_info=True)
-        raise ConfigError(
-            f"cannot load the Celery app {spec!r}: {type(exc).__name__}: {exc} "
-            "(-vv shows the traceback)"
-        ) from exc
+    except Exception as exc:  # the app's own code failed
+        raise app_failed(f"cannot load the Celery app {spec!r}", exc) from exc
     if not isinstance(app, Celery):
         raise ConfigError(f"{spec!r} is {type(app).__name__}, not a Celery app")
     app.loader.import_default_modules()

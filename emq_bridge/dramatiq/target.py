@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 from typing import Any
@@ -15,13 +14,12 @@ from dramatiq.brokers.redis import RedisBroker
 from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
+from ..targets import app_failed
 from .dispatch import dramatiq_dispatcher
 from .middleware import DEFAULT_SOURCE, RecurringMiddleware
 from .schedule import broker_declarations
 
 __all__ = ["import_broker", "load_target"]
-
-log = logging.getLogger("emq_bridge.dramatiq")
 
 
 def import_broker(spec: str) -> dramatiq.Broker:
@@ -42,12 +40,8 @@ def import_broker(spec: str) -> dramatiq.Broker:
         raise  # an actor's recurring option, say: its own one-line reason
     except ImportError as exc:
         raise ConfigError(f"cannot import Dramatiq app {module_name!r}: {exc}") from exc
-    except Exception as exc:  # the app's own code failed: one line, the traceback at -vv
-        log.debug("importing %s failed", module_name, exc_info=True)
-        raise ConfigError(
-            f"cannot import Dramatiq app {module_name!r}: {type(exc).__name__}: {exc} "
-            "(-vv shows the traceback)"
-        ) from exc
+    except Exception as exc:  # the app's own code failed
+        raise app_failed(f"cannot import Dramatiq app {module_name!r}", exc) from exc
     if attr:
         found: Any = module
         for part in attr.split("."):
