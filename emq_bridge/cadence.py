@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -109,7 +110,8 @@ CRON_ALIASES = {
 }
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_EVERY_RE = re.compile(r"(\d+)\s*(ms|s|m|h|d|w)", re.ASCII)
+# A number and its unit, "15m", "1.5h": the parts of an interval string ("1h30m").
+_EVERY_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.ASCII)
 # A bare number of seconds, as `every` takes it: "90", "1.5" (at most 20 digits each side).
 _SECONDS_RE = re.compile(r"\d{1,20}(\.\d{1,20})?", re.ASCII)
 # Scores are epoch ms held in a double, exact up to 2**53: an interval stays far below that.
@@ -234,12 +236,17 @@ def parse_every_ms(value: int | timedelta | str) -> int:
             every_ms = int(text)
         else:
             parts = _EVERY_RE.findall(text)
-            if not parts or _EVERY_RE.sub("", text).strip() or any(len(n) > 20 for n, _ in parts):
+            if not parts or _EVERY_RE.sub("", text).strip() or any(len(n) > 41 for n, _ in parts):
                 raise ScheduleError(
                     f"every {shown(value)} is not an interval; use ms or a string like "
-                    "'500ms', '30s', '15m', '1h30m', '2d'"
+                    "'500ms', '30s', '1.5h', '1h30m', '2d'"
                 )
-            every_ms = sum(int(n) * _UNITS_MS[unit] for n, unit in parts)
+            # Decimal, not float: "0.1s" + "0.2s" is exactly 300 ms, and a part finer than
+            # a millisecond is refused rather than rounded away.
+            exact = sum(Decimal(n) * _UNITS_MS[unit] for n, unit in parts)
+            if exact != exact.to_integral_value():
+                raise ScheduleError(f"every {shown(value)} is not a whole number of ms")
+            every_ms = int(exact)
     else:
         raise ScheduleError(
             f"every must be ms, a timedelta or a string like '15m', not {shown(value)}"

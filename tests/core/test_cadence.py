@@ -24,6 +24,9 @@ MIN = 60_000
         ("15m", 900_000),
         ("1h30m", 5_400_000),
         ("2d", 172_800_000),
+        ("1.5h", 5_400_000),
+        ("0.5s", 500),
+        ("1.25m 0.5s", 75_500),
         ("1w", 604_800_000),
         ("250", 250),
         (timedelta(minutes=5), 300_000),
@@ -37,7 +40,7 @@ def test_every_accepts_ms_timedeltas_and_unit_strings(text: object, ms: int) -> 
 
 
 @pytest.mark.parametrize(
-    "bad", [0, -5, "0s", "", "15 minutes", "m", "1.5h", True, None, 1.5, timedelta(0)]
+    "bad", [0, -5, "0s", "", "15 minutes", "m", "0.5ms", "1.0005s", "1.s", ".5s", True, None, 1.5, timedelta(0)]
 )
 def test_every_rejects_what_is_not_a_positive_interval(bad: object) -> None:
     with pytest.raises(ScheduleError):
