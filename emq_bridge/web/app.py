@@ -352,8 +352,13 @@ def app(
             raise HTTPException(
                 403, "read-only: writes need the token or the host app's permission"
             )
-        if not view.guard.bearer(request) and not view.guard.csrf_ok(request, csrf):
-            raise HTTPException(403, "the CSRF token is missing or wrong: reload the page")
+        if not view.guard.bearer(request):
+            refuse_csrf(request, csrf)
+
+    def refuse_csrf(request: Request, csrf: str | None) -> None:
+        refusal = view.guard.csrf_refusal(request, csrf)
+        if refusal is not None:
+            raise HTTPException(403, refusal)
 
     async def action(request: Request) -> Response:
         form = await request.form()
@@ -392,8 +397,7 @@ def app(
 
     async def unlock(request: Request) -> Response:
         form = await request.form()
-        if not view.guard.csrf_ok(request, str(form.get("csrf") or "") or None):
-            raise HTTPException(403, "the CSRF token is missing or wrong: reload the page")
+        refuse_csrf(request, str(form.get("csrf") or "") or None)
         back = _link(request, "index", {})
         if not view.guard.check_token(str(form.get("token") or "")):
             return RedirectResponse(_link(request, "index", {"done": "wrong token"}), 303)
@@ -403,8 +407,7 @@ def app(
 
     async def lock(request: Request) -> Response:
         form = await request.form()
-        if not view.guard.csrf_ok(request, str(form.get("csrf") or "") or None):
-            raise HTTPException(403, "the CSRF token is missing or wrong: reload the page")
+        refuse_csrf(request, str(form.get("csrf") or "") or None)
         response = RedirectResponse(_link(request, "index", {}), status_code=303)
         view.guard.lock(request, response)
         return response

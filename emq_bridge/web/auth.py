@@ -116,21 +116,24 @@ class Guard:
         nonce, _, signature = value.rpartition(".")
         return bool(nonce) and _same(signature, self._sign("csrf:" + nonce))
 
-    def csrf_ok(self, request: Request, submitted: str | None) -> bool:
-        """Whether a change carries this browser's CSRF token and comes from this host."""
+    def csrf_refusal(self, request: Request, submitted: str | None) -> str | None:
+        """Why a change is refused: it comes from another site (`Origin`), or it lacks this
+        browser's CSRF token; None when it may go on."""
         origin = request.headers.get("origin")
         if origin is not None and origin != "null":
             host = request.headers.get("host", "")
             if origin.split("://", 1)[-1] != host:
-                return False
+                return f"a change from another site ({origin}) is refused"
         cookie = request.cookies.get(CSRF_COOKIE)
         given = submitted or request.headers.get(CSRF_HEADER)
-        return (
+        if (
             cookie is not None
             and given is not None
             and self._valid_csrf(cookie)
             and _same(cookie, given)
-        )
+        ):
+            return None
+        return "the CSRF token is missing or wrong: reload the page"
 
 
 def _same(a: str, b: str) -> bool:

@@ -40,7 +40,23 @@ def test_every_accepts_ms_timedeltas_and_unit_strings(text: object, ms: int) -> 
 
 
 @pytest.mark.parametrize(
-    "bad", [0, -5, "0s", "", "15 minutes", "m", "0.5ms", "1.0005s", "1.s", ".5s", True, None, 1.5, timedelta(0)]
+    "bad",
+    [
+        0,
+        -5,
+        "0s",
+        "",
+        "15 minutes",
+        "m",
+        "0.5ms",
+        "1.0005s",
+        "1.s",
+        ".5s",
+        True,
+        None,
+        1.5,
+        timedelta(0),
+    ],
 )
 def test_every_rejects_what_is_not_a_positive_interval(bad: object) -> None:
     with pytest.raises(ScheduleError):

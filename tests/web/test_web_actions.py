@@ -114,6 +114,8 @@ def test_a_change_without_this_browsers_csrf_token_or_from_another_site_is_refus
         "/schedule", data={**form, "csrf": csrf}, headers={"origin": "https://evil.example"}
     )
     assert evil.status_code == 403
+    assert "another site (https://evil.example)" in evil.text  # it says why, not "CSRF"
+    assert "CSRF" not in evil.text
     assert client.post("/api/schedule/pause", json=form).status_code == 403  # cookie, no header
     assert snapshot(seeded) == before
     ok = client.post("/api/schedule/pause", json=form, headers={"x-csrf-token": csrf})
