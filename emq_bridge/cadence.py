@@ -243,7 +243,7 @@ def parse_every_ms(value: int | timedelta | str) -> int:
                 )
             # Decimal, not float: "0.1s" + "0.2s" is exactly 300 ms, and a part finer than
             # a millisecond is refused rather than rounded away.
-            exact = sum(Decimal(n) * _UNITS_MS[unit] for n, unit in parts)
+            exact = sum((Decimal(n) * _UNITS_MS[unit] for n, unit in parts), Decimal(0))
             if exact != exact.to_integral_value():
                 raise ScheduleError(f"every {shown(value)} is not a whole number of ms")
             every_ms = int(exact)
