@@ -146,8 +146,11 @@ for i, report in ipairs(reports) do
         if index then
           redis.call('LSET', history, index, encoded)
         else
-          redis.call('LPUSH', history, encoded)
-          redis.call('LTRIM', history, 0, cap - 1)
+          -- Trimmed only once it is past the cap (a full history: every time; a command
+          -- spared while it fills).
+          if redis.call('LPUSH', history, encoded) > cap then
+            redis.call('LTRIM', history, 0, cap - 1)
+          end
           if later then set('history_due', due) end
         end
         local inflight = cur[3]
