@@ -456,7 +456,8 @@ def rest_table(medians: Medians) -> list[str]:
         out += [
             f"`emq-bridge list --limit 50` at {_fmt(page.get('schedules'))} schedules: the "
             f"command {_fmt(page.get('command_ms'), 1)} ms (of which starting Python and "
-            f"importing, `emq-bridge --version`: {_fmt(page.get('startup_floor_ms'), 1)} ms), "
+            f"importing, `emq-bridge --version`: {_fmt(page.get('startup_floor_ms'), 1)} ms; "
+            f"Python and `import redis` alone: {_fmt(page.get('import_redis_ms'), 1)} ms), "
             f"in-process {_fmt(page.get('in_process_ms'), 1)} ms, `Repeat.list(limit=50)` "
             f"{_fmt(page.get('list_page_ms'), 1)} ms. {page.get('error', '')}",
         ]
