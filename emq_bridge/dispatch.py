@@ -17,6 +17,7 @@ from .errors import DispatchError
 from .occurrence import Occurrence
 from .registry import Repeat
 from .replies import redis_errors
+from .sync import SyncPlan
 
 __all__ = [
     "BatchDispatcher",
@@ -54,6 +55,12 @@ class PumpTarget:
     pump threads), when the adapter knows one: the command pumps it unless told otherwise,
     so a standalone pump never fires a second copy of the schedules under another prefix.
     `lease_ms` and `max_sleep_s` are the application's pump settings, when it has any.
+
+    `sync`, when set, is the application's own sync of what it declares, as its beat or
+    workers do it at boot (its generation, its schedule file, its prune setting): the
+    command syncs through it rather than `declarations` under `source` alone, so a pump never
+    writes what the app itself would not (an older generation's schedules, a file left out).
+    `code` is the declarations' (source, generation), for `Pump(code=...)`.
     """
 
     dispatcher: Dispatcher
@@ -64,6 +71,8 @@ class PumpTarget:
     repeat: Repeat | None = None
     lease_ms: int | None = None
     max_sleep_s: float | None = None
+    sync: Callable[[Repeat], list[SyncPlan]] | None = None
+    code: tuple[str, int] | None = None
 
 
 @runtime_checkable

@@ -446,6 +446,7 @@ def sync_app(
     plan: AppSchedule | None = None,
     *,
     beat: bool = True,
+    stamp: bool = False,
 ) -> list[SyncPlan]:
     """Sync the app's declared schedules into the registry; return the applied plans.
 
@@ -455,7 +456,9 @@ def sync_app(
     only, removing nothing (its `beat_schedule` is not even converted). Every sync carries
     `emq_bridge_generation`. What is synced is validated before the first write. Raises
     `ConfigError` on bad input and `RegistryError` when Redis fails midway (running it again
-    converges). The beat itself boots through `boot_schedule`, which stamps its syncs.
+    converges). The beat itself boots through `boot_schedule`, which stamps its syncs;
+    `stamp=True` stamps the beat's syncs with their declarations (`sync(stamp=True)`: an
+    unchanged restart reads no record), as `emq-bridge pump --celery` does.
     """
     plan = plan or (app_schedule(app) if beat else decorated_schedule(app))
     own = repeat is None
@@ -464,9 +467,9 @@ def sync_app(
     try:
         if not beat:
             return [sync(repeat, plan.tasks, plan.source, prune=False, generation=generation)]
-        plans = [sync(repeat, plan.declarations, plan.source, generation=generation)]
-        plans += [
-            sync(repeat, decls, source, generation=generation) for source, decls in plan.extra
+        plans = [
+            sync(repeat, decls, source, generation=generation, stamp=stamp or None)
+            for source, decls in ((plan.source, plan.declarations), *plan.extra)
         ]
     finally:
         if own:

@@ -8,7 +8,7 @@ from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
 from ..targets import app_failed
-from .declare import app_schedule, registry_url, repeat_for
+from .declare import app_schedule, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 
@@ -21,7 +21,9 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     `pipelined=True` sends through `PipelinedCeleryDispatcher` (a Redis broker only).
 
     The app is found the way `celery -A` finds it, and its task modules are imported.
-    Schedule-file entries are not included (they have their own source). The registry is
+    The command syncs as the beat does (`sync_app`): `beat_schedule` and `@recurring` under
+    the app's source, the `emq_bridge_schedule_file` under its own, each at
+    `emq_bridge_generation`. The registry is
     the one its beat uses (`repeat_for`: `emq_bridge_redis_url` or a Redis broker, under
     `emq_bridge_prefix`), None when the app names no Redis; the longest sleep is
     `beat_max_loop_interval` when set.
@@ -51,6 +53,7 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         plan.resolve_cadence,
         repeat=_beat_registry(app),
         max_sleep_s=float(max_loop_s) if max_loop_s else None,
+        sync=lambda repeat: sync_app(app, repeat, plan, stamp=True),
     )
 
 

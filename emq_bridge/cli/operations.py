@@ -393,6 +393,7 @@ def pump_command(
         lease_ms=_app_default("lease_ms", lease_ms, target.lease_ms if target else None),
         max_sleep_s=_app_default("max_sleep", max_sleep, target.max_sleep_s if target else None),
         resolve_cadence=target.resolve_cadence if target else None,
+        code=target.code if target else None,
     )
     if heartbeat_ttl is not None:
         try:
@@ -425,9 +426,18 @@ def pump_command(
 def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]) -> None:
     # Stamped (`sync(stamp=True)`): a pump restarted on unchanged declarations reads no record.
     plans = [sync(repeat, f.declarations, f.source, stamp=True) for f in files]
-    if target is not None:
+    if target is not None and target.sync is not None:
+        plans += target.sync(repeat)  # as the app's beat or workers sync at boot
+    elif target is not None:
         plans.append(sync(repeat, target.declarations, target.source, stamp=True))
     for plan in plans:
+        if plan.refused_by is not None:
+            click.echo(
+                f"not synced {plan.source}: generation {plan.generation} is older than the live "
+                f"{plan.refused_by}",
+                err=True,
+            )
+            continue
         click.echo(
             f"synced {plan.source}: {len(plan.create)} created, {len(plan.update)} updated, "
             f"{len(plan.remove)} removed, {len(plan.unchanged)} unchanged"

@@ -297,11 +297,20 @@ class RecurringMiddleware(Middleware):
             repeat.server_time_ms()
         except RegistryUnavailable as exc:
             raise RegistryUnavailable(f"{exc} at {_address(repeat.client)}") from exc
+        return self.sync_declared(broker, repeat, apply=self.sync_at_boot)
+
+    def sync_declared(
+        self, broker: dramatiq.Broker, repeat: Repeat, *, apply: bool = True
+    ) -> list[SyncPlan]:
+        """Validate what the broker's actors and the schedule file declare and, with `apply`,
+        sync it into `repeat` as a worker's boot does (this middleware's source, generation,
+        prune and file); return the applied plans. `emq-bridge pump --dramatiq` syncs
+        through this too, whatever `sync_at_boot` says (it is the deploy step's sync)."""
         code = broker_declarations(broker)
         # Stamped syncs (docs/design.md, sync and ownership): a worker process whose
         # declarations and file are those of the last sync, with nothing else written since,
         # reads no record, and does not read its schedule file again.
-        stamps = self.sync_at_boot and self.prune
+        stamps = apply and self.prune
         sources: list[tuple[str, tuple[Declaration, ...], Stamp | bool | None]] = [
             (self.source, code, stamps)
         ]
@@ -337,7 +346,7 @@ class RecurringMiddleware(Middleware):
                     ", ".join(guarded),
                 )
         self.plans = []
-        if self.sync_at_boot:
+        if apply:
             # `sync` logs its plan: changes at WARNING/INFO, unchanged schedules at DEBUG only,
             # so the processes of a deploy do not log every schedule they find unchanged.
             for source, declared, stamp in sources:

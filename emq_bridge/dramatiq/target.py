@@ -90,6 +90,7 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     queues = middleware.queues(broker, declarations)
     if not queues:
         raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
+    generation = middleware.generation
     return PumpTarget(
         # `--pipelined` asks for the fast path; without it the pump sends as the workers do.
         dramatiq_dispatcher(broker, True if pipelined else middleware.pipelined),
@@ -99,6 +100,9 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         repeat=_worker_registry(middleware, broker),
         lease_ms=middleware.lease_ms,
         max_sleep_s=middleware.max_sleep_s,
+        # The workers' own sync: their generation, schedule file and prune setting.
+        sync=lambda repeat: middleware.sync_declared(broker, repeat),
+        code=None if generation is None else (middleware.source, generation),
     )
 
 
