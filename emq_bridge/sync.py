@@ -144,6 +144,22 @@ def stamped(repeat: Repeat, source: str, fingerprint: str) -> dict[str, Any] | N
     return repeat.stamp_of(source, fingerprint)
 
 
+def check_one_source(sources: Iterable[tuple[str, Iterable[Declaration]]]) -> None:
+    """Raise `ConfigError` when two sources one process syncs (an app's code and its
+    schedule file, say) declare the same schedule: each sync would take it from the other,
+    so the registry would hold whichever was synced last, flipping at every boot."""
+    owners: dict[tuple[str, str], str] = {}
+    for source, declarations in sources:
+        for declaration in declarations:
+            key = (declaration.queue, declaration.name)
+            other = owners.setdefault(key, source)
+            if other != source:
+                raise ConfigError(
+                    f"schedule {key[0]}/{key[1]} is declared by both {other} and {source}: "
+                    "one name belongs to one source; rename or remove one of them"
+                )
+
+
 def _check_unique(declarations: list[Declaration]) -> None:
     seen: set[tuple[str, str]] = set()
     for declaration in declarations:

@@ -33,7 +33,7 @@ from ..errors import ConfigError, EmqError
 from ..file_stamp import FileStamp, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
-from ..sync import Stamp, SyncPlan, queues_of, stamped, sync
+from ..sync import Stamp, SyncPlan, check_one_source, queues_of, stamped, sync
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -319,6 +319,7 @@ def _app_schedule(
             custom[(declaration.queue, declaration.name)] = live
     tasks = _decorated(app, context)
     declarations.extend(tasks)
+    check_one_source([(_source(app), declarations), *extra])
     return AppSchedule(
         _source(app),
         tuple(declarations),
@@ -370,6 +371,8 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         from ..config import load_schedule_file  # lazily: only apps that name a file need it
 
         loaded = load_schedule_file(str(path))
+    if plan is not None and loaded is not None:
+        check_one_source([(source, plan.declarations), (loaded.source, loaded.declarations)])
     if plan is not None:
         stamp = None
         if fingerprint is not None and not plan.custom:  # a custom schedule needs its object

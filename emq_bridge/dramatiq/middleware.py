@@ -31,7 +31,7 @@ from ..outcome import HISTORY_SIZE
 from ..pump import Pump
 from ..registry import Repeat, generation_arg
 from ..reporting import HEARTBEAT_S, Reporter
-from ..sync import Stamp, SyncPlan, sync
+from ..sync import Stamp, SyncPlan, check_one_source, sync
 from .dispatch import PipelinedDramatiqDispatcher, dramatiq_dispatcher
 from .outcomes import MessageOutcomes
 from .schedule import (
@@ -331,6 +331,7 @@ class RecurringMiddleware(Middleware):
                 check_actors(broker, loaded.declarations, self.schedule_file)
                 its_stamp = found.stamp_for(loaded) if found is not None else None
                 sources.append((loaded.source, loaded.declarations, its_stamp))
+        check_one_source((source, declared) for source, declared, _ in sources)
         self.declarations = tuple(d for _, declared, _ in sources for d in declared)
         if not self.report:
             guarded = sorted(

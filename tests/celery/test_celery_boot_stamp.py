@@ -26,6 +26,7 @@ from celery.schedules import crontab, schedule, solar
 
 from emq_bridge import Repeat
 from emq_bridge.celery import RepeatScheduler, recurring
+from emq_bridge.celery.beat import BeatRefused
 from emq_bridge.celery.declare import _DECLARED, _beat_entries
 from emq_bridge.celery.fingerprint import app_fingerprint
 from emq_bridge.testing import ManualClock
@@ -392,3 +393,17 @@ def test_the_fingerprint_is_the_same_in_every_process_of_the_same_app() -> None:
         )
         found.add(done.stdout.strip())
     assert len(found) == 1 and "None" not in found
+
+
+def test_a_schedule_file_declaring_a_beat_schedule_name_stops_the_boot(
+    make_app: Callable[..., Celery], prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "schedules.toml"
+    path.write_text(
+        f'source = "{prefix}-file"\nqueue = "{prefix}-q"\n\n'
+        '[[schedule]]\nname = "a"\ntask = "t.record"\nevery = "10s"\n'
+    )
+    app = make_app(emq_bridge_schedule_file=str(path))
+    with pytest.raises(BeatRefused, match=rf"{prefix}-q/a is declared by both celery.app-"):
+        boot(app, caplog)
+    assert Repeat(redis.Redis.from_url(app.conf.broker_url), prefix).names(f"{prefix}-q") == []

@@ -114,3 +114,17 @@ def test_without_reports_the_file_is_read_at_every_boot(workers: Workers) -> Non
     workers.boot(report=False)
     assert by_stamp(workers.boot(report=False)) == {"dramatiq": True, "ops-file": False}
     assert by_stamp(workers.boot(prune=False)) == {"dramatiq": False, "ops-file": False}
+
+
+def test_a_file_declaring_an_actors_own_schedule_name_stops_the_boot(
+    workers: Workers, client: redis.Redis, prefix: str
+) -> None:
+    # Synced one after the other, each source would take "hourly" from the other at every
+    # boot (the cadence following whichever ran last): refused before any write.
+    workers.file.write_text(
+        f'source = "ops-file"\nqueue = "{workers.queue}"\n\n'
+        '[[schedule]]\nname = "hourly"\ntask = "tick"\nevery = "10s"\n'
+    )
+    with pytest.raises(BootError, match=r"hourly is declared by both dramatiq and ops-file"):
+        workers.boot()
+    assert Repeat(client, prefix).names(workers.queue) == []
