@@ -123,8 +123,12 @@ for i, report in ipairs(reports) do
       if kind == 'started' then carried = at end
       local restarted = attempt == old_attempt and old_rank == RANK.running and carried
         and carried ~= '' and tonumber(carried) > (tonumber(entry[4]) or math.huge)
-      if fresh or attempt > old_attempt or (attempt == old_attempt and RANK[status] > old_rank)
-          or (kind == 'started' and restarted) then
+      -- A copy of a lost occurrence skipped by the overlap check (a redelivery) leaves it
+      -- lost: nothing ran, and the loss is what happened to it.
+      local hides_loss = status == 'skipped' and entry[6] == 'lost'
+      if not hides_loss and (fresh or attempt > old_attempt
+          or (attempt == old_attempt and RANK[status] > old_rank)
+          or (kind == 'started' and restarted)) then
         applied = applied + 1
         -- A folded start counts where a `started` report alone would have applied.
         local take_start = fresh or attempt > old_attempt or old_rank < RANK.running or restarted

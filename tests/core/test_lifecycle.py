@@ -276,6 +276,11 @@ def test_a_lost_occurrence_delivered_again_while_the_next_runs_is_refused_at_its
     (second,) = _fire(pump, repeat.server_time_ms())
     assert repeat.begin(second) and repeat.started(second)
     assert not repeat.begin(first)  # the old one, delivered again: skip it
+    # The worker reports the copy it skipped: the history still says the run was lost (a
+    # `skipped` with the lost run's start would show a duration nothing ran for).
+    assert repeat.report([report_of("skipped", first)]) == 0
+    [entry] = [e for e in repeat.history("q", "job") if e.id == first.id]
+    assert (entry.status, entry.finished_ms, entry.duration_ms) == ("lost", None, None)
     assert repeat.begin(second)  # the one in flight may start again (a redelivery of it)
     trigger = repeat.trigger("q", "job")
     assert trigger is not None
