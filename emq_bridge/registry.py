@@ -43,6 +43,7 @@ from .scripts import Scripts
 from .stamps import StampMoves
 from .template_pieces import split_template
 from .urls import client_from_url
+from .utf8 import check_pause_texts
 
 __all__ = [
     "EVICTING_POLICIES",
@@ -62,7 +63,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Registered = Literal["registered", "exists"]
-Upserted = Literal["created", "unchanged", "updated"]
+Upserted = Literal["created", "unchanged", "updated", "owned"]
 # Items per upsert script call: large enough to amortise the round trip, small enough that
 # one call holds the server for a few milliseconds at most.
 UPSERT_CHUNK = 500
@@ -72,7 +73,13 @@ FETCH_CHUNK = 2000
 # Registrations read per pipeline by `list`/`iter_list`: bounded memory and server time.
 READ_CHUNK = 1000
 # 3: updated, and the old cadence's overdue slots were dropped and counted (upsert.lua).
-_UPSERT_RESULTS: dict[int, Upserted] = {0: "unchanged", 1: "created", 2: "updated", 3: "updated"}
+_UPSERT_RESULTS: dict[int, Upserted] = {
+    0: "unchanged",
+    1: "created",
+    2: "updated",
+    3: "updated",
+    4: "owned",  # `keep_owners`: another source's record, not written
+}
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
@@ -544,8 +551,13 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         generation: int | None = None,
         queues: Sequence[str] = (),
         seeds: Sequence[Seed | None] = (),
+        keep_owners: bool = False,
     ) -> list[Upserted]:
         """Upsert `(queue, name, definition)` items; return one result per item, in order.
+
+        `keep_owners=True` never takes over a record owned by another source (or by none):
+        such an item is not written and its result is "owned" (an import's rule, decided in
+        the script with the write).
 
         `seeds`, when given, holds one `Seed` (or None) per item: what a record created by
         this call starts from (an importer's next slot, state and counters, see `Seed`).
@@ -563,7 +575,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         for queue, name, _ in items:
             validate_name(queue, "queue")
             validate_name(name, "registration name")
-        return self._upsert(items, source, now_ms, generation, queues, seeds, declared=False)
+        return self._upsert(
+            items, source, now_ms, generation, queues, seeds, declared=False, keep=keep_owners
+        )
 
     def upsert_declared(
         self,
@@ -592,6 +606,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         seeds: Sequence[Seed | None],
         *,
         declared: bool,
+        keep: bool = False,
     ) -> list[Upserted]:
         """`upsert_many` of items whose names are valid (`declared`: and whose definitions
         are seeded with them)."""
@@ -640,6 +655,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         source or "",
                         gen,
                         _PAYLOAD.encode(shapes),
+                        "1" if keep else "",
                     ],
                 )
 
@@ -755,6 +771,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `note` (why) and `by` (who) are kept in the record with the instant, shown by `show`
         and cleared by `resume`; pausing a paused registration changes nothing.
         """
+        check_pause_texts(note, by)  # invalid UTF-8: ScheduleError, not a failed encoding
         keys = self.keys(queue)
         validate_name(name, "registration name")
         note, by = _pause_text(note, "note"), _pause_text(by, "by")

@@ -18,6 +18,8 @@
 -- ARGV[5]  the generation of that source's declarations ('' for none: no check)
 -- ARGV[6]  JSON array of the distinct lists of fields to delete, which items name by their
 --          index from 1 (may be absent): the items of a sync share a handful of them.
+-- ARGV[7]  '1': never take over a record another source (or none) owns: such an item is
+--          not written and its digit is 4 (an import; may be absent)
 --
 -- The items travel as one JSON argument: a boot sync of many schedules would otherwise
 -- spend most of its client time encoding arguments.
@@ -29,7 +31,8 @@
 -- owner changes, in KEYS[3]'s `{w}<source>` counter of each source that keeps one (a sync
 -- that stamps, stamp.lua): a stamp holds only while its source's counter has not moved.
 -- Returns one digit per item, as one string: 0 unchanged (nothing written), 1 created,
--- 2 updated, 3 updated with its cadence changed while its next run was overdue (a client
+-- 2 updated, 4 left to its owner (ARGV[7]),
+-- 3 updated with its cadence changed while its next run was overdue (a client
 -- parses one string faster than an array of integers).
 -- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
 -- with no pump to claim it. The new cadence re-derives the next run, so they never fire:
@@ -153,7 +156,10 @@ local function upsert(record, item)
     'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
     'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source'
   )
-  if cur[12] ~= ARGV[4] then wrote_for(cur[12]) end  -- a takeover (or a release) changes it
+  if cur[12] ~= ARGV[4] then
+    if ARGV[7] == '1' then return 4 end  -- another owner's: left alone
+    wrote_for(cur[12])  -- a takeover (or a release) changes it
+  end
   local paused, last, completed = cur[3] == '1', cur[5], cur[8]
   local old_every = (not cur[10] or cur[10] == '') and not cur[11] and tonumber(cur[9])
   local live = redis.call('ZSCORE', registry, name)
@@ -215,7 +221,7 @@ end
 local results, written = {}, false
 for i, item in ipairs(cjson.decode(ARGV[3])) do
   results[i] = upsert(KEYS[3 + i], item)
-  if results[i] ~= 0 then
+  if results[i] ~= 0 and results[i] ~= 4 then
     written = true
     wrote_for(ARGV[4])
   end

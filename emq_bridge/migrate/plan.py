@@ -7,7 +7,9 @@ twice at the switch; paused if disabled; its run count and last run); for each o
 cannot, a `Refusal` with the reason. `apply_import` upserts the carried ones under the
 importer's source: a created registration starts from its seed, an existing one keeps its
 own score, state and counters, and an unchanged one is not written at all, so running the
-same import again writes nothing. An import never removes anything.
+same import again writes nothing. An import never removes anything, and never takes over a
+registration another source owns (a beat's `beat_schedule` entry that celery-redbeat also
+stored, Celery's own `celery.backend_cleanup`): it is listed with `!` and left alone.
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ def apply_import(
     declarations = [e.declaration for e in plan.entries]
     planned = plan_sync(repeat, declarations, plan.source, prune=False)
     result = ImportResult(plan.source, dry_run, refused=list(plan.refused))
+    owners = _owners(repeat, planned.update)
+    theirs = [by_key[key] for key, owner in owners.items() if owner != plan.source]
+    planned.update = [d for d in planned.update if owners[(d.queue, d.name)] == plan.source]
     result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
     # A seed applies to what is created only; `paused` creates it paused.
     created = [by_key[(d.queue, d.name)] for d in planned.create]
@@ -132,19 +137,28 @@ def apply_import(
     if dry_run:
         result.created = created
         result.updated = [by_key[(d.queue, d.name)] for d in planned.update]
+        result.refused += [_left(e, owners) for e in theirs]
         if resume:
             result.resumed = [
                 e for e in plan.entries if not e.seed.paused and _owned(repeat, e, plan.source)
             ]
         return result
+    todo += theirs  # sent too: the script decides who owns it at the time of the write
     answers = repeat.upsert_many(
         [(e.declaration.queue, e.declaration.name, e.declaration.definition) for e in todo],
         source=plan.source,
         seeds=[e.seed for e in todo],
+        keep_owners=True,
     )
     buckets = {"created": result.created, "updated": result.updated, "unchanged": result.unchanged}
     for entry, answer in zip(todo, answers, strict=True):
-        buckets[answer].append(entry)
+        if answer == "owned":
+            d = entry.declaration
+            registration = repeat.get(d.queue, d.name)  # who, for the message only
+            owners[(d.queue, d.name)] = registration.source if registration else None
+            result.refused.append(_left(entry, owners))
+        else:
+            buckets[answer].append(entry)
     if resume:
         for entry in plan.entries:
             d = entry.declaration
@@ -155,6 +169,29 @@ def apply_import(
                 except KeyError:  # removed meanwhile: nothing to resume
                     continue
     return result
+
+
+def _owners(repeat: Repeat, existing: list[Declaration]) -> dict[tuple[str, str], str | None]:
+    """The owner of each existing registration (read to sort the plan and word the output;
+    the write itself re-checks it in the script)."""
+    out: dict[tuple[str, str], str | None] = {}
+    for queue in sorted({d.queue for d in existing}):
+        stored = repeat.digests(queue)
+        for d in existing:
+            if d.queue == queue:
+                out[(queue, d.name)] = stored.get(d.name, (None, None))[1]
+    return out
+
+
+def _left(entry: Imported, owners: dict[tuple[str, str], str | None]) -> Refusal:
+    d = entry.declaration
+    owner = owners.get((d.queue, d.name))
+    who = f"the source {owner!r}" if owner else "no source (added at runtime)"
+    return Refusal(
+        entry.origin,
+        f"{d.queue}/{d.name} is owned by {who}: left alone (an import never takes over "
+        "another source's schedule)",
+    )
 
 
 def _owned(repeat: Repeat, entry: Imported, source: str) -> bool:

@@ -48,3 +48,38 @@ def test_two_schedules_of_one_registration_are_refused_before_anything_is_writte
     with pytest.raises(ConfigError, match="q/a is the registration of another imported"):
         apply_import(repeat, plan)
     assert repeat.queues() == []
+
+
+def test_an_import_never_takes_over_another_sources_schedule(repeat: Repeat) -> None:
+    # celery-redbeat also stores the beat's own beat_schedule entries, and django-celery-beat
+    # Celery's celery.backend_cleanup: once the beat (or anyone else) owns such a name, a
+    # re-run of the import leaves it alone, in a dry run too, and says so.
+    from emq_bridge.sync import sync
+
+    now = repeat.server_time_ms()
+    mine = define(every="20s", template=TaskTemplate("app.tick", ["tick-v2"]).to_dict())
+    sync(repeat, [Declaration("q", "tick", mine)], "celery.app")
+    repeat.upsert("q", "manual", every="1h", template={"task": "app.t"})  # no source
+    before = {n: repeat.get("q", n) for n in ("tick", "manual")}
+    plan = ImportPlan(
+        "import:redbeat",
+        [
+            imported("tick", "20s", Seed(now)),
+            imported("manual", "1m", Seed(now)),
+            imported("new", "1m", Seed(now + 60_000)),
+        ],
+    )
+    dry = apply_import(repeat, plan, dry_run=True)
+    result = apply_import(repeat, plan)
+    for outcome in (dry, result):
+        assert [e.declaration.name for e in outcome.created] == ["new"]
+        assert outcome.updated == []
+        assert sorted(r.line() for r in outcome.refused) == [
+            "old manual: q/manual is owned by no source (added at runtime): left alone (an "
+            "import never takes over another source's schedule)",
+            "old tick: q/tick is owned by the source 'celery.app': left alone (an import "
+            "never takes over another source's schedule)",
+        ]
+    assert {n: repeat.get("q", n) for n in ("tick", "manual")} == before
+    assert apply_import(repeat, plan).created == []  # and a re-run changes nothing either
+    assert {n: repeat.get("q", n) for n in ("tick", "manual")} == before
