@@ -32,12 +32,17 @@ class Imported:
     origin: str  # how the old scheduler names it, e.g. "redbeat:nightly"
     declaration: Declaration
     seed: Seed
+    # What the registry holds, for one that existed: an import keeps its live state, so that
+    # is what is shown, not the seed (`_as_stored`).
+    stored: str | None = None
 
     def line(self) -> str:
         """Describe it on one line: registration, cadence, next run or paused, origin."""
         d = self.declaration
         when = _utc(self.seed.first_run_ms)
         state = f"paused (next {when})" if self.seed.paused else f"next {when}"
+        if self.stored is not None:
+            state = self.stored
         return f"{d.queue}/{d.name}  {d.definition.cadence.describe()}  {state}  <- {self.origin}"
 
 
@@ -138,6 +143,8 @@ def apply_import(
         result.created = created
         result.updated = [by_key[(d.queue, d.name)] for d in planned.update]
         result.refused += [_left(e, owners) for e in theirs]
+        result.updated = _as_stored(repeat, result.updated)
+        result.unchanged = _as_stored(repeat, result.unchanged)
         if resume:
             result.resumed = [
                 e for e in plan.entries if not e.seed.paused and _owned(repeat, e, plan.source)
@@ -168,7 +175,25 @@ def apply_import(
                         result.resumed.append(entry)
                 except KeyError:  # removed meanwhile: nothing to resume
                     continue
+    result.updated = _as_stored(repeat, result.updated)
+    result.unchanged = _as_stored(repeat, result.unchanged)
     return result
+
+
+def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:
+    """`entries` described by the state the registry keeps (next run, paused), not by their
+    seed, which applies to a created registration only."""
+    out = []
+    for entry in entries:
+        d = entry.declaration
+        live = repeat.get(d.queue, d.name)
+        if live is None:
+            out.append(entry)
+            continue
+        when = "no next run" if live.next_run_ms is None else f"next {_utc(live.next_run_ms)}"
+        state = f"paused ({when}, as stored)" if live.paused else f"{when} (as stored)"
+        out.append(replace(entry, stored=state))
+    return out
 
 
 def _owners(repeat: Repeat, existing: list[Declaration]) -> dict[tuple[str, str], str | None]:

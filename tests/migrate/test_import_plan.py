@@ -9,7 +9,7 @@ import pytest
 from emq_bridge import Repeat
 from emq_bridge.definition import Declaration, define
 from emq_bridge.errors import ConfigError
-from emq_bridge.migrate.plan import Imported, ImportPlan, Refusal, apply_import
+from emq_bridge.migrate.plan import Imported, ImportPlan, Refusal, _utc, apply_import
 from emq_bridge.registry import Seed
 from emq_bridge.template import TaskTemplate
 
@@ -33,10 +33,14 @@ def test_a_seed_applies_on_create_and_an_update_keeps_the_live_state(repeat: Rep
     live = repeat.get("q", "a")
     other = Seed(now + 1, paused=True, fired=1)
     changed = ImportPlan("import:old", [imported("a", "1m", other, task="app.renamed")])
-    assert [e.declaration.name for e in apply_import(repeat, changed).updated] == ["a"]
+    [updated] = apply_import(repeat, changed).updated
     after = repeat.get("q", "a")
     assert after is not None and not after.paused  # the new seed is not applied
     assert (after.next_run_ms, after.fired) == (live.next_run_ms, 41)
+    # Its line says what the registry keeps, not the seed's "paused (next ...)".
+    assert updated.line().endswith(
+        f"  next {_utc(after.next_run_ms)} (as stored)  <- old a"  # type: ignore[arg-type]
+    )
     assert after.definition.template["task"] == "app.renamed"
 
 
