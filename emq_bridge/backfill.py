@@ -5,6 +5,10 @@ walks the nominal slots of the registration's cadence in `[start, end]` (its cal
 apply; jitter does not: a slot's id and nominal time are what matter) and hands them to
 `backfill.lua`, which decides atomically, per slot, from what the registry holds:
 
+* a slot the schedule cannot have, by the bounds of its record as the script reads them
+  (before `start_at`, after `end_at`, not one of a one-off's `at` instants), is not sent
+  (`outside`); a registration with a `limit` is not backfilled at all (its runs are
+  counted: a backfill would add runs it cannot have);
 * a slot at or after the live frontier (the slot the registration's score stands for) is
   the live schedule's to fire, and is not sent (`ahead`);
 * a slot the live schedule fired (the record's runs of fired slots, kept by `claim.lua`) is
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bounds import Instant, epoch_ms
 from .cadence import LATEST_MS, Cadence
@@ -36,11 +40,26 @@ from .replies import redis_errors, text
 if TYPE_CHECKING:
     from .scripts import Scripts
 
-__all__ = ["DEFAULT_RATE", "MAX_BACKFILL_SLOTS", "Backfill", "BackfillMoves", "backfill_slots"]
+__all__ = [
+    "DEFAULT_RATE",
+    "MAX_BACKFILL_SLOTS",
+    "MAX_SPACING_MS",
+    "MIN_RATE",
+    "Backfill",
+    "BackfillMoves",
+    "backfill_slots",
+    "check_rate",
+]
 
 # Occurrences per second a backfill queues by default: a month of a 1-minute schedule
 # (43,200 slots) goes out in 72 minutes instead of at once.
 DEFAULT_RATE = 10.0
+# The longest wait between two slots queued: a day. A slower rate is a typo (and 1 / rate
+# of a tiny one overflows the send times).
+MAX_SPACING_MS = 86_400_000
+# The slowest rate (occurrences a second) other than 0: one slot a day.
+MIN_RATE = 1000 / MAX_SPACING_MS
+MAX_RATE = 1_000_000.0
 # Slots per backfill: a larger range is several backfills (each queued slot is a lease).
 MAX_BACKFILL_SLOTS = 100_000
 # Slots per backfill.lua call: one call holds the server for a few milliseconds at most.
@@ -61,10 +80,26 @@ class Backfill:
     first_send_ms: int
     spacing_ms: int
     dry_run: bool
+    outside: int = 0  # outside the bounds (start_at, end_at, at): the schedule has no such slot
 
     @property
     def skipped(self) -> int:
-        return self.live + self.done + self.ahead
+        return self.live + self.done + self.ahead + self.outside
+
+
+def check_rate(rate: object) -> float:
+    """Return `rate` (occurrences a second) if usable: 0 (no spacing), or from `MIN_RATE`
+    (one a day) to 1,000,000; else raise `ScheduleError`."""
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not (rate == 0 or MIN_RATE <= rate <= MAX_RATE)
+    ):
+        raise ScheduleError(
+            "rate must be 0 (no spacing), or from 1/86400 (one a day) to 1000000 "
+            f"occurrences a second, got {rate!r}"
+        )
+    return float(rate)
 
 
 def backfill_slots(cadence: Cadence, start_ms: int, end_ms: int) -> list[int]:
@@ -114,20 +149,21 @@ class BackfillMoves:
 
         `start`/`end` are aware datetimes, ISO 8601 strings with an offset, or epoch ms;
         `end` must not be in the future. `rate` is occurrences per second (0: no spacing).
-        `dry_run` decides and writes nothing. KeyError if there is no such registration;
-        `ScheduleError` on a bad range or a cadence decided at each check (Celery `is_due`).
+        `dry_run` decides and writes nothing. Slots outside the registration's bounds
+        (`start_at`, `end_at`, a one-off's `at`) are never sent (`outside`). KeyError if
+        there is no such registration; `ScheduleError` on a bad range or rate, a
+        registration with a `limit`, or a cadence decided at each check (Celery `is_due`).
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
         start_ms, end_ms = _instant_ms(start, "start", ceil=True), _instant_ms(end, "end")
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1e6:
-            raise ScheduleError(f"rate must be 0 to 1000000 occurrences a second, got {rate!r}")
+        rate = check_rate(rate)
         now = self.server_time_ms() if now_ms is None else now_ms
         if end_ms < start_ms:
             raise ScheduleError("the backfill range ends before it starts")
         if end_ms > now:
             raise ScheduleError("a backfill covers the past: its end is in the future")
-        spacing = round(1000 / rate) if rate else 0
+        spacing = min(round(1000 / rate), MAX_SPACING_MS) if rate else 0
         for _ in range(_ATTEMPTS):
             with redis_errors(f"backfill {queue}/{name}"):
                 pipe = self.client.pipeline(transaction=False)
@@ -139,6 +175,7 @@ class BackfillMoves:
                 raise KeyError(f"no registration {name!r} in queue {queue!r}")
             definition = Definition.from_fields(fields)
             cadence = definition.cadence
+            _check_limit(queue, name, fields)
             if hasattr(cadence, "check"):
                 raise ScheduleError(
                     f"{queue}/{name} is decided at each check (is_due): it has no slots to backfill"
@@ -151,8 +188,10 @@ class BackfillMoves:
                 keys, name, slots, score_text, parked, frontier, now, spacing, dry_run
             )
             if result is not None:
-                queued, live, done, ahead = result
-                return Backfill(queue, name, queued, live, done, ahead, now, spacing, dry_run)
+                queued, live, done, ahead, outside = result
+                return Backfill(
+                    queue, name, queued, live, done, ahead, now, spacing, dry_run, outside
+                )
         raise RegistryError(
             f"backfill {queue}/{name}: the registration changed under each of {_ATTEMPTS} "
             "attempts; try again"
@@ -169,11 +208,12 @@ class BackfillMoves:
         now: int,
         spacing: int,
         dry_run: bool,
-    ) -> tuple[list[int], int, int, int] | None:
+    ) -> tuple[list[int], int, int, int, int] | None:
         """Send `slots` to backfill.lua in chunks; None when the registration changed (the
-        chunks before stay queued: a retry skips them as `done`)."""
+        chunks before stay queued: a retry skips them as `done`). `ScheduleError` when it
+        has a `limit` now."""
         queued: list[int] = []
-        live = done = ahead = 0
+        live = done = ahead = outside = 0
         for start in range(0, len(slots), CHUNK) or [0]:
             chunk = slots[start : start + CHUNK]
             with redis_errors(f"backfill {keys.queue}/{name}"):
@@ -194,10 +234,28 @@ class BackfillMoves:
             if not isinstance(reply, list):
                 if int(reply) == -1:
                     raise KeyError(f"no registration {name!r} in queue {keys.queue!r}")
+                if int(reply) == -3:
+                    _refuse_limit(keys.queue, name)
                 return None
             queued += [int(s) for s in json.loads(text(reply[1]))]
             live, done, ahead = live + int(reply[2]), done + int(reply[3]), ahead + int(reply[4])
-        return queued, live, done, ahead
+            outside += int(reply[5])
+        return queued, live, done, ahead, outside
+
+
+def _check_limit(queue: str, name: str, fields: dict[str, str]) -> None:
+    """Refuse to backfill a registration with a `limit` (see `_refuse_limit`)."""
+    if fields.get("limit"):
+        _refuse_limit(queue, name)
+
+
+def _refuse_limit(queue: str, name: str) -> NoReturn:
+    """A registration with a `limit` is not backfilled: its runs are counted, and slots a
+    backfill adds would be runs past the ones it may have."""
+    raise ScheduleError(
+        f"{queue}/{name} has a limit of runs: a backfill would add runs it cannot have; "
+        "remove the limit to backfill it"
+    )
 
 
 def _instant_ms(value: Instant | int, field: str, *, ceil: bool = False) -> int:

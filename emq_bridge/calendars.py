@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from typing import Union
 from zoneinfo import ZoneInfo
 
@@ -46,8 +46,14 @@ __all__ = [
 # Rules per definition, after calendars are expanded: a calendar is a list of dates, not a
 # data set, and every claim of the schedule may test each.
 MAX_RULES = 1000
-# Excluded slots skipped in one search before the schedule is taken to never fire again.
+# Excluded spans jumped over in one search before the schedule is taken to never fire
+# again (each jump passes a whole span a rule covers, however many slots it holds).
 MAX_SKIPS = 20_000
+# Days of a span a `cron:` rule covers whole that one jump passes: a longer span (a rule
+# that matches every day of most of a year) takes several.
+MAX_RUN_DAYS = 1000
+# What `until` returns for a rule that covers every wall time from then on.
+_FOREVER = datetime.max
 
 _DATE = r"\d{4}-\d{2}-\d{2}"
 _WALL = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2})?"
@@ -140,13 +146,73 @@ class _Window:
 class _Matching:
     expr: str
     seconds: bool
+    _sim: CronSim = field(init=False, repr=False, compare=False)
+    # The rule's fields as cronsim parsed them, read below (the time fields are plain sets;
+    # the day fields, with L, W and #, are matched by cronsim's own `match_day`).
+    _day_gap: time | None = field(init=False, repr=False, compare=False)
+    _every_day: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sim = CronSim(self.expr, datetime(2000, 1, 1))
+        object.__setattr__(self, "_sim", sim)
+        object.__setattr__(self, "_day_gap", self._gap(time()))  # None: it matches all day
+        dom = set(range(1, 32)) <= sim.days
+        dow = {d % 7 for d in sim.weekdays if isinstance(d, int)} == set(range(7))
+        days = (dom and dow) if sim.day_and else (dom or dow)
+        object.__setattr__(self, "_every_day", len(sim.months) == 12 and days)
+
+    def _day(self, day: date) -> bool:
+        return day.month in self._sim.months and self._sim.match_day(day)
+
+    def _gap(self, at: time) -> time | None:
+        """The first time of day at or after `at` (whole minutes for 5 fields) the time
+        fields do not match; None when they match the rest of the day. At most one pass
+        over the hours and minutes: no walk over every second."""
+        sim = self._sim
+        seconds = sim.seconds if self.seconds else None
+        whole_hour = len(sim.minutes) == 60 and (seconds is None or len(seconds) == 60)
+        hour, minute, second = at.hour, at.minute, at.second if self.seconds else 0
+        while hour < 24:
+            if hour not in sim.hours:
+                return time(hour, minute, second)
+            while minute < 60:
+                if minute not in sim.minutes:
+                    return time(hour, minute, second)
+                if seconds is not None:
+                    for each in range(second, 60):
+                        if each not in seconds:
+                            return time(hour, minute, each)
+                if whole_hour:
+                    break  # every minute and second of the hour matches: the rest of it too
+                minute, second = minute + 1, 0
+            hour, minute, second = hour + 1, 0, 0
+        return None
 
     def until(self, wall: datetime) -> datetime | None:
-        step = timedelta(seconds=1) if self.seconds else timedelta(minutes=1)
+        """The end of the run of wall times the rule matches from `wall`: the first one it
+        does not match (one step each, a second or a minute), or None if it does not match
+        `wall`. A whole excluded span (a Monday of a 6-field rule: 86,400 seconds) is one
+        answer, not one per slot; a span longer than `MAX_RUN_DAYS` days ends there (the
+        caller asks again from there). OverflowError past year 9999."""
         start = wall if self.seconds else wall.replace(second=0)
-        if next(iter(CronSim(self.expr, start - timedelta(seconds=1)))) == start:
-            return start + step
-        return None
+        if not self._day(start.date()):
+            return None
+        gap = self._gap(start.time())
+        if gap == start.time():
+            return None  # `wall` itself does not match
+        day = start.date()
+        if gap is not None:
+            return datetime.combine(day, gap)
+        if self._day_gap is not None:  # the run reaches midnight and ends the next day
+            day += timedelta(days=1)
+            return datetime.combine(day, self._day_gap if self._day(day) else time())
+        if self._every_day:
+            return _FOREVER  # every second of every day: past year 9999
+        for _ in range(MAX_RUN_DAYS):
+            day += timedelta(days=1)
+            if not self._day(day):
+                break
+        return datetime.combine(day, time())
 
 
 _Rule = _Days | _Window | _Matching
@@ -206,7 +272,8 @@ class Excluding:
 
     def excluded_until(self, slot_ms: int) -> int | None:
         """None if `slot_ms` may fire, else the instant its exclusion ends (epoch ms;
-        `NEVER_MS` for an exclusion that lasts past year 9999)."""
+        `NEVER_MS` for an exclusion that lasts past year 9999): the end of the whole span
+        of wall time the covering rules exclude from there, not just of that slot."""
         if slot_ms > LATEST_MS:
             return None  # no slot (`NEVER_MS`): nothing to exclude
         zone = ZoneInfo(self.tz)
@@ -220,24 +287,38 @@ class Excluding:
                     end = until
             if end is None:
                 return None
+            if end == _FOREVER:
+                return NEVER_MS
             # The first instant at that wall time or after (in a gap, the transition itself).
             return instant_ms(first_instant(end, zone))
         except OverflowError:  # the exclusion ends after 9999-12-31
             return NEVER_MS
 
-    def _admit(self, slot: int) -> int:
+    def _admit(self, slot: int, *, to_the_end: bool) -> int:
+        """The first slot from `slot` on that no rule excludes, jumping over each excluded
+        span at once. An exclusion lasting past year 9999 leaves `NEVER_MS` (no slot) when
+        `to_the_end`, else is refused (`ScheduleError`): a definition with no run left."""
         for _ in range(MAX_SKIPS):
             end = self.excluded_until(slot)
             if end is None:
                 return slot
+            if end >= NEVER_MS:
+                if to_the_end:
+                    return NEVER_MS
+                raise ScheduleError(
+                    f"the exclusions cover every run from {_iso(slot)} to the end of year "
+                    "9999: the schedule would never run (use end_at to end a schedule)"
+                )
             slot = self.inner.next_after(max(slot, end - 1))
         raise ScheduleError(f"the exclusions skip more than {MAX_SKIPS} runs in a row")
 
     def first_run(self, now_ms: int) -> int:
-        return self._admit(self.inner.first_run(now_ms))
+        # A definition being written: one that would never run is refused.
+        return self._admit(self.inner.first_run(now_ms), to_the_end=False)
 
     def next_after(self, after_ms: int) -> int:
-        return self._admit(self.inner.next_after(after_ms))
+        # A schedule running: past its last run there is none (`NEVER_MS`), as past 9999.
+        return self._admit(self.inner.next_after(after_ms), to_the_end=True)
 
     def to_fields(self) -> dict[str, str]:
         fields = {**self.inner.to_fields(), "exclude": json.dumps(list(self.rules))}
@@ -249,6 +330,13 @@ class Excluding:
         names = ", ".join(self.calendars)
         what = f"calendars {names}" if names else f"{len(self.rules)} exclusion rule(s)"
         return f"{self.inner.describe()}, except {what}"
+
+
+def _iso(ms: int) -> str:
+    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return instant.isoformat(timespec="milliseconds" if ms % 1000 else "seconds").replace(
+        "+00:00", "Z"
+    )
 
 
 def exclusion_from_fields(inner: Cadence, fields: Mapping[str, str]) -> Cadence:

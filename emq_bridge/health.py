@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .cadence import NEVER_MS
 from .errors import RegistryError
 from .heartbeat import PumpInfo
 from .registry import Registration, Repeat
@@ -35,7 +36,7 @@ UNSERVED_GRACE_MS = 30_000
 @dataclass(frozen=True, slots=True)
 class QueueHealth:
     """One queue: its live pumps, and its earliest next run (epoch ms; None if it holds
-    no active schedule) with the schedule's name."""
+    no active schedule, or none that will ever run again) with the schedule's name."""
 
     queue: str
     pumps: tuple[PumpInfo, ...]
@@ -83,7 +84,7 @@ def check(
             raise scan
         now_ms = scan.now_ms
         earliest = scan.due[0][0] if scan.due else None
-        found.append(QueueHealth(queue, tuple(pumps[queue]), earliest, scan.earliest_ms))
+        found.append(QueueHealth(queue, tuple(pumps[queue]), earliest, _run_ms(scan.earliest_ms)))
     if not names:
         reason = f"no queue has a registry under prefix {repeat.prefix!r}: nothing is served"
         return Health(False, reason, repeat.server_time_ms(), max_lag_ms)
@@ -126,6 +127,12 @@ def unserved(registration: Registration, now_ms: int, served: set[str]) -> bool:
         and due < now_ms - UNSERVED_GRACE_MS
         and registration.queue not in served
     )
+
+
+def _run_ms(score_ms: int | None) -> int | None:
+    """The earliest score as a time, or None: `NEVER_MS` (a schedule with no run left before
+    year 9999, scored there) is no time, and never overdue."""
+    return None if score_ms is None or score_ms >= NEVER_MS else score_ms
 
 
 def _seconds(ms: int) -> str:

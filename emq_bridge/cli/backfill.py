@@ -6,7 +6,8 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from ..backfill import DEFAULT_RATE
+from ..backfill import DEFAULT_RATE, check_rate
+from ..errors import ScheduleError
 from .context import Settings, pass_settings
 from .render import absolute, to_json, zone_of
 
@@ -14,6 +15,16 @@ __all__ = ["COMMANDS"]
 
 # Slots listed by the text output; --json lists them all.
 SHOWN = 20
+
+
+def _rate(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Return `value` if `check_rate` takes it; bad usage (exit 2) otherwise."""
+    try:
+        return check_rate(value)
+    except ScheduleError:
+        raise click.BadParameter(
+            f"{value:g} is neither 0 nor from 1/86400 (one a day) to 1000000 a second"
+        ) from None
 
 
 @click.command("backfill")
@@ -27,10 +38,12 @@ SHOWN = 20
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(0, 1_000_000),
+    type=float,
+    callback=_rate,
     default=DEFAULT_RATE,
     show_default=True,
-    help="Occurrences sent per second (0: as fast as the pumps go).",
+    help="Occurrences sent per second: 0 (as fast as the pumps go), or 1/86400 (one a day) "
+    "to 1000000.",
 )
 @click.option("--dry-run", is_flag=True, help="Print what would be sent; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -49,8 +62,10 @@ def backfill_command(
 
     Each slot goes out once, with the occurrence id the live schedule gives it, marked as a
     backfill (Celery header and Dramatiq option emq_backfill). Slots the live schedule
-    fired, slots an earlier backfill sent and slots at or after the schedule's next run are
-    skipped, in one atomic step. The running pumps send what is queued, --rate a second.
+    fired, slots an earlier backfill sent, slots at or after the schedule's next run and
+    slots outside its bounds (before --start-at, after --end-at) are skipped, in one atomic
+    step; a schedule with a --limit is not backfilled. The running pumps send what is
+    queued, --rate a second.
 
     \b
     Examples:
@@ -71,6 +86,7 @@ def backfill_command(
                     "live": result.live,
                     "done": result.done,
                     "ahead": result.ahead,
+                    "outside": result.outside,
                     "dry_run": result.dry_run,
                     "spacing_ms": result.spacing_ms,
                 }
@@ -80,9 +96,11 @@ def backfill_command(
     registration = repeat.get(queue, name)
     zone = zone_of(registration.definition.cadence) if registration else ZoneInfo("UTC")
     verb = "would queue" if dry_run else "queued"
+    outside = f", {result.outside} outside its bounds" if result.outside else ""
     click.echo(
         f"{verb} {len(result.queued)} slot(s) of {queue}/{name}; skipped {result.live} fired "
         f"live, {result.done} backfilled before, {result.ahead} left to the live schedule"
+        f"{outside}"
     )
     for ms in result.queued[:SHOWN]:
         click.echo(f"  {absolute(ms, zone)}")

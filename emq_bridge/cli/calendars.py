@@ -19,10 +19,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["MAX_EXCLUDED_SHOWN", "read_calendars", "run_notes"]
+__all__ = ["MAX_EXCLUDED_SHOWN", "MAX_WALKED", "read_calendars", "run_notes"]
 
 # Excluded slots listed before one run, at most: a weekend off a minutely cron is thousands.
 MAX_EXCLUDED_SHOWN = 3
+# Slots no rule covers that the search for excluded ones walks past before it stops.
+MAX_WALKED = 10_000
 
 
 def read_calendars(path: str | None) -> dict[str, Calendar] | None:
@@ -69,12 +71,22 @@ def run_notes(
 
 
 def _excluded_between(cadence: Excluding, after: int, before: int) -> tuple[list[int], bool]:
+    """Return the slots of `cadence`'s inner cadence in `(after, before)` an exclusion rule
+    covers (at most `MAX_EXCLUDED_SHOWN`, and whether there are more). A slot no rule covers
+    is not listed: it did not fire for another reason (before `start_at`, say). The walk
+    stops after `MAX_WALKED` slots no rule covers (a 1 s schedule whose `start_at` is weeks
+    ahead)."""
     skipped: list[int] = []
+    walked = 0
     at = cadence.inner.next_after(after)
     while at < before:
-        if len(skipped) == MAX_EXCLUDED_SHOWN:
+        if cadence.excluded_until(at) is None:
+            walked += 1
+            if walked > MAX_WALKED:
+                break
+        elif len(skipped) == MAX_EXCLUDED_SHOWN:
             return skipped, True
-        skipped.append(at)
-        until = cadence.excluded_until(at)
-        at = cadence.inner.next_after(at if until is None else max(at, until - 1))
+        else:
+            skipped.append(at)
+        at = cadence.inner.next_after(at)
     return skipped, False

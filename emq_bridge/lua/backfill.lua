@@ -17,20 +17,37 @@
 --
 -- The frontier was computed by the caller from ARGV[2..3] (cron math is Python's): if the
 -- score or `paused_next_ms` changed since the read, nothing is written (-2) and the caller
--- reads again. A slot is skipped when it is at or after the frontier (`ahead`), when a run
+-- reads again. The bounds are read here, from the record as it is now (bounds.py): a
+-- registration with a `limit` is never backfilled (-3: its runs are counted, and a backfill
+-- would add runs it cannot have); a slot before `start_ms`, after `end_ms` or, for a
+-- one-off, not one of its `at` instants is a slot the schedule cannot have (`outside`).
+-- Otherwise a slot is skipped when it is at or after the frontier (`ahead`), when a run
 -- of slots fired live covers it (claim.lua's `runs`, and the open run from..to of `run`,
 -- "<from> <to> <next>"; a record from before runs: created_ms..last_due_ms) (`live`), or when a backfill queued it already
 -- (`done`). Every other slot is added to KEYS[4] and queued as the pending member
 -- "<name> <slot> backfill" in KEYS[3], scored by its send time, which claim.lua turns into
 -- the lease "<name> <slot> backfilled" when it is due: one send, the id of the live slot.
--- Returns {1, queued slots (JSON), live, done, ahead}; -1 no such registration; -2 changed.
+-- Returns {1, queued slots (JSON), live, done, ahead, outside}; -1 no such registration;
+-- -2 changed; -3 it has a limit.
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local parked = redis.call('HGET', KEYS[2], 'paused_next_ms')
 if (score or '') ~= ARGV[2] and tonumber(score) ~= tonumber(ARGV[2]) then return -2 end
 if (parked or '') ~= ARGV[3] then return -2 end
 
-local f = redis.call('HMGET', KEYS[2], 'runs', 'run', 'last_due_ms', 'created_ms')
+local f = redis.call('HMGET', KEYS[2], 'runs', 'run', 'last_due_ms', 'created_ms',
+  'start_ms', 'end_ms', 'at', 'limit')
+if f[8] and f[8] ~= '' then return -3 end
+local start_ms, end_ms = tonumber(f[5]), tonumber(f[6])
+local instants = nil
+if f[7] and f[7] ~= '' then
+  instants = {}
+  for at in string.gmatch(f[7], '%d+') do instants[tonumber(at)] = true end
+end
+local function outside_bounds(slot)
+  return (start_ms and slot < start_ms) or (end_ms and slot > end_ms)
+    or (instants ~= nil and not instants[slot])
+end
 local runs = {}
 for from, to in string.gmatch(f[1] or '', '(%d+)%-(%d+)') do
   runs[#runs + 1] = {tonumber(from), tonumber(to)}
@@ -50,10 +67,12 @@ end
 
 local frontier = tonumber(ARGV[4])
 local at, spacing, dry = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
-local queued, live, done, ahead = {}, 0, 0, 0
+local queued, live, done, ahead, outside = {}, 0, 0, 0, 0
 for _, text in ipairs(cjson.decode(ARGV[5])) do
   local slot = tonumber(text)
-  if frontier and slot >= frontier then
+  if outside_bounds(slot) then
+    outside = outside + 1
+  elseif frontier and slot >= frontier then
     ahead = ahead + 1
   elseif fired_live(slot) then
     live = live + 1
@@ -71,4 +90,4 @@ end
 if #queued > 0 and not dry then redis.call('PUBLISH', ARGV[9], 'backfill') end
 local reply = '[]'
 if #queued > 0 then reply = cjson.encode(queued) end
-return {1, reply, live, done, ahead}
+return {1, reply, live, done, ahead, outside}

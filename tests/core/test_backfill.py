@@ -249,3 +249,177 @@ def test_a_real_dramatiq_worker_sees_the_backfilled_slot_with_its_live_id(
     (info,) = seen
     assert info.backfill and not info.triggered and info.due_ms == slot
     assert info.id == occurrence_id(prefix, "bfq", "nightly", slot)
+
+
+H = 3_600_000
+
+
+def at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def test_a_backfill_sends_no_slot_after_the_end_of_a_completed_schedule(repeat: Repeat) -> None:
+    # The tester's case: a schedule ended at 12:00 (completed), then a backfill of 13:00-14:00.
+    repeat.upsert(
+        "q",
+        "ended",
+        definition=define(every="1h", end_at=at(T0 + 12 * H), template=TEMPLATE),
+        now_ms=T0 + 9 * H,
+    )
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder)
+    for hour in range(10, 15):
+        pump.run_once(T0 + hour * H)
+    registration = repeat.get("q", "ended")
+    assert registration is not None and registration.completed == "end_at"
+    fired = [o.due_ms for o in recorder.occurrences]
+    assert fired == [T0 + h * H for h in (10, 11, 12)]
+    dry = repeat.backfill("q", "ended", T0 + 13 * H, T0 + 14 * H, dry_run=True, now_ms=T0 + 15 * H)
+    assert dry.queued == [] and dry.outside == 2
+    done = repeat.backfill("q", "ended", T0 + 9 * H, T0 + 14 * H, rate=0, now_ms=T0 + 15 * H)
+    assert done.queued == [T0 + 9 * H] and done.outside == 2 and done.live == 3
+    pump.run_once(T0 + 16 * H)
+    assert [o.due_ms for o in recorder.occurrences if o.backfill] == [T0 + 9 * H]
+
+
+def test_a_backfill_sends_no_slot_before_start_at(repeat: Repeat) -> None:
+    repeat.upsert(
+        "q",
+        "later",
+        definition=define(every="1h", start_at=at(T0 + 12 * H), template=TEMPLATE),
+        now_ms=T0,
+    )
+    dry = repeat.backfill("q", "later", T0 + 9 * H, T0 + 11 * H, dry_run=True, now_ms=T0 + 11 * H)
+    assert dry.queued == [] and dry.outside == 3
+    done = repeat.backfill("q", "later", T0 + 9 * H, T0 + 11 * H, now_ms=T0 + 11 * H)
+    assert done.queued == [] and repeat.leases("q") == []
+
+
+def test_the_bounds_are_decided_in_lua_from_the_record_as_it_is(repeat: Repeat) -> None:
+    # What a caller that read the record before its bounds changed would send: every slot
+    # of 09:00-14:00 with the score it read. The script reads start_ms and end_ms itself.
+    repeat.upsert(
+        "q",
+        "b",
+        definition=define(
+            every="1h", start_at=at(T0 + 10 * H), end_at=at(T0 + 12 * H), template=TEMPLATE
+        ),
+        now_ms=T0,
+    )
+    keys = repeat.keys("q")
+    score = repeat.client.zscore(keys.registry, "b")
+    slots = [str(T0 + h * H) for h in range(9, 15)]
+    reply = repeat.scripts.backfill(
+        keys=[keys.registry, keys.record("b"), keys.leases, keys.backfilled("b")],
+        args=["b", str(int(score)), "", "", json.dumps(slots), T0, 0, "", keys.wake_channel],
+    )
+    assert json.loads(reply[1]) == [str(T0 + h * H) for h in (10, 11, 12)]
+    assert int(reply[5]) == 3  # 09:00, 13:00 and 14:00: outside
+    # A one-off: only its instants are slots, whatever the caller sends.
+    repeat.upsert(
+        "q",
+        "once",
+        definition=define(at=[at(T0 + H), at(T0 + 3 * H)], template=TEMPLATE),
+        now_ms=T0 + 4 * H,
+    )
+    one = [str(T0 + h * H) for h in (1, 2, 3)]
+    score = repeat.client.zscore(keys.registry, "once")
+    reply = repeat.scripts.backfill(
+        keys=[keys.registry, keys.record("once"), keys.leases, keys.backfilled("once")],
+        args=["once", "inf", "", "", json.dumps(one), T0, 0, "1", keys.wake_channel],
+    )
+    assert score == float("inf")
+    assert json.loads(reply[1]) == [str(T0 + H), str(T0 + 3 * H)] and int(reply[5]) == 1
+
+
+def test_a_one_off_is_backfilled_on_its_instants_only(repeat: Repeat) -> None:
+    # Created after its first instant: that instant did not fire, a backfill may send it.
+    repeat.upsert(
+        "q",
+        "once",
+        definition=define(at=[at(T0 - 2 * H), at(T0 + H)], template=TEMPLATE),
+        now_ms=T0,
+    )
+    done = repeat.backfill("q", "once", T0 - 5 * H, T0, rate=0, now_ms=T0 + S)
+    assert done.queued == [T0 - 2 * H] and done.outside == 0
+
+
+def test_a_schedule_with_a_limit_is_not_backfilled(
+    repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    repeat.upsert("q", "lim", definition=define(every="1h", limit=3, template=TEMPLATE), now_ms=T0)
+    with pytest.raises(ScheduleError, match="limit"):
+        repeat.backfill("q", "lim", T0 - 5 * H, T0, now_ms=T0 + S)
+    assert repeat.leases("q") == []
+    keys = repeat.keys("q")
+    score = repeat.client.zscore(keys.registry, "lim")
+    reply = repeat.scripts.backfill(  # the script refuses it too (a limit added after a read)
+        keys=[keys.registry, keys.record("lim"), keys.leases, keys.backfilled("lim")],
+        args=["lim", str(int(score)), "", "", json.dumps([str(T0 - H)]), T0, 0, "", "w"],
+    )
+    assert reply == -3 and repeat.leases("q") == []
+    now = datetime.now(UTC)
+    bad = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "backfill",
+            "q",
+            "lim",
+            "--from",
+            (now - timedelta(hours=3)).isoformat(),
+            "--to",
+            now.isoformat(),
+        ],
+    )
+    assert bad.exit_code == 1 and "limit" in bad.output, bad.output
+
+
+@pytest.mark.parametrize("rate", [1e-300, 1e-6, float("nan"), float("inf"), -1, 2e6])
+def test_a_rate_whose_spacing_is_not_sane_is_refused(rate: float, repeat: Repeat) -> None:
+    repeat.upsert("q", "r", definition=define(every="1h", template=TEMPLATE), now_ms=T0)
+    with pytest.raises(ScheduleError, match="rate must be"):
+        repeat.backfill("q", "r", T0 - 5 * H, T0, rate=rate, now_ms=T0 + S)
+    assert repeat.leases("q") == []
+
+
+def test_the_slowest_rate_spaces_slots_a_day_apart(repeat: Repeat) -> None:
+    repeat.upsert("q", "r", definition=define(every="1h", template=TEMPLATE), now_ms=T0)
+    done = repeat.backfill("q", "r", T0 - 2 * H, T0, rate=1 / 86_400, now_ms=T0 + S)
+    assert done.spacing_ms == 86_400_000 and len(done.queued) == 3
+    scores = sorted(
+        score for _, score in repeat.client.zrange(repeat.keys("q").leases, 0, -1, withscores=True)
+    )
+    assert scores == [T0 + S + k * 86_400_000 for k in range(3)]
+
+
+@pytest.mark.parametrize("rate", ["1e-300", "0.00001", "nan", "-1"])
+def test_the_cli_refuses_a_bad_rate_as_bad_usage_in_one_line(
+    rate: str, repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    repeat.upsert("q", "r", definition=define(every="1h", template=TEMPLATE))
+    now = datetime.now(UTC)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "backfill",
+            "q",
+            "r",
+            "--from",
+            (now - timedelta(hours=3)).isoformat(),
+            "--to",
+            now.isoformat(),
+            "--rate",
+            rate,
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "--rate" in result.output
+    assert repeat.leases("q") == []

@@ -13,10 +13,12 @@ from click.testing import CliRunner
 from cron_oracle import Oracle, transitions
 
 from emq_bridge import ConfigError, Cron, Pump, Repeat, ScheduleError
+from emq_bridge.cadence import NEVER_MS
 from emq_bridge.calendars import Calendar, Excluding
 from emq_bridge.cli import cli
 from emq_bridge.config import load_schedule_file, sync_file
 from emq_bridge.definition import Schedule, define
+from emq_bridge.events import PumpEvents
 from emq_bridge.testing import RecordingDispatcher
 
 UTC = timezone.utc
@@ -115,7 +117,7 @@ def test_an_exclusion_that_covers_every_slot_is_refused_and_nothing_is_written(
     repeat: Repeat,
 ) -> None:
     definition = define(every="1m", exclude=["cron:* * * * *"], template={"task": "t"})
-    with pytest.raises(ScheduleError, match="skip more than"):
+    with pytest.raises(ScheduleError, match=r"cover every run from .* to the end of year 9999"):
         repeat.upsert("q", "never", definition=definition)
     assert repeat.names("q") == []
 
@@ -314,3 +316,164 @@ def test_both_decorators_and_the_cli_declare_exclusions_and_next_shows_them(
         ],
     )
     assert missing.exit_code == 1 and "cannot read the calendars" in missing.output
+
+
+def test_an_exclusion_to_the_end_of_time_is_refused_by_the_api_and_the_cli(
+    repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    # Every future slot excluded: refused when written, not registered to never run.
+    t0 = ms(datetime(2026, 6, 1, tzinfo=UTC))
+    definition = define(every="1d", exclude=["2026-01-01..9999-12-31"], template={"task": "t"})
+    with pytest.raises(ScheduleError, match="cover every run from 2026-06-02T00:00:00Z to"):
+        repeat.upsert("q", "h", definition=definition, now_ms=t0)
+    # Two rules that cover everything between them, as one does.
+    both = define(every="1h", exclude=["2026-01-01..2027-12-31", "2028-01-01..9999-12-31"])
+    with pytest.raises(ScheduleError, match="to the end of year 9999"):
+        repeat.upsert("q", "h2", definition=both, now_ms=t0)
+    # With start_at ahead, the bounds' own check says it (no run from start_at).
+    with pytest.raises(ScheduleError, match="no run from start_at"):
+        define(every="1d", start_at="2027-01-01T00:00:00Z", exclude=["2026-06-01..9999-12-31"])
+    assert repeat.names("q") == []
+    yesterday = (datetime.now(UTC) - timedelta(days=1)).date()
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "add",
+            "h",
+            "c",
+            "--task",
+            "t",
+            "--every",
+            "1d",
+            "--exclude",
+            f"{yesterday}..9999-12-31",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "to the end of year 9999" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert repeat.names("h") == []
+
+
+def test_an_exclusion_that_ends_a_running_schedule_leaves_it_no_run_and_no_error() -> None:
+    # Registered before its exclusion starts: once there, it has no next run (as past 9999).
+    cadence = Excluding(Cron("0 9 * * *", "UTC"), ("2027-01-01..9999-12-31",), "UTC")
+    last = ms(datetime(2026, 12, 31, 9, tzinfo=UTC))
+    assert cadence.next_after(last - 1) == last
+    assert cadence.next_after(last) == NEVER_MS
+
+
+SUNDAY = datetime(2026, 1, 4, tzinfo=UTC)  # a Sunday
+
+
+def test_a_six_field_rule_excluding_mondays_does_not_wedge_a_one_second_schedule(
+    repeat: Repeat,
+) -> None:
+    # 86,400 one-second slots on a Monday: the search jumps over the whole day at once,
+    # where it used to give up after 20,000 and park the schedule for good.
+    definition = define(every="1s", exclude=["cron:* * * * * 1"], template={"task": "t"})
+    before = ms(SUNDAY + timedelta(hours=23, minutes=59, seconds=50))
+    repeat.upsert("q", "s", definition=definition, now_ms=before)
+    recorder = RecordingDispatcher()
+    parked: list[str] = []
+
+    class Parks(PumpEvents):
+        def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
+            parked.append(reason)
+
+    pump = Pump(repeat, ["q"], recorder, listeners=[Parks()])
+    monday_end = ms(SUNDAY + timedelta(days=2))
+    seconds = [before + k * 1000 for k in range(1, 10)] + [monday_end + k * 1000 for k in range(5)]
+    for now in seconds:
+        pump.run_once(now)
+    assert parked == []
+    assert [o.due_ms for o in recorder.occurrences] == seconds
+    registration = repeat.get("q", "s")
+    assert registration is not None and not registration.paused
+    assert registration.next_run_ms == monday_end + 5000
+
+
+@pytest.mark.parametrize(
+    ("every_ms", "rules", "days"),
+    [
+        (7_000, ("cron:* * * * * 1",), 3),
+        (7_000, ("cron:*/10 * 9-17 * * 1-5", "cron:0-29 * * * * 0"), 2),
+        (60_000, ("cron:* 22-23,0-1 * * *",), 3),
+        (60_000, ("cron:*/2 * * * 1-5", "cron:* 12 * * *"), 3),
+        (3_600_000, ("cron:* * * 1-11 *",), 800),
+        (3_600_000, ("cron:* * 1-30 * *", "cron:* * * * 5L"), 400),
+        (3_600_000, ("cron:* * L * *", "cron:* 9-17 * * 1#2"), 400),
+        (3_600_000, ("cron:* * 13 * 5",), 400),
+    ],
+)
+@pytest.mark.parametrize("tz", ["UTC", "Asia/Kolkata"])
+def test_excluded_spans_jumped_at_once_match_a_slot_by_slot_oracle(
+    every_ms: int, rules: tuple[str, ...], days: int, tz: str
+) -> None:
+    from cronsim import CronSim
+
+    from emq_bridge.cadence import Every
+
+    zone = ZoneInfo(tz)
+    start = ms(SUNDAY)
+    end = start + days * 86_400_000
+    inner = Every(every_ms)
+    cadence = Excluding(inner, rules, tz)
+
+    def excluded(slot: int) -> bool:
+        wall = datetime.fromtimestamp(slot / 1000, tz=UTC).astimezone(zone).replace(tzinfo=None)
+        for rule in rules:
+            expr = rule[5:]
+            seconds = len(expr.split()) == 6
+            at = wall if seconds else wall.replace(second=0)
+            if next(iter(CronSim(expr, at - timedelta(seconds=1)))) == at:
+                return True
+        return False
+
+    expected, at = [], start
+    while (at := inner.next_after(at)) <= end:
+        if not excluded(at):
+            expected.append(at)
+    got, at = [], start
+    while (at := cadence.next_after(at)) <= end:
+        got.append(at)
+    assert got == expected
+
+
+def test_next_says_excluded_only_of_slots_a_rule_covers(
+    repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    from emq_bridge.cadence import Every
+    from emq_bridge.cli.calendars import run_notes
+
+    # Explicit instants: from 00:00, a schedule whose first run is 03:00 (its start_at); a
+    # window covers 01:00, nothing covers 02:00 (before start_at, no exclusion).
+    t0 = ms(datetime(2026, 6, 1, tzinfo=UTC))
+    hour = 3_600_000
+    cadence = Excluding(Every(hour), ("2026-06-01T01:00..2026-06-01T02:00", "2030-01-01"))
+    notes = run_notes(cadence, [t0 + 3 * hour, t0 + 4 * hour], t0)
+    assert notes == [
+        {"excluded_ms": [t0 + hour], "excluded_more": False},
+        {"excluded_ms": [], "excluded_more": False},
+    ]
+    # Several slots of one excluded span are each listed, up to three.
+    span = Excluding(Every(hour), ("2026-06-01T01:00..2026-06-01T06:00",))
+    (note,) = run_notes(span, [t0 + 6 * hour], t0)
+    assert note == {"excluded_ms": [t0 + h * hour for h in (1, 2, 3)], "excluded_more": True}
+    # The tester's case, through `next` (the server's clock): start_at 3 h ahead and an
+    # unrelated exclusion; nothing is labelled excluded.
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=3)
+    definition = define(every="1h", start_at=start, exclude=["2030-01-01"], template={"task": "t"})
+    repeat.upsert("q", "later", definition=definition)
+    shown = CliRunner().invoke(
+        cli,
+        ["--redis-url", redis_url, "--prefix", prefix, "next", "q", "later", "-n", "3"],
+        catch_exceptions=False,
+    )
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.strip().splitlines()
+    assert len(lines) == 3 and not [line for line in lines if "excluded" in line], lines
