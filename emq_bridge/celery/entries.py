@@ -155,7 +155,13 @@ class CelerySchedule:
         return {**PLACEHOLDER.to_fields(), SCHEDULE_FIELD: self.label}
 
     def describe(self) -> str:
-        return f"celery {self.label}"
+        """Return `celery <label>` on one line (a repr may span several: `TzAwareCrontab`'s)."""
+        return f"celery {_one_line(self.label)}"
+
+
+def _one_line(text: str) -> str:
+    """Return `text` with each run of whitespace (newlines included) one space, stripped."""
+    return " ".join(text.split())
 
 
 def _utc(ms: int) -> datetime:
@@ -325,7 +331,7 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     by_is_due = _defines(value, "is_due")  # Celery's beat only ever calls is_due
     if not (by_is_due or _defines(value, "remaining_estimate")):
         raise ConfigError(f"{label}: {value!r} defines neither is_due nor remaining_estimate")
-    return CelerySchedule(value, _ADDRESS.sub("", repr(value)), by_is_due)
+    return CelerySchedule(value, _one_line(_ADDRESS.sub("", repr(value))), by_is_due)
 
 
 # A `beat_schedule` of many entries holds a few intervals: each is built once (a frozen

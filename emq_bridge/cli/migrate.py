@@ -16,13 +16,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import click
 import redis
 
-from ..migrate.export import FORMATS, Format, export_registry, render
-from ..migrate.plan import ImportPlan, apply_import, result_lines
+from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
+from ..migrate.plan import ImportPlan, ImportResult, apply_import, result_lines
 from ..urls import client_from_url, redact_url
 from .context import ServerError, Settings, UrlError, pass_settings
 from .render import to_json
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "queues_note"]
 
 
 def _celery_side(module: str) -> ModuleType:
@@ -47,6 +47,7 @@ def _apply(
     result = apply_import(
         settings.repeat(), plan, dry_run=dry_run, strict=strict, paused=paused, resume=resume
     )
+    note = queues_note(result)
     if as_json:
 
         def items(entries: list[Any]) -> list[dict[str, Any]]:
@@ -75,10 +76,34 @@ def _apply(
                 }
             )
         )
+        if note:
+            click.echo(note, err=True)
         return
     for line in result_lines(result):
         click.echo(line)
-    click.echo(result.summary(), err=True)
+    if note:
+        click.echo(note, err=True)
+    click.echo(result.summary(), err=True)  # the last line, as ever
+
+
+def queues_note(result: ImportResult) -> str | None:
+    """Return the `note:` line naming the queues the imported schedules are in, or None.
+
+    A `celery beat -S emq` pumps only the app's queues (its declared schedules', its
+    `task_default_queue`, its `task_queues`) and those its `emq_bridge_queues` setting
+    lists; an import cannot know the app, so it names the queues for the operator to check.
+    """
+    entries = [*result.created, *result.updated, *result.unchanged]
+    queues = sorted({e.declaration.queue for e in entries})
+    if not queues:
+        return None
+    named = ", ".join(repr(q) for q in queues)
+    verb = "would be" if result.dry_run else "are"
+    return (
+        f"note: the imported schedules {verb} in queue(s) {named}: a celery beat -S emq "
+        "pumps a queue only if it is one of the app's (its schedules' queues, "
+        "task_default_queue, task_queues) or listed in its emq_bridge_queues setting"
+    )
 
 
 def _zone(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -131,8 +156,10 @@ def import_group() -> None:
 
     Each schedule becomes a registration under a source of its own (`import:redbeat`,
     `import:django-celery-beat`), starting at the slot the old scheduler would fire next;
-    disabled ones are paused. What cannot be carried is listed with `!` and the reason.
-    See docs/migration.md for a switch without double firing.
+    disabled ones are paused. What cannot be carried is listed with `!` and the reason. A
+    `note:` line names the queues the schedules are in: a `celery beat -S emq` pumps only
+    the app's queues and those in its emq_bridge_queues setting. See docs/migration.md for
+    a switch without double firing.
     """
 
 
@@ -266,7 +293,11 @@ def export_command(
       emq-bridge export --source import:redbeat > schedules.toml
     """
     chosen: Format = "json" if fmt == "json" else "toml"
-    export = export_registry(settings.repeat(), queues or None, source=source, fmt=chosen)
+    try:
+        export = export_registry(settings.repeat(), queues or None, source=source, fmt=chosen)
+    except SourceLeftOut as exc:  # nothing written: name what a file cannot carry, and why
+        _refused_lines(exc.refused)
+        raise
     text = render(export, chosen)
     if output is None:
         click.echo(text, nl=False)
@@ -276,13 +307,18 @@ def export_command(
                 handle.write(text)
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from exc
-    for queue, name, reason in export.refused:
-        click.echo(f"! {queue}/{name}: {reason}", err=True)
+    _refused_lines(export.refused)
     for note in export.notes:
         click.echo(note, err=True)
     click.echo(
         f"exported {len(export.entries)} schedule(s), {len(export.refused)} left out", err=True
     )
+
+
+def _refused_lines(refused: list[tuple[str, str, str]]) -> None:
+    """List on stderr, with `!`, each registration a file cannot carry and why."""
+    for queue, name, reason in refused:
+        click.echo(f"! {queue}/{name}: {reason}", err=True)
 
 
 COMMANDS = [import_group, export_command]

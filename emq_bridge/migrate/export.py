@@ -27,7 +27,7 @@ from ..jitter import Jittered
 from ..registry import Registration, Repeat, record_digest
 from ..template import TaskTemplate
 
-__all__ = ["FORMATS", "Export", "Format", "export_registry", "render"]
+__all__ = ["FORMATS", "Export", "Format", "SourceLeftOut", "export_registry", "render"]
 
 Format = Literal["toml", "json"]
 FORMATS: tuple[Format, ...] = ("toml", "json")
@@ -51,6 +51,16 @@ class Export:
         return {**head, **({"calendars": table} if table else {}), "schedule": self.entries}
 
 
+class SourceLeftOut(ConfigError):
+    """An export of one source that would leave some of its schedules out (nothing is
+    written). `refused` names those a file cannot carry, and why: (queue, name, reason),
+    what the caller lists (`!` lines) before the error."""
+
+    def __init__(self, message: str, refused: Iterable[tuple[str, str, str]] = ()) -> None:
+        super().__init__(message)
+        self.refused = list(refused)
+
+
 def export_registry(
     repeat: Repeat,
     queues: Iterable[str] | None = None,
@@ -66,8 +76,9 @@ def export_registry(
 
     A file that declares a source must hold every registration of it, in every queue: its
     sync removes the ones it leaves out. So `source` with queues that leave some of its
-    registrations out (or with some it cannot carry) is a `ConfigError`, and an owner
-    merely shared is then not declared (a note says so).
+    registrations out (or with some it cannot carry) is a `SourceLeftOut` (a `ConfigError`
+    that names those it cannot carry), and an owner merely shared is then not declared (a
+    note says so).
     """
     queues = tuple(queues) if queues is not None else None
     registrations = [
@@ -123,10 +134,11 @@ def _declare_only_whole(
         if part
     )
     if explicit:
-        raise ConfigError(
+        raise SourceLeftOut(
             f"--source {owner}: {left_out} of its schedules would be left out ({where}), "
             f"and a sync of a file that declares {owner} removes what it leaves out: export "
-            "every queue, or leave out --source (nothing written)"
+            "every queue, or leave out --source (nothing written)",
+            out.refused,
         )
     out.source = None
     out.notes.append(

@@ -22,8 +22,10 @@ NOW = datetime(2026, 3, 1, 12, 0, 7, tzinfo=timezone.utc)
 @pytest.mark.parametrize(
     ("options", "described"),
     [
-        ({"freq": "MINUTELY", "interval": 7}, "every 7m (from registration)"),
-        ({"freq": "WEEKLY", "interval": 2}, "every 14d (from registration)"),
+        # A fixed-length rrule: an interval on its grid, offset by its dtstart (08:30 UTC on
+        # Monday 2026-01-05) from the epoch's grid (Thursday 1970-01-01 00:00 UTC).
+        ({"freq": "MINUTELY", "interval": 7}, "every 7m offset 5m"),
+        ({"freq": "WEEKLY", "interval": 2}, "every 14d offset 6270m"),
         ({"freq": "DAILY", "byhour": [6, 18], "byminute": 15}, "cron 15 6,18 * * * (Etc/GMT-1)"),
         ({"freq": "WEEKLY", "byweekday": [MO, FR]}, "cron 30 9 * * 1,5 (Etc/GMT-1)"),
         ({"freq": "MONTHLY", "bymonthday": [1, 15]}, "cron 30 9 1,15 * * (Etc/GMT-1)"),

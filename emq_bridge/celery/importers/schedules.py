@@ -5,9 +5,11 @@ importers. Intervals and crontabs go through the Celery adapter's own conversion
 (`emq_bridge.celery.entries.convert_schedule`); a celery-redbeat `rrule` becomes an interval
 or a cron when one gives exactly its slots (checked on the next `RRULE_CHECKED_SLOTS`
 slots; `until` and `count` become an end bound and a limit), else it is refused.
-Schedules only Celery's `is_due` can decide (solar, relative
-intervals, custom classes) need the object in the beat's process: they are refused with
-what to write in `beat_schedule` instead.
+A fixed-length rrule (SECONDLY to WEEKLY, any `interval`, no `by*` part) is an interval on
+its own grid (`offset` = its dtstart modulo the interval), so the phase is part of the
+definition, not only of the seeded next run. Schedules only Celery's `is_due` can decide
+(solar, relative intervals, custom classes) need the object in the beat's process: they
+are refused with what to write in `beat_schedule` instead.
 
 The next slot follows the old scheduler's rule (Celery's `is_due` from the last run): an
 interval fires `every` after its last run, a crontab at its first slot after it; never run,
@@ -158,7 +160,16 @@ def _rrule_cadence(value: Any) -> Cadence | None:
     by = {n: getattr(value, n, None) for n in _BY}
     freq, interval = int(value.freq), int(value.interval or 1)
     if not any(v not in (None, (), []) for v in by.values()) and freq in _STEP_MS:
-        return Every(_STEP_MS[freq] * interval, "schedule")  # on the grid of the seed
+        # A fixed-length step: the rrule's slots are dtstart + k * every, the grid of
+        # `offset = dtstart mod every` (in UTC or a fixed offset, as redbeat stores it), so
+        # the definition itself holds the phase: a file it is exported to, synced afresh,
+        # keeps the same slots. (dateutil drops dtstart's microseconds: so does the grid.)
+        every_ms = _STEP_MS[freq] * interval
+        phase = epoch_ms(dtstart.replace(microsecond=0)) % every_ms
+        try:
+            return Every(every_ms, "grid", phase)
+        except EmqError:  # a step past the longest interval
+            return None
     zone = _fixed_zone(offset)
     if zone is None or interval != 1 or freq == _SECONDLY:
         return None
