@@ -67,9 +67,11 @@ from .jitter import parse_jitter, shape
 from .keys import validate_name
 from .labels import check_labels
 from .registry import Repeat
-from .shown import QUOTED_CHARS, clipped
+from .shown import QUOTED_CHARS, clipped, shown
+from .strict_json import number_error, read_json
 from .sync import SyncPlan, sync
 from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure
+from .utf8 import check_utf8
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -164,46 +166,30 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     Nothing is written anywhere.
     """
     file_path = Path(path)
+    # The same document as JSON (`emq-bridge export --format json` writes one).
+    kind = "JSON" if file_path.suffix == ".json" else "TOML"
     try:
         with file_path.open("rb") as handle:
-            # The same document as JSON (`emq-bridge export --format json` writes one).
-            if file_path.suffix == ".json":
-                data = json.load(handle, object_pairs_hook=_unique_keys)
-            else:  # a UTF-8 byte order mark (some editors write one) is read as JSON reads it
-                data = tomllib.loads(handle.read().removeprefix(UTF8_BOM).decode("utf-8"))
-    except (json.JSONDecodeError, _DuplicateKey) as exc:
-        raise ConfigError(f"{file_path}: not valid JSON: {exc}") from exc
+            raw = handle.read()
     except OSError as exc:
         raise ConfigError(
             f"{file_path}: cannot read the schedule file: {exc.strerror or exc}"
         ) from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file_path}: not valid TOML: {exc}") from exc
-    except RecursionError as exc:  # tomllib recurses once per nested array or table
+    try:
+        if kind == "JSON":
+            data = read_json(raw)
+        else:  # a UTF-8 byte order mark (some editors write one) is read as JSON reads it
+            data = tomllib.loads(raw.removeprefix(UTF8_BOM).decode("utf-8"))
+    except RecursionError as exc:  # both parsers recurse once per nested array or table
         raise ConfigError(
             f"{file_path}: nested too deeply to read; a template holds arrays and tables "
             f"nested at most {MAX_TEMPLATE_DEPTH} levels deep"
         ) from exc
+    except ValueError as exc:  # malformed, not UTF-8, a key twice, an integer too long
+        raise ConfigError(f"{file_path}: not valid {kind}: {number_error(exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{file_path}: a schedule file is one JSON object, got {_kind(data)}")
     return _parse(data, file_path)
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object, refused when it gives a key twice (TOML refuses that too; JSON's
-    parser would keep the last one silently)."""
-    out = dict(pairs)
-    if len(out) != len(pairs):  # the rare case: find the key to name it
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(f"the key {key!r} is given twice in one object")
-            seen.add(key)
-    return out
 
 
 def sync_file(
@@ -327,6 +313,19 @@ def _shown(value: object) -> str:
     return clipped(value) if isinstance(value, str) else _kind(value)
 
 
+# Seconds past this are refused by every duration field (the longest, `every`, allows 1000
+# years: about 3.2e10 s). Checked first: a float cannot hold an integer of over 308 digits.
+_MAX_SECONDS = 10**15
+
+
+def _in_range(field: str, value: object) -> None:
+    """Refuse a whole number of seconds far past any duration's limit (and past a float's)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SECONDS:
+        amount = shown(value)  # a huge one is named by its size: "a 13288-bit integer"
+        unit = " of seconds" if amount.startswith("a ") else " seconds"
+        raise _FieldError(field, f"is out of range: {amount}{unit}")
+
+
 def _name(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise _FieldError(field, f"must be a string, got {_kind(value)}")
@@ -375,6 +374,7 @@ def _shaped(
     value = entry.get("jitter")
     if isinstance(value, bool) or not isinstance(value, int | float | str | None):
         raise _FieldError("jitter", f"must be seconds or a string like '2m', got {_kind(value)}")
+    _in_range("jitter", value)
     try:
         jitter_ms = parse_jitter(value)
         tz = cadence.tz if isinstance(cadence, Cron) else "UTC"
@@ -404,6 +404,10 @@ def _declaration(
         raise _FieldError("task", "missing; give the Celery task name or the Dramatiq actor name")
     if not isinstance(task, str) or not task.strip():
         raise _FieldError("task", f"must be a non-empty string, got {_kind(task)}")
+    try:
+        check_utf8(task, "task")
+    except ScheduleError as exc:
+        raise _FieldError("task", str(exc)) from exc
     cadence = _shaped(entry, _cadence(entry), calendars)
     bounds = _bounds(entry, cadence)
     misfire = entry.get("misfire", "coalesce")
@@ -445,6 +449,7 @@ def _catchup(entry: Mapping[str, Any], misfire: str) -> tuple[int | None, int | 
     if isinstance(raw, bool) or not isinstance(raw, int | float | str | None):
         wanted = 'must be seconds or a string like "10m"'
         raise _FieldError("catchup_window", f"{wanted}, got {_kind(raw)}")
+    _in_range("catchup_window", raw)
     try:
         window = catchup_window_ms(raw)
     except ScheduleError as exc:
@@ -530,6 +535,7 @@ def _offset(entry: Mapping[str, Any], every_ms: int) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int | float | str | datetime):
         raise _FieldError("offset", f"must be seconds or a string like '5m', got {_kind(value)}")
+    _in_range("offset", value)
     try:
         return offset_ms(value, every_ms)
     except ScheduleError as exc:
@@ -574,6 +580,8 @@ def _cadence(entry: Mapping[str, Any]) -> Cadence:
             raise _FieldError(
                 field, f"must be seconds (a number) or a string like '15m', got {_kind(value)}"
             )
+        if field == "every":  # every_ms is milliseconds, read without a float
+            _in_range(field, value)
         try:
             # A bare number is seconds for `every`, as in Celery; milliseconds for `every_ms`.
             every_ms = parse_every(value) if field == "every" else parse_every_ms(int(value))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -28,10 +29,12 @@ from .errors import EmqError, RegistryUnavailable
 from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
 from .scripts import Scripts
+from .shown import shown
 from .stamps import code_versions
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
+    "MAX_HEARTBEAT_TTL_S",
     "Heartbeat",
     "HeartbeatMoves",
     "PumpInfo",
@@ -44,12 +47,30 @@ log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 5.0
 # A heartbeat lives at least this long, so a slow tick or a short hiccup is not a death.
 MIN_HEARTBEAT_TTL_S = 30.0
+# A heartbeat given its own life lives at most a day: a dead pump shown alive longer helps
+# no one (and the TTL stays far from what Redis's PX takes).
+MAX_HEARTBEAT_TTL_S = 86_400.0
 
 
 def heartbeat_ttl_ms(interval_s: float, max_sleep_s: float) -> int:
     """Return how long a heartbeat lives: three times the longest gap between two writes
-    (the interval plus a full sleep between ticks), at least `MIN_HEARTBEAT_TTL_S`."""
+    (the interval plus a full sleep between ticks), at least `MIN_HEARTBEAT_TTL_S`.
+
+    ValueError unless both are finite numbers of seconds.
+    """
+    for value, what in ((interval_s, "interval_s"), (max_sleep_s, "max_sleep_s")):
+        _check_finite(value, what)
     return round(max(MIN_HEARTBEAT_TTL_S, 3 * (interval_s + max_sleep_s)) * 1000)
+
+
+def _check_finite(value: float, what: str) -> None:
+    """ValueError unless `value` is a finite number (NaN and infinity have no milliseconds)."""
+    try:
+        finite = math.isfinite(value)
+    except (TypeError, OverflowError):  # not a number; an int too big for a float
+        finite = False
+    if not finite:
+        raise ValueError(f"{what} must be a finite number of seconds, got {shown(value)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,10 +251,17 @@ class Heartbeat:
         ttl_s: float | None = None,
         role: str = "pump",
     ) -> None:
+        _check_finite(max_sleep_s, "max_sleep_s")
         if ttl_s is None:
             self.interval_s = HEARTBEAT_INTERVAL_S
             self.ttl_ms = heartbeat_ttl_ms(self.interval_s, max_sleep_s)
         else:
+            _check_finite(ttl_s, "ttl_s")
+            if not 0 < ttl_s <= MAX_HEARTBEAT_TTL_S:
+                raise ValueError(
+                    f"a heartbeat lives more than 0 and at most {MAX_HEARTBEAT_TTL_S:g}s "
+                    f"(a day), not {ttl_s:g}s"
+                )
             # Written three times a lifetime, so one slow tick is not a death.
             self.interval_s = min(HEARTBEAT_INTERVAL_S, ttl_s / 3)
             if not ttl_s > self.interval_s + max_sleep_s:

@@ -9,6 +9,7 @@ keeps the digest it had before labels existed.
 Rules: at most `MAX_LABELS` labels; a key is 1 to `MAX_KEY_CHARS` characters with no
 whitespace, no control character and no `=` (the CLI's `KEY=VALUE` splits at the first one);
 a value is at most `MAX_VALUE_CHARS` characters (it may be empty) with no control character.
+Both must be valid UTF-8 (no lone surrogate, what invalid UTF-8 on a command line becomes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 
 from .errors import ScheduleError
+from .utf8 import check_utf8, is_utf8
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -62,6 +64,7 @@ def check_labels(labels: object) -> dict[str, str]:
             raise ScheduleError(
                 f"label key {key[:20]!r}... is {len(key)} characters; the limit is {MAX_KEY_CHARS}"
             )
+        check_utf8(key, "label key")
         if _control(key) or any(c.isspace() for c in key) or "=" in key:
             raise ScheduleError(
                 f"label key {key!r} must not hold whitespace, control characters or '='"
@@ -77,6 +80,8 @@ def check_labels(labels: object) -> dict[str, str]:
             )
         if _control(value):
             raise ScheduleError(f"label {key!r} has a value with a control character")
+        if not is_utf8(value):
+            raise ScheduleError(f"label {key!r} has a value that is not valid UTF-8")
         out[key] = value
     return dict(sorted(out.items()))
 

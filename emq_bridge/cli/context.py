@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from ..urls import client_from_url, redact_url, split_userinfo, url_secrets
 __all__ = [
     "DEFAULT_REDIS_URL",
     "EXIT_SERVER",
+    "FiniteRange",
     "ServerError",
     "Settings",
     "UrlError",
@@ -40,6 +42,17 @@ CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 30.0
 # An error line is cut here: one line a terminal and a log collector still show whole.
 MAX_ERROR_CHARS = 2000
+
+
+class FiniteRange(click.FloatRange):
+    """click's `FloatRange`, NaN refused too: every comparison with NaN is false, so a range
+    alone lets `nan` through (infinity and `1e400` fail its bounds: give it a `max`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 class ServerError(click.ClickException):

@@ -21,11 +21,11 @@ from ..definition import Declaration
 from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
 from ..errors import RegistryError
 from ..file_stamp import FileStamp, file_stamp
-from ..heartbeat import Heartbeat
+from ..heartbeat import MAX_HEARTBEAT_TTL_S, Heartbeat
 from ..pump import Pump
 from ..registry import Registration, Repeat
 from ..sync import SyncPlan, apply_plan, plan_sync, sync
-from .context import Settings, given_as, pass_settings, redact_url
+from .context import FiniteRange, Settings, given_as, pass_settings, redact_url
 from .frameworks import framework_options, given_frameworks, load_target
 from .metrics import metrics_options, serve_pump_metrics
 from .render import to_json
@@ -283,7 +283,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 )
 @click.option(
     "--max-sleep",
-    type=click.FloatRange(min=0.01),
+    type=FiniteRange(0.01, 3600),  # an hour: finite, so the heartbeat's TTL is too
     default=5.0,
     show_default=True,
     help="Longest sleep between ticks, in seconds.",
@@ -304,7 +304,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 )
 @click.option(
     "--heartbeat-ttl",
-    type=click.FloatRange(min=0.1),
+    type=FiniteRange(0.1, MAX_HEARTBEAT_TTL_S),
     metavar="SECONDS",
     help="How long the pump's heartbeat lives (`emq-bridge pumps`, `health`): a pump that "
     "dies is shown alive this long. Default: 30, or three sleeps and heartbeats.",

@@ -22,13 +22,16 @@ from ..cadence import (
 )
 from ..config import declaration_from_entry
 from ..definition import MAX_PAUSE_AFTER, OVERLAPS
+from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..health import served, unserved
 from ..keys import parse_lease_member
 from ..labels import check_labels, matches, parse_selector
 from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
 from ..registry import Registration, Repeat
+from ..strict_json import JsonInputError, read_json
 from ..template import MAX_TEMPLATE_DEPTH
+from ..utf8 import check_pause_texts
 from .calendars import read_calendars, run_notes
 from .context import Settings, pass_settings
 from .frameworks import framework_options, framework_params, given_frameworks, load_target
@@ -57,6 +60,9 @@ __all__ = ["COMMANDS"]
 T = TypeVar("T")
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+# `list --limit` and `--offset` at most: past any registry, and far from Redis's 64-bit
+# integers (ZRANGE) and Python's slices (sys.maxsize), where a larger one would fail.
+MAX_PAGE = 1_000_000_000
 
 
 def _selector(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, str]:
@@ -103,11 +109,13 @@ def _require(repeat: Repeat, queue: str, name: str) -> Registration:
 @click.argument("queue", required=False)
 @json_option
 @click.option(
-    "--limit", type=click.IntRange(min=0), help="Show at most this many schedules (a page)."
+    "--limit",
+    type=click.IntRange(0, MAX_PAGE),
+    help="Show at most this many schedules (a page).",
 )
 @click.option(
     "--offset",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_PAGE),
     default=0,
     show_default=True,
     help="Skip this many schedules first (the next page: --offset 50 --limit 50).",
@@ -566,13 +574,13 @@ def _json_value(
         if value is None:
             return None
         try:
-            parsed = json.loads(value)
+            parsed = read_json(value)  # a key given twice is refused, as in a .json file
         except RecursionError as exc:  # json recurses once per nested array or object
             # Bad input (exit 1), as `declaration_from_entry` reports a lesser depth.
             raise ConfigError(
                 f"field {field!r}: template is nested more than {MAX_TEMPLATE_DEPTH} levels deep"
             ) from exc
-        except ValueError as exc:
+        except JsonInputError as exc:
             raise click.BadParameter(f"not JSON: {exc}") from exc
         if not isinstance(parsed, kind):
             raise click.BadParameter(f"must be a JSON {what}")
@@ -729,7 +737,9 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     (see `show` and `history`).
 
     With --celery SPEC or --dramatiq SPEC (any installed adapter's option) the app is loaded
-    and --task must be one of its tasks or actors, else nothing is written (exit 1).
+    and --task must be one of its tasks or actors, and --overlap replace needs an app that
+    can revoke an occurrence that runs (a Dramatiq one cannot), else nothing is written
+    (exit 1).
     Without one, the name is not checked (a note on stderr says so): a pump that cannot
     send it parks the schedule, and `list`/`show` say why.
 
@@ -760,7 +770,8 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     declaration = declaration_from_entry(entry, calendars=calendars)
     task = str(fields["task"])
     options = declaration.definition.template.get("options") or {}
-    checked = _check_task(*given[0], task, options) if given else False
+    overlap = declaration.definition.overlap
+    checked = _check_task(*given[0], task, options, overlap) if given else False
     repeat = settings.repeat()
     if replace:
         result = repeat.upsert(queue, name, definition=declaration.definition)
@@ -786,16 +797,19 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
         )
 
 
-def _check_task(framework: str, spec: str, task: str, options: Mapping[str, Any]) -> bool:
+def _check_task(
+    framework: str, spec: str, task: str, options: Mapping[str, Any], overlap: str
+) -> bool:
     """Load the app at `spec` through its adapter and make sure it can send `task` with the
-    sending `options` (`--options`).
+    sending `options` (`--options`) under the `overlap` policy.
 
     Returns False when the adapter's dispatcher cannot tell (it has no `check_task`); exits
-    1 (nothing written) when the app cannot send `task`, or cannot route it as `options` say
-    (a dispatcher's `check_options`).
+    1 (nothing written) when the app cannot send `task`, cannot route it as `options` say
+    (a dispatcher's `check_options`), or cannot honour `overlap` (`_check_overlap`).
     """
     target = load_target(framework, spec)
     try:
+        _check_overlap(framework, target, overlap)
         check = getattr(target.dispatcher, "check_task", None)
         if check is None:
             return False
@@ -816,6 +830,19 @@ def _check_task(framework: str, spec: str, task: str, options: Mapping[str, Any]
     finally:
         if target.repeat is not None:
             target.repeat.close()
+
+
+def _check_overlap(framework: str, target: PumpTarget, overlap: str) -> None:
+    """Exit 1 (nothing written) for `replace` when the app's dispatcher cannot revoke the
+    occurrence that runs (it has no `revoke`, as the pump asks): Dramatiq's cannot, so
+    `replace` is refused as its `recurring`, `register` and file check refuse it."""
+    if overlap == "replace" and getattr(target.dispatcher, "revoke", None) is None:
+        raise click.ClickException(
+            f"--overlap replace is not available on {framework.capitalize()}: it cannot "
+            "revoke an occurrence that runs; use --overlap skip (drop the slots that come "
+            "while one runs) or buffer_one (keep one to run as soon as it ends) "
+            "(nothing written)"
+        )
 
 
 @click.command("remove")
@@ -861,6 +888,7 @@ def pause_command(
       emq-bridge pause reports --source billing --note "freeze until Monday"
       emq-bridge pause reports --all
     """
+    _lifecycle(lambda: check_pause_texts(note, by))  # before any write: exit 1
     repeat = settings.repeat()
     if _bulk(name, every_one, source):
         paused = _lifecycle(lambda: repeat.pause_all(queue, source=source, note=note, by=by))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..utf8 import is_utf8
 from .context import Settings, pass_settings
 
 __all__ = ["COMMANDS", "parse_bind"]
@@ -36,22 +37,41 @@ def _bind(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, 
 
 
 def _read_token(token_file: Path | None) -> str | None:
-    """The write token: from --token-file, else $EMQ_BRIDGE_WEB_TOKEN, else none (read-only)."""
+    """The write token: from --token-file, else $EMQ_BRIDGE_WEB_TOKEN, else none (read-only).
+
+    A token given is checked, surrounding whitespace dropped: an empty or blank file, or the
+    variable set to an empty or blank value (most often a secret that failed to reach it),
+    is bad usage, not a read-only view. Only an unset variable means no token.
+    """
     if token_file is not None:
+        hint = "'--token-file'"
         try:
             token = token_file.read_text("utf-8").strip()
         except OSError as exc:
             raise click.BadParameter(
-                f"cannot read {token_file}: {exc.strerror}", param_hint="'--token-file'"
+                f"cannot read {token_file}: {exc.strerror}", param_hint=hint
             ) from exc
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(f"{token_file} is not UTF-8 text", param_hint=hint) from exc
+        empty = f"{token_file} is empty"
     else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if token and len(token) < 16:
+        hint = f"${TOKEN_ENV}"
+        given = os.environ.get(TOKEN_ENV)
+        if given is None:
+            return None
+        token = given.strip()
+        empty = "it is set but empty (unset it to serve read-only)"
+    if not token:
         raise click.BadParameter(
-            "the write token must be at least 16 characters long",
-            param_hint=f"'--token-file' / ${TOKEN_ENV}",
+            f"{empty}; a write token is at least 16 characters", param_hint=hint
         )
-    return token or None
+    if len(token) < 16:
+        raise click.BadParameter(
+            "the write token must be at least 16 characters long", param_hint=hint
+        )
+    if not is_utf8(token):  # invalid UTF-8 in the variable: no HMAC of it could be computed
+        raise click.BadParameter("the write token is not valid UTF-8", param_hint=hint)
+    return token
 
 
 @click.command("web")

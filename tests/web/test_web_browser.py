@@ -271,3 +271,65 @@ def test_filter_page_open_see_it_fire_pause_resume_and_trigger_from_the_browser(
     assert "No live pump serves: sync" in browser.page_source
     browser.get(served + "/")
     shoot(browser, "web-table.png")
+
+
+@pytest.fixture
+def long_names(repeat: Repeat, redis_url: str, tmp_path: Path) -> Iterator[str]:
+    """`emq-bridge web` on a registry whose names (and owner) are as long as the rules allow,
+    without a break; yield its base URL."""
+    repeat.upsert("q", "n" * 200, every="1h", template={"task": "t"}, source="s" * 200)
+    repeat.upsert("q", "short", every="2h", template={"task": "t"})
+    port = free_port()
+    with (tmp_path / "web.log").open("w") as log:
+        env = {k: v for k, v in os.environ.items() if k != "EMQ_BRIDGE_WEB_TOKEN"}
+        web = subprocess.Popen(
+            command(redis_url, repeat.prefix, "web", "--bind", f"127.0.0.1:{port}"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert web.poll() is None, (tmp_path / "web.log").read_text()
+            try:
+                with urllib.request.urlopen(base + "/api/schedules?limit=1", timeout=1) as reply:
+                    return bool(reply.status == 200)
+            except OSError:
+                return False
+
+        try:
+            wait_for(up, "emq-bridge web to answer")
+            yield base
+        finally:
+            web.terminate()
+            web.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_200_character_name_wraps_and_leaves_every_column_on_screen(
+    browser: WebDriver, long_names: str
+) -> None:
+    browser.set_window_size(1400, 1000)
+    try:
+        browser.get(long_names + "/")
+        width = browser.execute_script("return document.documentElement.clientWidth")
+        for row in browser.find_elements(By.CSS_SELECTOR, "#schedules tbody tr"):
+            cells = row.find_elements(By.TAG_NAME, "td")
+            assert cells[2].text.startswith("every "), [c.text for c in cells]
+            for cell in cells:  # the cadence, the next run and every column after them
+                right = browser.execute_script(
+                    "return arguments[0].getBoundingClientRect().right", cell
+                )
+                assert right <= width, (cell.text[:40], right, width)
+        assert browser.execute_script(
+            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
+        click(browser, By.CSS_SELECTOR, "a.schedule-link")  # the long one sorts first
+        title = browser.find_element(By.ID, "schedule-title")
+        assert title.text.startswith("q/nnnn")
+        assert browser.execute_script(
+            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
+    finally:
+        browser.set_window_size(1280, 1000)

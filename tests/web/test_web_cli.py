@@ -93,3 +93,45 @@ def test_a_port_in_use_is_one_line_and_exit_1_and_a_free_one_serves(redis_url: s
     finally:
         served.terminate()
         served.wait(timeout=20)
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "message"),
+    [
+        (b"", None, "Invalid value for '--token-file': token.txt is empty"),
+        (b"  \n\t\n", None, "Invalid value for '--token-file': token.txt is empty"),
+        (b"\xff" * 20, None, "Invalid value for '--token-file': token.txt is not UTF-8 text"),
+        (None, "", "Invalid value for $EMQ_BRIDGE_WEB_TOKEN: it is set but empty"),
+        (None, " \n ", "Invalid value for $EMQ_BRIDGE_WEB_TOKEN: it is set but empty"),
+        (None, "a" * 16 + "\udcff", "the write token is not valid UTF-8"),
+    ],
+    ids=["empty file", "blank file", "file not UTF-8", "empty env", "blank env", "env not UTF-8"],
+)
+def test_an_empty_or_unreadable_token_given_exits_2_before_anything_else(
+    content: bytes | None,
+    env: str | None,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A token given but empty is bad usage, not a read-only view: exit 2 before Redis is
+    asked (the URL's server is not there: a read-only start would exit 3)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EMQ_BRIDGE_WEB_TOKEN", raising=False)
+    args = ["--redis-url", "redis://127.0.0.1:1/0", "web"]
+    if content is not None:
+        (tmp_path / "token.txt").write_bytes(content)
+        args += ["--token-file", "token.txt"]
+    result = CliRunner().invoke(cli, args, env={"EMQ_BRIDGE_WEB_TOKEN": env})
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: ") and message in line
+    assert "serving" not in result.output
+
+
+def test_an_unset_token_variable_still_means_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an unset variable gives no token: the command goes on to Redis (absent here)."""
+    monkeypatch.delenv("EMQ_BRIDGE_WEB_TOKEN", raising=False)
+    result = CliRunner().invoke(cli, ["--redis-url", "redis://127.0.0.1:1/0", "web"])
+    assert result.exit_code == 3, result.output
+    assert "cannot reach Redis" in result.stderr

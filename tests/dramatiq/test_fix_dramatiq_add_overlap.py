@@ -1,0 +1,99 @@
+"""`emq-bridge add --dramatiq SPEC --overlap replace` is refused, as the adapter's own
+declarations refuse it (`recurring`, `register`, the middleware's file check): Dramatiq
+cannot revoke a message that runs. A real app module, a real `emq-bridge` process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import redis
+
+from emq_bridge import Repeat
+
+APP = textwrap.dedent("""
+    import os
+
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    from emq_bridge.dramatiq import RecurringMiddleware
+
+    broker = RedisBroker(url=os.environ["OV_REDIS"], namespace=os.environ["OV_NAMESPACE"])
+    broker.add_middleware(RecurringMiddleware(prefix=os.environ["OV_PREFIX"]))
+    dramatiq.set_broker(broker)
+
+
+    @dramatiq.actor(queue_name="q", actor_name="long_job")
+    def long_job():
+        pass
+""")
+
+
+def add(
+    tmp_path: Path, redis_url: str, prefix: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    module = f"ov_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(APP)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+        "OV_REDIS": redis_url,
+        "OV_PREFIX": prefix,
+        "OV_NAMESPACE": f"ov{uuid.uuid4().hex[:8]}",
+    }
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command += ["add", "q", "n", "--task", "long_job", "--every", "3s", *args]
+    return subprocess.run(
+        [*command, "--dramatiq", f"{module}:broker"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def keys(client: redis.Redis, prefix: str) -> list[bytes]:
+    return list(client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+def test_add_with_the_dramatiq_app_refuses_overlap_replace_with_one_line_and_writes_nothing(
+    tmp_path: Path, redis_url: str, client: redis.Redis, prefix: str
+) -> None:
+    refused = add(tmp_path, redis_url, prefix, "--overlap", "replace")
+    assert refused.returncode == 1, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("Error: --overlap replace is not available on Dramatiq")
+    assert "nothing written" in line
+    assert refused.stdout == ""
+    assert keys(client, prefix) == []
+
+
+def test_add_with_the_dramatiq_app_takes_the_policies_dramatiq_can_honour(
+    tmp_path: Path, redis_url: str, client: redis.Redis, prefix: str
+) -> None:
+    added = add(tmp_path, redis_url, prefix, "--overlap", "skip")
+    assert added.returncode == 0, added.stderr
+    registration = Repeat(client, prefix).get("q", "n")
+    assert registration is not None and registration.definition.overlap == "skip"
+
+
+def test_add_without_an_app_still_takes_replace(
+    tmp_path: Path, redis_url: str, client: redis.Redis, prefix: str
+) -> None:
+    """Without --dramatiq the framework is unknown: Celery can revoke, so replace stands."""
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    done = subprocess.run(
+        [*command, "add", "q", "n", "--task", "t", "--every", "3s", "--overlap", "replace"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    registration = Repeat(client, prefix).get("q", "n")
+    assert registration is not None and registration.definition.overlap == "replace"
