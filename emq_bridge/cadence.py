@@ -716,8 +716,13 @@ def catch_up(
     *,
     window_ms: int | None = None,
     max_runs: int | None = None,
+    end_ms: int | None = None,
 ) -> CatchUp:
     """Decide what fires for the slot `due_ms` (the score a pump holds) released at `now_ms`.
+
+    `end_ms`, a registration's `end_at`: slots after it are none of its slots, so an outage
+    across it catches up on the slots up to it only (neither fired nor counted missed past
+    it; the next run is then past the end, which completes the registration).
 
     The slots that passed are `due_ms` and every slot of `cadence` after it up to `now_ms`.
     Those older than the catch-up window (`now - window_ms`; no bound by default, 60 s for
@@ -739,6 +744,8 @@ def catch_up(
     if window_ms is None and policy == "skip":
         window_ms = SKIP_GRACE_MS
     low = None if window_ms is None else now_ms - window_ms
+    # The window counts back from now; the slots that passed end at the end bound.
+    now_ms = now_ms if end_ms is None else min(now_ms, end_ms)
     keep = 1
     if policy == "all":
         keep = DEFAULT_CATCHUP_MAX if max_runs is None else max_runs

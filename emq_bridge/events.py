@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .cadence import CatchUp
+from .cadence import NEVER_MS, CatchUp
 from .occurrence import Occurrence
 from .outcome import Report
 
@@ -85,7 +85,8 @@ class PumpEvents:
         """`missed` slots of `name` passed while no pump ran; the policy dropped them.
 
         `due_ms` is the nominal time of the occurrence that fires for them, or the next run
-        when none fires (`skip`, or every slot older than the catch-up window). Told with
+        when none fires (`skip`, or every slot older than the catch-up window; `NEVER_MS`
+        of `emq_bridge.cadence` when it has no run left: a one-off or `end_at` passed). Told with
         `on_catch_up`, once per registration per outage, by the pump whose claim counted them.
         """
 
@@ -133,6 +134,8 @@ class PumpEvents:
 
 
 def _when(ms: int) -> str:
+    if ms >= NEVER_MS:  # no run left (past a one-off's instants or its end_at)
+        return "never"
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -215,7 +218,9 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_catch_up(self, queue: str, name: str, step: CatchUp) -> None:
-        if step.fire_ms is None:
+        if step.fire_ms is None and step.next_ms >= NEVER_MS:
+            fired = "none fires; it has no run left"
+        elif step.fire_ms is None:
             fired = f"none fires; next run {_when(step.next_ms)}"
         else:
             fired = f"fires the one due at {_when(step.fire_ms)}"

@@ -111,6 +111,7 @@ class _Firing:
     overlap: str = "allow"
     catchup_window_ms: int | None = None
     catchup_max: int | None = None
+    end_ms: int | None = None  # the `end_at` bound: no slot after it to catch up on
 
     def with_template(self, template: Mapping[str, Any]) -> _Firing:
         """This firing with another template (what `dataclasses.replace` gives, built
@@ -122,6 +123,7 @@ class _Firing:
             self.overlap,
             self.catchup_window_ms,
             self.catchup_max,
+            self.end_ms,
         )
 
 
@@ -597,6 +599,7 @@ class Pump:
                 firing.misfire,
                 window_ms=firing.catchup_window_ms,
                 max_runs=firing.catchup_max,
+                end_ms=firing.end_ms,
             )
         except Exception as exc:
             self.events.on_park(
@@ -642,6 +645,7 @@ class Pump:
                         definition.overlap,
                         definition.catchup_window_ms,
                         definition.catchup_max,
+                        definition.bounds.end_ms,
                     )
                     if len(self._shapes) >= DECODED_CACHE_SIZE:
                         self._shapes.clear()

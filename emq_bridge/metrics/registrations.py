@@ -16,9 +16,11 @@ __all__ = ["STATES", "RegistrationsCollector"]
 
 log = logging.getLogger("emq_bridge.metrics")
 
-STATES = ("active", "paused", "parked")
+STATES = ("active", "paused", "parked", "completed")
 NAME = "emq_bridge_registrations"
-DOCUMENTATION = "Registrations by state (active, paused, parked), read from the registry."
+DOCUMENTATION = (
+    "Registrations by state (active, paused, parked, completed), read from the registry."
+)
 
 
 class RegistrationsCollector:

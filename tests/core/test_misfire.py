@@ -352,3 +352,59 @@ def test_a_long_outage_is_one_line_per_registration_not_one_per_slot(
     for i in range(3):
         [line] = missed_lines(caplog, f"s{i}")
         assert "21599 slot(s) missed" in line
+
+
+@pytest.mark.parametrize(
+    ("policy", "fired", "dropped"),
+    [
+        # Hourly until T0+2h; the pumps down until T0+5h30: of the slots, 1h and 2h passed
+        # (3h..5h are past end_at: none of its slots, neither fired nor missed).
+        ("latest", [T0 + 2 * HOUR], 1),
+        ("earliest", [T0 + HOUR], 1),
+        ("skip", [], 2),
+        ("all", [T0 + HOUR, T0 + 2 * HOUR], 0),
+    ],
+)
+def test_an_outage_across_end_at_catches_up_on_the_slots_before_it(
+    repeat: Repeat, policy: str, fired: list[int], dropped: int
+) -> None:
+    repeat.register(
+        "reports",
+        "ends",
+        definition=define(
+            every="1h",
+            end_at=datetime.fromtimestamp((T0 + 2 * HOUR) / 1000, tz=timezone.utc),
+            misfire=policy,  # type: ignore[arg-type]
+            template=TEMPLATE,
+        ),
+        now_ms=T0,
+    )
+    dispatcher, journal = RecordingDispatcher(), Journal()
+    drain(4, ManualClock(T0 + 5 * HOUR + 30 * MIN), repeat, dispatcher, journal)
+    assert [o.due_ms for o in dispatcher.occurrences] == fired
+    registration = repeat.get("reports", "ends")
+    assert registration is not None
+    assert (registration.missed, registration.completed) == (dropped, "end_at")
+
+
+def test_a_one_off_missed_under_skip_is_told_in_one_line_with_no_run_left(
+    repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    repeat.register(
+        "reports",
+        "once",
+        definition=define(
+            at=datetime.fromtimestamp((T0 + HOUR) / 1000, tz=timezone.utc),
+            misfire="skip",
+            template=TEMPLATE,
+        ),
+        now_ms=T0,
+    )
+    dispatcher, journal = RecordingDispatcher(), Journal()
+    with caplog.at_level(logging.WARNING, logger="emq_bridge"):
+        drain(2, ManualClock(T0 + 5 * HOUR), repeat, dispatcher, journal)
+    assert dispatcher.occurrences == []
+    assert [r for r in caplog.records if "listener" in r.getMessage()] == []  # none failed
+    [line] = missed_lines(caplog, "once")
+    assert "none fires; it has no run left" in line
+    assert [m[:2] for m in journal.missed] == [("once", 1)]

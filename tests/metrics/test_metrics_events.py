@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timezone
 
 import pytest
 import redis
@@ -200,11 +201,14 @@ def test_registrations_are_counted_by_state_on_each_scrape(
     repeat.pause("mq", "a")
     template = repeat.load_records("mq", ["b"], ("template",))["b"]["template"]
     repeat.park("mq", "b", [], deadline_ms=0, template=template, reason="no such task", now_ms=T0)
+    # A one-off whose instant passed is completed (+inf too), not paused.
+    past = datetime.fromtimestamp((T0 - 60_000) / 1000, tz=timezone.utc)
+    repeat.register("mq", "once", at=past, template=TEMPLATE, now_ms=T0)
     states = {
         state: value(registry, "emq_bridge_registrations", queue="mq", state=state)
-        for state in ("active", "paused", "parked")
+        for state in ("active", "paused", "parked", "completed")
     }
-    assert states == {"active": 2, "paused": 1, "parked": 1}
+    assert states == {"active": 2, "paused": 1, "parked": 1, "completed": 1}
     assert value(registry, "emq_bridge_registrations", queue="empty", state="active") == 0
 
 
