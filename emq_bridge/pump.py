@@ -157,6 +157,8 @@ class Pump:
     ) -> None:
         self.repeat = repeat
         self.code = code
+        if isinstance(queues, str | bytes):  # an Iterable[str] too: each letter a queue
+            raise TypeError(f"queues must be a list of queue names, not a string: [{queues!r}]")
         self.queues = tuple(validate_name(q, "queue") for q in queues)
         if not self.queues:
             raise ValueError("a pump needs at least one queue")

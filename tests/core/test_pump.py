@@ -355,3 +355,10 @@ def test_a_firing_given_another_template_keeps_every_other_field() -> None:
     assert [f.name for f in fields(_Firing)] == list(values)
     firing = _Firing(**values)  # type: ignore[arg-type]
     assert firing.with_template({"task": "b"}) == replace(firing, template={"task": "b"})
+
+
+def test_a_pump_given_one_queue_name_as_a_string_says_so(repeat: Repeat) -> None:
+    # A str is an Iterable[str] (mypy accepts it): each letter would have been a queue.
+    with pytest.raises(TypeError, match=r"not a string: \['reports'\]"):
+        Pump(repeat, "reports", RecordingDispatcher())  # type: ignore[arg-type]
+    assert Pump(repeat, ["reports"], RecordingDispatcher()).queues == ("reports",)
