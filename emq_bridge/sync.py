@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,6 +196,7 @@ def plan_sync(
     prune: bool = True,
     generation: int | None = None,
     stamped: bool = False,
+    prune_tasks: Collection[str] | None = None,
 ) -> SyncPlan:
     """Compare `declarations` with the registry and return what a sync would change.
 
@@ -213,14 +214,19 @@ def plan_sync(
         if live > generation:
             return SyncPlan(source, generation=generation, refused_by=live)
     counts = repeat.begin_stamp(source, queues) if stamped else None
-    plan = _plan(repeat, wanted, source, queues, prune)
+    plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
     plan.generation = generation
     plan.counts = counts
     return plan
 
 
 def _plan(
-    repeat: Repeat, wanted: list[Declaration], source: str, queues: list[str], prune: bool
+    repeat: Repeat,
+    wanted: list[Declaration],
+    source: str,
+    queues: list[str],
+    prune: bool,
+    prune_tasks: Collection[str] | None = None,
 ) -> SyncPlan:
     plan = SyncPlan(source)
     # The stored digest covers the definition and its owner: comparing it is enough, and
@@ -239,7 +245,28 @@ def _plan(
         plan.remove = sorted(
             key for key, (_, owner) in current.items() if owner == source and key not in declared
         )
+        if prune_tasks is not None and plan.remove:
+            plan.remove = _of_tasks(repeat, plan.remove, prune_tasks)
     return plan
+
+
+def _of_tasks(
+    repeat: Repeat, keys: list[tuple[str, str]], tasks: Collection[str]
+) -> list[tuple[str, str]]:
+    """The registrations of `keys` whose template names one of `tasks` (read: the few a
+    sync would remove). One whose task cannot be read is left alone: it may be another
+    process's, and the pump parks a record it cannot use."""
+    out = []
+    for queue in sorted({q for q, _ in keys}):
+        names = [n for q, n in keys if q == queue]
+        for name, fields in repeat.load_records(queue, names).items():
+            try:
+                task = Definition.from_fields(fields).template.get("task")
+            except EmqError:
+                continue
+            if task in tasks:
+                out.append((queue, name))
+    return sorted(out)
 
 
 @without_gc
@@ -252,8 +279,13 @@ def sync(
     dry_run: bool = False,
     generation: int | None = None,
     stamp: Stamp | bool | None = None,
+    prune_tasks: Collection[str] | None = None,
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
+
+    `prune_tasks` (with `prune`) removes only the source's registrations whose task is one
+    of these: a process that knows only some of its source's tasks (a Dramatiq worker pool
+    that imports some of the actor modules) cannot tell the others were dropped.
 
     The plan returned reflects what the registry answered when applied, so under concurrent
     syncs an item planned as `create` may come back as `unchanged`.
@@ -275,7 +307,9 @@ def sync(
         raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
     wanted = _checked(declarations, source, generation)
     if dry_run:
-        return plan_sync(repeat, wanted, source, prune=prune, generation=generation)
+        return plan_sync(
+            repeat, wanted, source, prune=prune, generation=generation, prune_tasks=prune_tasks
+        )
     if stamp is True:
         stamp = Stamp(declarations_fingerprint(wanted, source, generation))
         if stamped(repeat, source, stamp.fingerprint) is not None:
@@ -290,7 +324,7 @@ def sync(
             repeat.upsert_declared([], source=source, generation=generation, queues=queues)
         # Read before the plan: a write after this read moves a count, so the stamp is refused.
         counts = repeat.begin_stamp(source, queues) if isinstance(stamp, Stamp) else {}
-        plan = _plan(repeat, wanted, source, queues, prune)
+        plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
         old = _old_records(repeat, plan)
         _apply(repeat, plan, applied)
         if isinstance(stamp, Stamp):

@@ -350,7 +350,10 @@ class RecurringMiddleware(Middleware):
         if apply:
             # `sync` logs its plan: changes at WARNING/INFO, unchanged schedules at DEBUG only,
             # so the processes of a deploy do not log every schedule they find unchanged.
-            for source, declared, stamp in sources:
+            # The actors' source prunes the schedules of this broker's actors only: a worker
+            # pool that imports some actor modules cannot tell another pool's were dropped.
+            actors = frozenset(broker.actors)
+            for index, (source, declared, stamp) in enumerate(sources):
                 plan = sync(
                     repeat,
                     declared,
@@ -358,6 +361,7 @@ class RecurringMiddleware(Middleware):
                     prune=self.prune,
                     generation=self.generation,
                     stamp=stamp,
+                    prune_tasks=actors if index == 0 else None,
                 )
                 self.plans.append(plan)
             if unread is not None:
