@@ -126,6 +126,15 @@ class Reporter:
             self._idle = False
             self._wake.set()
 
+    def ended(self, item: Report) -> None:
+        """The run of `item`'s occurrence ended (its actor returned): heartbeat it no more,
+        though its final report may not come (a broker ack that failed: it is then lost once
+        its last heartbeat expires, rather than kept in flight as long as this process
+        lives)."""
+        if self._pid != os.getpid():
+            self._reset()
+        self._running.pop((item.queue, item.id), None)
+
     def begin(self, item: Report, *, mark: bool = True) -> bool:
         """Ask, before a worker runs the occurrence `item` starts, whether it may: False
         while another occurrence of its guarded registration is in flight (`Repeat.begin`,

@@ -138,11 +138,21 @@ class MessageOutcomes:
         return True
 
     def processed(self, message: Any, exception: BaseException | None) -> None:
-        """`after_process_message`: note when the actor ended and how (decided at the ack)."""
+        """`after_process_message`: note when the actor ended and how (decided at the ack).
+
+        The run is heartbeated no more from here: if the broker's ack then fails (Dramatiq
+        logs it, and calls neither `after_ack` nor `after_nack`), no final report comes, and
+        the occurrence is lost when its last heartbeat expires instead of holding its
+        schedule (`skip`) for as long as the worker lives."""
         run = self._run_of(message, create=True)
         if run is not None:
             run.finished_ms = _now_ms()
             run.error = exception
+            if run.began:
+                try:
+                    self.reporter.ended(run.start)
+                except Exception as exc:  # a bug: never into the worker
+                    log.warning("occurrence %s: its heartbeats go on: %s", run.message_id, exc)
 
     def enqueued(self, message: Any, delay_ms: int | None) -> None:
         """`before_enqueue`: the message in hand sent again is a retry (`Retries`)."""
