@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -396,6 +397,22 @@ def define(
         )
     if offset is not None and every is None and every_ms is None:
         raise ScheduleError("offset applies to interval schedules (every=) only")
+    # Refused as a schedule file refuses them (config.py). The defaults (`grid`, False) are
+    # what a decorator or a `Schedule` passes through for any cadence: only another value
+    # that does not apply is an error.
+    if anchor != "grid" and every is None and every_ms is None:
+        raise ScheduleError(
+            "anchor does not apply to at= (one-off instants)"
+            if at is not None
+            else "anchor applies to interval schedules (every=) only; "
+            "a cron is a wall-clock position"
+        )
+    if day_and is not False and cron is None:
+        raise ScheduleError(
+            "day_and does not apply to at= (one-off instants)"
+            if at is not None
+            else "day_and applies to cron schedules only; an interval has no days"
+        )
     cadence: Cadence
     if cron is not None:
         cadence = Cron(cron, tz or "UTC", day_and, seed)
@@ -441,6 +458,35 @@ def define(
         catchup_max,
         labels if labels is not None else {},
     )
+
+
+def definition_or_define(definition: Definition | None, **options: Any) -> Definition:
+    """Return `definition`, or `define(**options)` when it is None: what `register` and
+    `upsert` take. A definition given with any option other than `define`'s default is
+    refused (`ScheduleError` naming them): the options would be silently ignored."""
+    if definition is None:
+        return define(**options)
+    if not isinstance(definition, Definition):
+        raise ScheduleError(
+            f"definition must be a Definition (define(...)), got {type(definition).__name__}"
+        )
+    mixed = [
+        name
+        for name, value in options.items()
+        if value is not _DEFINE_DEFAULTS[name] and value != _DEFINE_DEFAULTS[name]
+    ]
+    if mixed:
+        raise ScheduleError(
+            f"give either definition= or its arguments, not both (got definition= and "
+            f"{', '.join(f'{name}=' for name in mixed)}); put them in define(...)"
+        )
+    return definition
+
+
+# `define`'s defaults: an option holding one was not given.
+_DEFINE_DEFAULTS: dict[str, Any] = {
+    name: parameter.default for name, parameter in inspect.signature(define).parameters.items()
+}
 
 
 def offset_ms(offset: Offset | None, every_ms: int) -> int:

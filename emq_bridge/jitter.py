@@ -199,7 +199,9 @@ def reseed(cadence: Cadence, seed: str) -> Cadence:
 
 
 def nominal_slot(cadence: Cadence, score_ms: int) -> int:
-    """The nominal slot of a registry score: the score itself unless the cadence jitters."""
+    """Return the nominal slot (epoch ms) a registry score stands for: what the occurrence
+    sent at `score_ms` carries (its id, `due_ms`). `score_ms` itself unless `cadence` (a
+    registration's `definition.cadence`, any kind) jitters."""
     if isinstance(cadence, Jittered):
         return cadence.nominal(score_ms)
     return score_ms

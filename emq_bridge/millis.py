@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from .errors import ScheduleError
+
 _MS = timedelta(milliseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -24,7 +26,15 @@ def ceil_ms(delta: timedelta) -> int:
 
 
 def instant_ms(value: datetime, *, ceil: bool = False) -> int:
-    """Return a `datetime` as epoch ms, rounded down unless `ceil`; a naive one is local
-    time, as `datetime.timestamp` reads it."""
-    since = (value if value.tzinfo is not None else value.astimezone()) - _EPOCH
+    """Return an aware `datetime` as epoch ms, rounded down unless `ceil`.
+
+    A naive one raises `ScheduleError`: which instant it names depends on a zone it does not
+    say (the host's, as `datetime.timestamp` would read it), as `bounds.epoch_ms` refuses it.
+    """
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ScheduleError(
+            f"{value.isoformat()} has no time zone, so it names no instant; give a tzinfo "
+            "such as timezone.utc or ZoneInfo('Europe/Paris')"
+        )
+    since = value - _EPOCH
     return ceil_ms(since) if ceil else floor_ms(since)

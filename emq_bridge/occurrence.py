@@ -56,7 +56,8 @@ class Occurrence:
     """One firing of a registration at its nominal instant `due_ms` (epoch ms, UTC).
 
     `template` is shared by the occurrences of a registration, so it is read-only (a
-    `FrozenDict`; changing it raises `TypeError`): change a copy, `dict(template)`.
+    `FrozenDict`; changing it raises `TypeError`): change a copy, `copy.deepcopy(template)`
+    (`dict(template)` is shallow: its nested `kwargs`, `args` stay read-only).
     `released_ms` is when the pump claimed it, on the server's clock. `previous_due_ms` is
     the slot the registration fired before this one and `last_success_ms` when a worker last
     reported one of its occurrences succeeded (None when unknown): the previous-run context

@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .keys import lease_member
+from .cadence import LATEST_MS
+from .errors import ScheduleError
+from .keys import lease_member, validate_name
+from .shown import shown
 
 __all__ = [
     "FINAL_STATUSES",
@@ -58,6 +61,8 @@ HISTORY_SIZE = 50
 MAX_HISTORY_SIZE = 10_000
 # An error is kept as "<Type>: <message>", cut to this many characters (bounded memory).
 MAX_ERROR_CHARS = 200
+# An occurrence id is a UUID (`occurrence_id`); a longer one is not one.
+MAX_ID_CHARS = 200
 
 
 def error_text(error: BaseException | None) -> str:
@@ -77,6 +82,12 @@ class Report:
     `retrying` report, is how long the occurrence stays in flight before its next attempt
     starts (the retry's countdown); a running occurrence stays in flight as long as its worker
     heartbeats.
+
+    Checked at construction, so that `Repeat.report` never stores what the registry cannot
+    read back: times are `int` epoch ms from 1970 to the end of 9999 (`int(time.time() *
+    1000)`, not a float), `attempt` an `int` from 1, `id` a non-empty string, `queue` and
+    `name` valid names (`keys.validate_name`), `error` a string (kept cut to
+    `MAX_ERROR_CHARS`). Anything else raises `ScheduleError` (`InvalidName` for a name).
     """
 
     kind: ReportKind
@@ -96,10 +107,34 @@ class Report:
     started_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in REPORT_KINDS:
-            raise ValueError(
-                f"report kind must be one of {sorted(REPORT_KINDS)}, got {self.kind!r}"
-            )
+        # A worker builds two reports per task: the common one passes in a few comparisons
+        # (exact ints in range, names already checked); anything else is checked field by
+        # field, which raises `ScheduleError` (`InvalidName` for a name) saying what is wrong.
+        due, at, attempt, ident = self.due_ms, self.at_ms, self.attempt, self.id
+        released, started = self.released_ms, self.started_ms
+        if not (
+            type(due) is int
+            and type(at) is int
+            and type(attempt) is int
+            and 0 <= due <= LATEST_MS
+            and 0 <= at <= LATEST_MS
+            and attempt >= 1
+            and self.kind in REPORT_KINDS
+            and type(ident) is str
+            and 0 < len(ident) <= MAX_ID_CHARS
+            and type(self.queue) is str
+            and self.queue in _CHECKED_NAMES
+            and type(self.name) is str
+            and self.name in _CHECKED_NAMES
+            and (released is None or (type(released) is int and 0 <= released <= LATEST_MS))
+            and (started is None or (type(started) is int and 0 <= started <= LATEST_MS))
+            and type(self.hold_ms) is int
+            and 0 <= self.hold_ms <= LATEST_MS
+            and type(self.error) is str
+            and type(self.redelivered) is bool
+            and type(self.triggered) is bool
+        ):
+            _check_report(self)
 
     def ended(self, kind: ReportKind, at_ms: int, error: str = "", *, hold_ms: int = 0) -> Report:
         """The `kind` report of the same occurrence and attempt, at `at_ms`: what an adapter
@@ -161,6 +196,59 @@ class Report:
             str(max(0, self.hold_ms)),
             "" if self.started_ms is None else str(self.started_ms),
         ]
+
+
+# Queue and registration names a report was built with, once validated: a worker reports the
+# same few registrations over and over (bounded: emptied when it grows past this).
+_CHECKED_NAMES: set[str] = set()
+_MAX_CHECKED_NAMES = 10_000
+
+
+def _check_report(report: Report) -> None:
+    """Raise `ScheduleError` (`InvalidName` for a name) naming the first unusable field of
+    `report`; remember its names once they passed."""
+    if report.kind not in REPORT_KINDS:
+        raise ScheduleError(
+            f"report kind must be one of {sorted(REPORT_KINDS)}, got {shown(report.kind)}"
+        )
+    if not isinstance(report.id, str) or not report.id:
+        raise ScheduleError(f"report id must be a non-empty string, got {shown(report.id)}")
+    if len(report.id) > MAX_ID_CHARS:
+        raise ScheduleError(
+            f"report id is {len(report.id)} characters long; the limit is {MAX_ID_CHARS}"
+        )
+    for value, what in ((report.queue, "queue"), (report.name, "registration name")):
+        if not isinstance(value, str) or value not in _CHECKED_NAMES:
+            validate_name(value, what)
+    _check_ms(report.due_ms, "due_ms")
+    _check_ms(report.at_ms, "at_ms")
+    attempt = report.attempt
+    if type(attempt) is not int or attempt < 1:  # not a bool, nor an int subclass
+        raise ScheduleError(f"report attempt must be an int from 1, got {shown(attempt)}")
+    for optional, field in ((report.released_ms, "released_ms"), (report.started_ms, "started_ms")):
+        if optional is not None:
+            _check_ms(optional, field)
+    _check_ms(report.hold_ms, "hold_ms", "a duration in ms")
+    if not isinstance(report.error, str):
+        raise ScheduleError(
+            f"report error must be a string (error_text(exc)), got {type(report.error).__name__}"
+        )
+    for flag, field in ((report.redelivered, "redelivered"), (report.triggered, "triggered")):
+        if not isinstance(flag, bool):
+            raise ScheduleError(f"report {field} must be True or False, got {shown(flag)}")
+    if len(_CHECKED_NAMES) >= _MAX_CHECKED_NAMES:
+        _CHECKED_NAMES.clear()
+    _CHECKED_NAMES.update((report.queue, report.name))
+
+
+def _check_ms(value: object, field: str, what: str = "epoch ms") -> None:
+    if type(value) is not int:  # not a bool, nor an int subclass (its str() may be no number)
+        hint = " (int(time.time() * 1000))" if isinstance(value, float) else ""
+        raise ScheduleError(f"report {field} must be an int of {what}{hint}, got {shown(value)}")
+    if not 0 <= value <= LATEST_MS:
+        raise ScheduleError(
+            f"report {field} must be {what} from 0 to {LATEST_MS} (year 9999), got {shown(value)}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

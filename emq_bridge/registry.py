@@ -24,7 +24,14 @@ import redis.cluster
 from .backfill import BackfillMoves
 from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
 from .cadence import NEVER_MS, Anchor, Misfire, advance
-from .definition import DEFINITION_FIELDS, Declaration, Definition, Offset, Overlap, define
+from .definition import (
+    DEFINITION_FIELDS,
+    Declaration,
+    Definition,
+    Offset,
+    Overlap,
+    definition_or_define,
+)
 from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
 from .heartbeat import HeartbeatMoves
 from .keys import (
@@ -446,31 +453,32 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `exists` writes nothing, so the live cadence is never disturbed by a re-register.
         `offset`, `at`, `start_at`, `end_at`, `limit` and `immediately` are `define`'s
         (emq_bridge.bounds); a registration with no slot left is written `completed`.
-        `labels` (str -> str) tag it (emq_bridge.labels).
+        `labels` (str -> str) tag it (emq_bridge.labels). `definition` (a `define(...)`)
+        replaces the others: given with any of them it raises `ScheduleError`.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
-        if definition is None:
-            definition = define(
-                every=every,
-                every_ms=every_ms,
-                cron=cron,
-                tz=tz,
-                anchor=anchor,
-                misfire=misfire,
-                template=template,
-                overlap=overlap,
-                pause_after_failures=pause_after_failures,
-                catchup_window=catchup_window,
-                catchup_max=catchup_max,
-                offset=offset,
-                at=at,
-                start_at=start_at,
-                end_at=end_at,
-                limit=limit,
-                immediately=immediately,
-                labels=labels,
-            )
+        definition = definition_or_define(  # refuses definition= with any of the others
+            definition,
+            every=every,
+            every_ms=every_ms,
+            cron=cron,
+            tz=tz,
+            anchor=anchor,
+            misfire=misfire,
+            template=template,
+            overlap=overlap,
+            pause_after_failures=pause_after_failures,
+            catchup_window=catchup_window,
+            catchup_max=catchup_max,
+            offset=offset,
+            at=at,
+            start_at=start_at,
+            end_at=end_at,
+            limit=limit,
+            immediately=immediately,
+            labels=labels,
+        )
         definition = definition.for_name(name)  # the seed of a cron's H and of jitter
         now = self._now(now_ms)
         fields = self._record_fields(definition, now, source=None)
@@ -517,29 +525,31 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         `unchanged` writes nothing. `updated` keeps the next run unless the cadence changed,
         in which case the next run is re-derived from now under the new cadence.
-        `source` tags the owner of the registration (used by `sync` to prune).
+        `source` tags the owner of the registration (used by `sync` to prune). `definition`
+        (a `define(...)`) replaces the cadence and policy arguments: given with any of them it
+        raises `ScheduleError`.
         """
-        if definition is None:
-            definition = define(
-                every=every,
-                every_ms=every_ms,
-                cron=cron,
-                tz=tz,
-                anchor=anchor,
-                misfire=misfire,
-                template=template,
-                overlap=overlap,
-                pause_after_failures=pause_after_failures,
-                catchup_window=catchup_window,
-                catchup_max=catchup_max,
-                offset=offset,
-                at=at,
-                start_at=start_at,
-                end_at=end_at,
-                limit=limit,
-                immediately=immediately,
-                labels=labels,
-            )
+        definition = definition_or_define(  # refuses definition= with any of the others
+            definition,
+            every=every,
+            every_ms=every_ms,
+            cron=cron,
+            tz=tz,
+            anchor=anchor,
+            misfire=misfire,
+            template=template,
+            overlap=overlap,
+            pause_after_failures=pause_after_failures,
+            catchup_window=catchup_window,
+            catchup_max=catchup_max,
+            offset=offset,
+            at=at,
+            start_at=start_at,
+            end_at=end_at,
+            limit=limit,
+            immediately=immediately,
+            labels=labels,
+        )
         return self.upsert_many([(queue, name, definition)], source=source, now_ms=now_ms)[0]
 
     def upsert_many(
@@ -996,25 +1006,29 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             return int(self.client.zcard(keys.registry))
 
     def count_states(self, queue: str) -> dict[str, int]:
-        """Return how many registrations of `queue` are `active`, `paused` and `parked`.
+        """Return how many registrations of `queue` are `active`, `paused`, `parked` and
+        `completed` (past their bounds: no run left).
 
-        Paused and parked ones sit at score +inf: one ZCARD and one ZRANGEBYSCORE, then the
+        All but the active sit at score +inf: one ZCARD and one ZRANGEBYSCORE, then the
         records of those only (`FETCH_CHUNK` a call), so an active registry costs two reads.
         """
         keys = self.keys(queue)
         with redis_errors(f"count {queue}"):
             total = int(self.client.zcard(keys.registry))
             stopped = [text(n) for n in self.client.zrangebyscore(keys.registry, "+inf", "+inf")]
-        parked = 0
+        counts = {"active": total - len(stopped), "paused": 0, "parked": 0, "completed": 0}
         for start in range(0, len(stopped), FETCH_CHUNK):
             chunk = stopped[start : start + FETCH_CHUNK]
-            records = self.load_records(queue, chunk, ("parked_reason",))
-            parked += sum(1 for fields in records.values() if fields.get("parked_reason"))
-        return {
-            "active": total - len(stopped),
-            "paused": len(stopped) - parked,
-            "parked": parked,
-        }
+            records = self.load_records(queue, chunk, ("parked_reason", "paused", "completed"))
+            for name in chunk:
+                record = records.get(name, {})  # one gone since: counted paused, as read
+                if record.get("parked_reason"):
+                    counts["parked"] += 1
+                elif record.get("completed") and record.get("paused") != "1":
+                    counts["completed"] += 1
+                else:
+                    counts["paused"] += 1
+        return counts
 
     def names(self, queue: str, *, offset: int = 0, limit: int | None = None) -> builtins.list[str]:
         """Return the names registered in `queue`, in `list`'s order; `offset` and `limit`

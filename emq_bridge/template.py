@@ -199,8 +199,10 @@ def _frozen_json(value: Any, depth: int) -> Any:
 class FrozenDict(dict[str, Any]):
     """A template object that refuses changes: the pump shares one between occurrences.
 
-    It is a `dict` for everything that reads (`json.dumps`, `isinstance`, `dict(t)`);
-    `dict(t)`, `t.copy()` and `copy.deepcopy(t)` give plain, changeable copies.
+    It is a `dict` for everything that reads (`json.dumps`, `isinstance`, `dict(t)`).
+    `copy.deepcopy(t)` gives a plain copy changeable all the way down; `dict(t)` and
+    `t.copy()` are shallow: their top level changes, but the objects and arrays inside
+    (`kwargs`, `args`) are the shared read-only ones.
     """
 
     __slots__ = ()
@@ -235,7 +237,8 @@ _FROZEN_DECODER = json.JSONDecoder(object_pairs_hook=FrozenDict, parse_constant=
 
 READ_ONLY = (
     "an occurrence's template is shared by the occurrences of its registration and is "
-    "read-only; change a copy (dict(template), copy.deepcopy(template))"
+    "read-only; change a copy: copy.deepcopy(template) (dict(template) copies the top "
+    "level only, its nested objects and arrays stay read-only)"
 )
 
 

@@ -44,7 +44,11 @@ class RecordingDispatcher:
 
 
 class ManualClock:
-    """A clock in epoch ms that moves only when the test says so."""
+    """A clock in epoch ms that moves only when the test says so.
+
+    It starts at, and `set` moves it to, epoch ms or an aware `datetime`: a naive one raises
+    `ScheduleError` (it names no instant; the host's zone would decide which).
+    """
 
     def __init__(self, start: int | datetime = datetime(2030, 1, 1, tzinfo=timezone.utc)) -> None:
         self.now_ms = instant_ms(start) if isinstance(start, datetime) else int(start)

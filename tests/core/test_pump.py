@@ -351,6 +351,7 @@ def test_a_firing_given_another_template_keeps_every_other_field() -> None:
         "overlap": "skip",
         "catchup_window_ms": 5_000,
         "catchup_max": 3,
+        "end_ms": 1_900_000_000_000,
     }
     assert [f.name for f in fields(_Firing)] == list(values)
     firing = _Firing(**values)  # type: ignore[arg-type]
