@@ -7,7 +7,6 @@ a failover to a replica that never saw the script is handled for us.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -35,10 +34,28 @@ MOVES = (
 )
 
 
-@cache
+def _read_sources() -> dict[str, str]:
+    folder = resources.files("emq_bridge").joinpath("lua")
+    return {
+        entry.name.removesuffix(".lua"): entry.read_text("utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".lua")
+    }
+
+
+# Read at import, in the importing thread: read lazily, the first read (which imports
+# `importlib.readers`) could happen on a reporter thread while Celery's prefork pool forks,
+# and the child would inherit that module half imported, failing every later read (its
+# reports dropped for good) or deadlocking.
+_SOURCES = _read_sources()
+
+
 def lua_source(move: str) -> str:
     """Return the source of `lua/<move>.lua`."""
-    return resources.files("emq_bridge").joinpath("lua").joinpath(f"{move}.lua").read_text("utf-8")
+    try:
+        return _SOURCES[move]
+    except KeyError:
+        raise ValueError(f"no Lua move {move!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
