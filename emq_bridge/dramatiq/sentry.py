@@ -27,7 +27,7 @@ from typing import Any
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from ..cadence import Cadence, Cron, Every
+from ..cadence import CRON_ALIASES, Cadence, Cron, Every
 from .schedule import broker_declarations, occurrence_of
 
 __all__ = ["SentryCrons", "monitor_config_of"]
@@ -40,11 +40,11 @@ _UNITS = (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000))
 def monitor_config_of(cadence: Cadence) -> dict[str, Any]:
     """Return the Sentry monitor config of a cadence, as sentry-sdk builds Celery's: a
     five-field cron expression and its zone, or an interval in whole minutes, hours or days
-    (UTC). `{}` for what Sentry Crons cannot take (seconds fields, aliases, `H`, sub-minute
-    or uneven intervals): such a schedule is not monitored, as sentry-sdk skips them on
-    Celery."""
+    (UTC); an alias (`@daily`) as its five fields. `{}` for what Sentry Crons cannot take
+    (seconds fields, `H`, sub-minute or uneven intervals): such a schedule is not monitored,
+    as sentry-sdk skips them on Celery."""
     if isinstance(cadence, Cron):
-        fields = cadence.expr.split()
+        fields = CRON_ALIASES.get(cadence.expr.strip().lower(), cadence.expr).split()
         if len(fields) != 5 or any("H" in f or "?" in f for f in fields):
             return {}
         return {"schedule": {"type": "crontab", "value": " ".join(fields)}, "timezone": cadence.tz}

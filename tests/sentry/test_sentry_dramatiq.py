@@ -78,3 +78,17 @@ def test_a_dramatiq_worker_sends_a_check_in_pair_per_occurrence_with_its_schedul
         assert started["check_in_id"] == ended["check_in_id"]
         assert uuid.UUID(hex=started["check_in_id"]).version == 5  # the occurrence id
         assert isinstance(ended["duration"], float) and 0 <= ended["duration"] < TIMEOUT_S
+
+
+def test_a_cron_alias_is_monitored_as_its_five_fields() -> None:
+    # `@daily` was {} (not monitored), though docs/sentry.md names only sub-minute, seconds
+    # fields and H as what Sentry Crons cannot take.
+    from emq_bridge.cadence import Cron
+    from emq_bridge.dramatiq.sentry import monitor_config_of
+
+    assert monitor_config_of(Cron("@daily", "Europe/Paris")) == {
+        "schedule": {"type": "crontab", "value": "0 0 * * *"},
+        "timezone": "Europe/Paris",
+    }
+    assert monitor_config_of(Cron("@hourly"))["schedule"]["value"] == "0 * * * *"
+    assert monitor_config_of(Cron("*/30 * * * * *")) == {}  # a seconds field: not monitored
