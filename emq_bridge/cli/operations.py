@@ -380,8 +380,6 @@ def pump_command(
         raise click.UsageError(
             "no queues to pump: name them, or give --file or an adapter with queues"
         )
-    if do_sync:
-        _sync_sources(repeat, target, schedule_files)
     dispatcher: Dispatcher = (
         target.dispatcher if target else ListPushDispatcher(settings.client(), str(list_key))
     )
@@ -402,6 +400,8 @@ def pump_command(
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--heartbeat-ttl'") from exc
+    if do_sync:  # once every option is known good: a refused command writes nothing
+        _sync_sources(repeat, target, schedule_files)
     if metrics_port is not None:
         click.echo(f"metrics on {serve_pump_metrics(pump, metrics_host, metrics_port)}", err=True)
     if once:

@@ -338,3 +338,20 @@ def test_a_valid_add_still_works(run: Run, repeat: Repeat) -> None:
     registration: Any = repeat.get("q", "n")
     assert registration.definition.template["kwargs"] == {"a": 1, "b": 2}
     assert dict(registration.definition.labels) == {"team": "é"}
+
+
+def test_pump_with_a_heartbeat_shorter_than_its_sleep_writes_nothing_before_refusing(
+    run: Run, client: redis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Checked once the pump's sleep is known: it was refused after the file was synced.
+    schedules = tmp_path / "s.toml"
+    schedules.write_text(
+        'queue = "q"\n\n[[schedule]]\nname = "a"\ntask = "t"\nevery = "1h"\n', "utf-8"
+    )
+    result = run(
+        "pump", "--file", str(schedules), "--list-key", f"{prefix}:out", "--once",
+        "--max-sleep", "60", "--heartbeat-ttl", "1",
+    )  # fmt: skip
+    line = one_error_line(result, 2)
+    assert "would expire while its pump sleeps" in line
+    assert key_count(client, prefix) == 0
