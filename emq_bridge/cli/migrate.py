@@ -17,12 +17,12 @@ import click
 import redis
 
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
-from ..migrate.plan import ImportPlan, ImportResult, apply_import, result_lines
+from ..migrate.plan import ImportPlan, apply_import, queues_note, result_lines
 from ..urls import client_from_url, redact_url
 from .context import ServerError, Settings, UrlError, pass_settings
 from .render import to_json
 
-__all__ = ["COMMANDS", "queues_note"]
+__all__ = ["COMMANDS"]
 
 
 def _celery_side(module: str) -> ModuleType:
@@ -84,26 +84,6 @@ def _apply(
     if note:
         click.echo(note, err=True)
     click.echo(result.summary(), err=True)  # the last line, as ever
-
-
-def queues_note(result: ImportResult) -> str | None:
-    """Return the `note:` line naming the queues the imported schedules are in, or None.
-
-    A `celery beat -S emq` pumps only the app's queues (its declared schedules', its
-    `task_default_queue`, its `task_queues`) and those its `emq_bridge_queues` setting
-    lists; an import cannot know the app, so it names the queues for the operator to check.
-    """
-    entries = [*result.created, *result.updated, *result.unchanged]
-    queues = sorted({e.declaration.queue for e in entries})
-    if not queues:
-        return None
-    named = ", ".join(repr(q) for q in queues)
-    verb = "would be" if result.dry_run else "are"
-    return (
-        f"note: the imported schedules {verb} in queue(s) {named}: a celery beat -S emq "
-        "pumps a queue only if it is one of the app's (its schedules' queues, "
-        "task_default_queue, task_queues) or listed in its emq_bridge_queues setting"
-    )
 
 
 def _zone(ctx: click.Context, param: click.Parameter, value: str) -> str:

@@ -22,7 +22,15 @@ from ..errors import ConfigError
 from ..registry import Repeat, Seed
 from ..sync import plan_sync
 
-__all__ = ["ImportPlan", "ImportResult", "Imported", "Refusal", "apply_import", "result_lines"]
+__all__ = [
+    "ImportPlan",
+    "ImportResult",
+    "Imported",
+    "Refusal",
+    "apply_import",
+    "queues_note",
+    "result_lines",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +249,26 @@ def result_lines(result: ImportResult) -> list[str]:
     lines += [f"! {r.line()}" for r in result.refused]
     lines += [f"> resumed {e.declaration.queue}/{e.declaration.name}" for e in result.resumed]
     return lines
+
+
+def queues_note(result: ImportResult) -> str | None:
+    """Return the `note:` line naming the queues the imported schedules are in, or None.
+
+    A `celery beat -S emq` pumps only the app's queues (its declared schedules', its
+    `task_default_queue`, its `task_queues`) and those its `emq_bridge_queues` setting
+    lists; an import cannot know the app, so it names the queues for the operator to check.
+    """
+    entries = [*result.created, *result.updated, *result.unchanged]
+    queues = sorted({e.declaration.queue for e in entries})
+    if not queues:
+        return None
+    named = ", ".join(repr(q) for q in queues)
+    verb = "would be" if result.dry_run else "are"
+    return (
+        f"note: the imported schedules {verb} in queue(s) {named}: a celery beat -S emq "
+        "pumps a queue only if it is one of the app's (its schedules' queues, "
+        "task_default_queue, task_queues) or listed in its emq_bridge_queues setting"
+    )
 
 
 def _utc(ms: int) -> str:

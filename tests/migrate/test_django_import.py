@@ -150,6 +150,8 @@ def test_periodic_tasks_are_imported_with_states_and_bounds_and_again_changes_no
     call_command("emq_import", stdout=out, stderr=err, **options)
     summary = "import import:django-celery-beat: 7 created, 0 updated, 0 unchanged, 3 refused"
     assert summary in err.getvalue()
+    # As the CLI's import does: which queues a beat must pump for these to be sent.
+    assert "note: the imported schedules are in queue(s) 'celery', 'reports'" in err.getvalue()
 
     digest = repeat.get("reports", "digest")
     assert digest is not None and digest.source == "import:django-celery-beat"

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError  # type: ignor
 from emq_bridge.celery.importers.django.reader import DEFAULT_SOURCE, read_periodic_tasks
 from emq_bridge.errors import EmqError
 from emq_bridge.keys import DEFAULT_PREFIX
-from emq_bridge.migrate.plan import apply_import, result_lines
+from emq_bridge.migrate.plan import apply_import, queues_note, result_lines
 from emq_bridge.registry import Repeat
 
 
@@ -60,4 +60,7 @@ class Command(BaseCommand):  # type: ignore[misc]
             raise CommandError(str(exc)) from exc
         for line in result_lines(result):
             self.stdout.write(line)
+        note = queues_note(result)  # which queues a beat must pump, as the CLI says
+        if note is not None:
+            self.stderr.write(note)
         self.stderr.write(result.summary())
