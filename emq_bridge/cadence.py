@@ -182,6 +182,9 @@ def parse_every(value: float | timedelta | str) -> int:
         raise ScheduleError(
             f"every must be seconds, a timedelta or a string like '15m', not {shown(value)}"
         )
+    if isinstance(value, int) and abs(value) > MAX_EVERY_MS:  # past what a float holds, too
+        bound = "at most 1000 years" if value > 0 else "at least 1 ms"
+        raise ScheduleError(f"every must be {bound}, got {shown(value)} seconds")
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise ScheduleError(f"every must be a finite number of seconds, got {shown(value)}")

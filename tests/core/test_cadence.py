@@ -11,7 +11,7 @@ from cron_oracle import Oracle, transitions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emq_bridge import Cron, Every, ScheduleError, advance, next_runs, parse_every_ms
+from emq_bridge import Cron, Every, ScheduleError, advance, next_runs, parse_every, parse_every_ms
 
 MIN = 60_000
 
@@ -256,3 +256,12 @@ def test_a_cron_expression_longer_than_the_limit_is_refused_in_one_short_line() 
     assert str(refused.value) == (
         f"cron expression is {len(huge)} characters; the limit is {MAX_CRON_CHARS}"
     )
+
+
+@pytest.mark.parametrize(
+    ("huge", "says"), [(10**400, "at most 1000 years"), (-(10**400), "at least 1 ms")]
+)
+def test_every_of_an_integer_past_any_float_is_a_schedule_error(huge: int, says: str) -> None:
+    # It raised OverflowError (int too large to convert to float) from math.isfinite.
+    with pytest.raises(ScheduleError, match=says):
+        parse_every(huge)
