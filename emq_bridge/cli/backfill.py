@@ -70,7 +70,7 @@ def backfill_command(
     \b
     Examples:
       emq-bridge backfill reports nightly --from 2026-03-01T00:00:00Z --to 2026-03-08T00:00:00Z
-      emq-bridge backfill reports digest --from 2026-03-29T00:00+02:00 \
+      emq-bridge backfill reports digest --from 2026-03-29T00:00+02:00 \\
           --to 2026-03-29T12:00+02:00 --dry-run
     """
     repeat = settings.repeat()

@@ -754,7 +754,7 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
       emq-bridge add reports etl --task etl --every 1h --misfire all --catchup-window 1d
       emq-bridge add reports spread --task poll --cron "H * * * *" --jitter 30s
       emq-bridge add reports audit --task audit --every 1h --label team=billing --label tier=gold
-      emq-bridge add reports daily --task report --cron "0 9 * * 1-5" --tz Europe/Paris \
+      emq-bridge add reports daily --task report --cron "0 9 * * 1-5" --tz Europe/Paris \\
           --exclude 2026-12-25 --exclude @holidays --calendars calendars.toml
     """
     given = given_frameworks(framework_params(fields))

@@ -56,6 +56,8 @@ __all__ = ["ACTIONS", "app"]
 ACTIONS = ("pause", "resume", "trigger", "remove")
 NEXT_RUNS = 10
 HISTORY_ROWS = 50
+# A parked schedule's reason on its own page: whole (the table cuts it to 48 characters).
+MAX_REASON_CHARS = 10_000
 
 _DONE = {
     "pause": "paused",
@@ -140,7 +142,8 @@ def _row(registration: Registration, now_ms: int, pumped: set[str]) -> dict[str,
         "last_status": status_text(registration),
         "status_class": registration.last_status or "none",
         "state": state(registration),
-        "state_text": state_text(registration, 48),
+        "state_text": state_text(registration, 48),  # the table's, cut
+        "state_full": state_text(registration, MAX_REASON_CHARS),  # the schedule page's
         "owner": registration.source or "(runtime)",
         "labels": ", ".join(f"{k}={v}" for k, v in sorted(registration.definition.labels.items())),
     }

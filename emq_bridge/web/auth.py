@@ -77,8 +77,9 @@ class Guard:
         return self._can_write is not None and bool(self._can_write(request))
 
     def check_token(self, given: str) -> bool:
-        """Whether `given` is the write token (the unlock form)."""
-        return self._token is not None and hmac.compare_digest(given.encode(), self._token.encode())
+        """Whether `given` is the write token (the unlock form), surrounding whitespace
+        dropped as from a bearer header."""
+        return self._token is not None and _same(given.strip(), self._token)
 
     def unlock(self, request: Request, response: Response) -> None:
         """Set the unlock cookie on `response` (after `check_token`)."""

@@ -43,7 +43,9 @@ MAX_PAGE_SIZE = 500
 SCAN_BUDGET = 5000
 STATES = ("active", "paused", "parked", "completed")
 # The record fields the filters read (see `state_of_fields`).
-FILTER_FIELDS = ("paused", "parked_reason", "completed", "source", "labels")
+# `digest`, which every record has, tells a record that has none of the others (an active
+# schedule with no owner and no labels) from one that is gone (`load_records` gives {}).
+FILTER_FIELDS = ("paused", "parked_reason", "completed", "source", "labels", "digest")
 # The timeline: a day in quarter hours, from the schedules due within it (at most
 # `TIMELINE_SCHEDULES` of them, earliest first) and at most `TIMELINE_RUNS` runs of each.
 TIMELINE_HOURS = 24

@@ -213,3 +213,12 @@ def test_cookies_holding_any_bytes_are_refused_not_a_server_error(
     reply = client.post("/schedule", data=form, headers={"cookie": forged.encode("latin-1")})
     assert reply.status_code == 403
     assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+
+def test_the_unlock_form_drops_whitespace_around_the_token_as_the_bearer_header_does(
+    seeded: Repeat, web: Client
+) -> None:
+    client = web(token=TOKEN)
+    unlock(client, token=f"  {TOKEN}\n")  # pasted with a space and a line break
+    assert WRITE_COOKIE in client.cookies
+    assert 'id="actions"' in client.get(PAGE).text

@@ -137,6 +137,8 @@ def test_filters_by_queue_state_owner_and_name_page_without_gaps_or_repeats(
     cases = {
         "queue=beta": [r for r in everything if r.queue == "beta"],
         "state=paused": [r for r in everything if r.paused],
+        # Active ones with no owner nor labels: none of the fields the filter reads.
+        "queue=beta&state=active": [r for r in everything if r.queue == "beta" and not r.paused],
         "source=app": [r for r in everything if r.source == "app"],
         "q=JOB-01": [r for r in everything if "job-01" in r.name],
         "queue=alpha&state=active&source=app": [
@@ -452,3 +454,17 @@ def test_registry_names_page_through_lists_order_without_reading_records(filled:
     assert filled.names("alpha", limit=0) == [] and filled.names("alpha", offset=500) == []
     with pytest.raises(ValueError, match="must not be negative"):
         filled.names("alpha", offset=-1)
+
+
+def test_a_parked_schedules_page_shows_its_whole_reason_the_table_cuts(
+    repeat: Repeat, web: Client
+) -> None:
+    repeat.upsert("reports", "lost", every="1h", offset=quiet_offset(), template={"task": "t"})
+    reason = "actor t is not declared on this broker; " + "declare it, or remove it; " * 4 + "end"
+    template = repeat.load_records("reports", ["lost"], ("template",))["lost"]["template"]
+    now = repeat.server_time_ms()
+    repeat.park("reports", "lost", [], deadline_ms=0, template=template, reason=reason, now_ms=now)
+    client = web()
+    assert "..." in client.get("/?queue=reports").text  # the table's cell is cut
+    page = client.get("/schedule?queue=reports&name=lost").text
+    assert f"parked: {reason}" in page
