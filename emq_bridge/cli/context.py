@@ -104,7 +104,9 @@ class Settings:
                     socket_timeout=SOCKET_TIMEOUT_S,
                 )
             except ConfigError as exc:  # its message never holds the URL
-                raise UrlError(f"Invalid value for '--redis-url' / REDIS_URL: {exc}") from exc
+                raise UrlError(
+                    f"Invalid value for '--redis-url' / REDIS_URL: {exc} (see 'emq-bridge --help')"
+                ) from exc
             click.get_current_context().call_on_close(self.close)
         return self._client
 

@@ -264,7 +264,8 @@ def test_the_cli_exits_2_with_one_line_for_a_bad_query_option_or_db() -> None:
         url = f"redis://user:pw-Q9-secret@127.0.0.1:{port}/{path_and_query}"
         result = CliRunner().invoke(cli, ["--redis-url", url, "list"])
         assert result.exit_code == 2, result.output
-        assert "invalid Redis URL" in one_error_line(result)
+        line = one_error_line(result)
+        assert "invalid Redis URL" in line and line.endswith("(see 'emq-bridge --help')")
         assert "Q9" not in result.output
 
 
