@@ -66,7 +66,12 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       if redis.call('HGET', record, 'inflight') == member then
         redis.call('HDEL', record, 'inflight')
         local slot = redis.call('HGET', record, 'buffered')
-        if slot then
+        if slot and redis.call('HGET', record, 'paused') == '1' then
+          -- Paused: the slot that waited is not sent (report.lua's release does the same).
+          redis.call('HDEL', record, 'buffered')
+          local counted = redis.pcall('HINCRBY', record, 'missed', 1)
+          if type(counted) == 'table' and counted.err then redis.call('HSET', record, 'missed', 1) end
+        elseif slot then
           local next_member = name .. ' ' .. slot
           redis.call('HDEL', record, 'buffered')
           local previous = redis.call('HGET', record, 'last_due_ms') or ''

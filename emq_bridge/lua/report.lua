@@ -58,8 +58,15 @@ end
 local function release_buffered(record, name)
   local slot = redis.call('HGET', record, 'buffered')
   if not slot then return end
-  local member = name .. ' ' .. slot
   redis.call('HDEL', record, 'buffered')
+  if redis.call('HGET', record, 'paused') == '1' then
+    -- Paused (by hand, or by this very report's failure streak): the slot that waited is
+    -- not sent, as no slot is while paused; it is counted missed.
+    local counted = redis.pcall('HINCRBY', record, 'missed', 1)
+    if type(counted) == 'table' and counted.err then redis.call('HSET', record, 'missed', 1) end
+    return
+  end
+  local member = name .. ' ' .. slot
   -- Released is fired: its slot is the last fired one, and the one before is its previous.
   local previous = redis.call('HGET', record, 'last_due_ms') or ''
   redis.call('HSET', record, 'inflight', member, 'last_due_ms', slot,

@@ -223,6 +223,50 @@ def test_buffer_one_keeps_one_and_sends_it_when_the_running_one_ends(any_repeat:
     assert after.previous_due_ms == t0 + 2000
 
 
+@pytest.mark.parametrize("paused", ["by hand", "by its failure streak"])
+def test_a_paused_buffer_one_schedule_never_sends_its_kept_slot(
+    any_repeat: Repeat, paused: str
+) -> None:
+    t0 = _start(any_repeat)
+    streak = 1 if paused == "by its failure streak" else None
+    any_repeat.upsert(
+        "q", "job", every="1s", template=TEMPLATE, overlap="buffer_one",
+        pause_after_failures=streak, now_ms=t0,
+    )  # fmt: skip
+    pump = Pump(any_repeat, ["q"], RecordingDispatcher())
+    (first,) = _fire(pump, t0 + 1000)
+    assert any_repeat.started(first)
+    assert _fire(pump, t0 + 2000) == []  # kept
+    if streak is None:
+        any_repeat.pause("q", "job")
+        assert any_repeat.finished(first, ok=True)
+    else:  # its failure pauses it, in the move that would release the kept slot
+        assert any_repeat.finished(first, ok=False, error=RuntimeError("boom"))
+    assert _fire(pump, t0 + 3100) == []  # it was sent, though paused
+    registration = any_repeat.get("q", "job")
+    assert registration is not None and registration.paused
+    assert (registration.buffered_due_ms, registration.inflight) == (None, None)
+    assert registration.missed == 1  # the kept slot, not sent
+
+
+def test_a_paused_buffer_one_schedule_whose_run_is_lost_never_sends_its_kept_slot(
+    repeat: Repeat,
+) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="buffer_one", now_ms=t0)
+    pump = Pump(repeat, ["q"], RecordingDispatcher())
+    (first,) = _fire(pump, t0 + 1000)
+    repeat.report([report_of("started", first)], heartbeat_ttl_ms=200)
+    assert _fire(pump, t0 + 2000) == []  # kept
+    repeat.pause("q", "job")
+    time.sleep(0.3)  # no heartbeat: lost after 200 ms of the server clock
+    assert _fire(pump, repeat.server_time_ms()) == []  # the loss released it, though paused
+    assert [e.status for e in repeat.history("q", "job") if e.id == first.id] == ["lost"]
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.paused
+    assert (registration.buffered_due_ms, registration.missed) == (None, 1)
+
+
 def test_replace_revokes_the_one_in_flight(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="replace", now_ms=t0)
