@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# `pump`'s bounds: a claim of more than this holds the server too long in one script; a
+# lease longer than a day would keep a crashed pump's occurrences from being re-sent that long.
+MAX_BATCH_SIZE = 100_000
+MAX_LEASE_MS = 86_400_000
+
 
 # -- sync -------------------------------------------------------------------------------------
 
@@ -269,14 +274,14 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_BATCH_SIZE),
     default=500,
     show_default=True,
     help="Occurrences claimed per round trip.",
 )
 @click.option(
     "--lease-ms",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_LEASE_MS),
     default=60_000,
     show_default=True,
     help="How long a claimed occurrence waits for its ack before any pump re-sends it.",

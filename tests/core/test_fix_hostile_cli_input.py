@@ -238,6 +238,9 @@ def test_add_with_a_task_that_is_not_utf8_names_the_task(
         ("--max-sleep", "1e400", "inf is not in the range 0.01<=x<=3600"),
         ("--max-sleep", "nan", "'nan' is not a number"),
         ("--max-sleep", "-inf", "is not in the range 0.01<=x<=3600"),
+        # A lease of 1e23 ms would keep a crashed pump's occurrences from ever being re-sent.
+        ("--lease-ms", "99999999999999999999999", "is not in the range 1<=x<=86400000"),
+        ("--batch-size", "99999999999999999999999", "is not in the range 1<=x<=100000"),
     ],
 )
 def test_pump_with_a_non_finite_or_huge_heartbeat_or_sleep_exits_2_with_one_line(
