@@ -26,6 +26,7 @@ from .outcome import (
     HistoryEntry,
     Report,
     ReportKind,
+    checked_name,
     error_text,
 )
 from .replies import redis_errors, text
@@ -54,24 +55,6 @@ def check_history_size(history_size: int) -> int:
     if isinstance(history_size, bool) or not 1 <= history_size <= MAX_HISTORY_SIZE:
         raise ValueError(f"history_size must be from 1 to {MAX_HISTORY_SIZE}, got {history_size!r}")
     return history_size
-
-
-# Names already checked (`report_of`, the adapters): a worker reports the same few
-# registrations over and over, so each is validated once (bounded: emptied when it grows past this).
-_CHECKED_NAMES: set[str] = set()
-_MAX_CHECKED_NAMES = 10_000
-
-
-def checked_name(value: Any, what: str) -> str:
-    """Return `value`, a queue or registration name a worker reports, once validated
-    (`keys.validate_name`; raises `ScheduleError`), from a bounded cache after that."""
-    if isinstance(value, str) and value in _CHECKED_NAMES:
-        return value
-    name = validate_name(value, what)
-    if len(_CHECKED_NAMES) >= _MAX_CHECKED_NAMES:
-        _CHECKED_NAMES.clear()
-    _CHECKED_NAMES.add(name)
-    return name
 
 
 def report_of(

@@ -31,6 +31,7 @@ __all__ = [
     "Report",
     "ReportKind",
     "Status",
+    "checked_name",
     "error_text",
 ]
 
@@ -198,10 +199,22 @@ class Report:
         ]
 
 
-# Queue and registration names a report was built with, once validated: a worker reports the
-# same few registrations over and over (bounded: emptied when it grows past this).
+# Names already checked (`Report`, `report_of`, the adapters): a worker reports the same few
+# registrations over and over, so each is validated once (bounded: emptied when it grows past this).
 _CHECKED_NAMES: set[str] = set()
 _MAX_CHECKED_NAMES = 10_000
+
+
+def checked_name(value: Any, what: str) -> str:
+    """Return `value`, a queue or registration name a worker reports, once validated
+    (`keys.validate_name`; raises `ScheduleError`), from a bounded cache after that."""
+    if isinstance(value, str) and value in _CHECKED_NAMES:
+        return value
+    name = validate_name(value, what)
+    if len(_CHECKED_NAMES) >= _MAX_CHECKED_NAMES:
+        _CHECKED_NAMES.clear()
+    _CHECKED_NAMES.add(name)
+    return name
 
 
 def _check_report(report: Report) -> None:
@@ -217,9 +230,8 @@ def _check_report(report: Report) -> None:
         raise ScheduleError(
             f"report id is {len(report.id)} characters long; the limit is {MAX_ID_CHARS}"
         )
-    for value, what in ((report.queue, "queue"), (report.name, "registration name")):
-        if not isinstance(value, str) or value not in _CHECKED_NAMES:
-            validate_name(value, what)
+    checked_name(report.queue, "queue")
+    checked_name(report.name, "registration name")
     _check_ms(report.due_ms, "due_ms")
     _check_ms(report.at_ms, "at_ms")
     attempt = report.attempt
@@ -236,9 +248,6 @@ def _check_report(report: Report) -> None:
     for flag, field in ((report.redelivered, "redelivered"), (report.triggered, "triggered")):
         if not isinstance(flag, bool):
             raise ScheduleError(f"report {field} must be True or False, got {shown(flag)}")
-    if len(_CHECKED_NAMES) >= _MAX_CHECKED_NAMES:
-        _CHECKED_NAMES.clear()
-    _CHECKED_NAMES.update((report.queue, report.name))
 
 
 def _check_ms(value: object, field: str, what: str = "epoch ms") -> None:

@@ -319,7 +319,8 @@ def _app_schedule(
             custom[(declaration.queue, declaration.name)] = live
     tasks = _decorated(app, context)
     declarations.extend(tasks)
-    check_one_source([(_source(app), declarations), *extra])
+    if extra:  # one source alone cannot clash with itself
+        check_one_source([(_source(app), declarations), *extra])
     return AppSchedule(
         _source(app),
         tuple(declarations),

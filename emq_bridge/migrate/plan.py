@@ -191,10 +191,16 @@ def apply_import(
 def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:
     """`entries` described by the state the registry keeps (next run, paused), not by their
     seed, which applies to a created registration only."""
+    stored = {
+        (queue, name): registration
+        for queue in {e.declaration.queue for e in entries}
+        for name, registration in repeat.get_many(
+            queue, [e.declaration.name for e in entries if e.declaration.queue == queue]
+        ).items()
+    }
     out = []
     for entry in entries:
-        d = entry.declaration
-        live = repeat.get(d.queue, d.name)
+        live = stored.get((entry.declaration.queue, entry.declaration.name))
         if live is None:
             out.append(entry)
             continue
@@ -209,10 +215,9 @@ def _owners(repeat: Repeat, existing: list[Declaration]) -> dict[tuple[str, str]
     the write itself re-checks it in the script)."""
     out: dict[tuple[str, str], str | None] = {}
     for queue in sorted({d.queue for d in existing}):
-        stored = repeat.digests(queue)
-        for d in existing:
-            if d.queue == queue:
-                out[(queue, d.name)] = stored.get(d.name, (None, None))[1]
+        names = [d.name for d in existing if d.queue == queue]
+        records = repeat.load_records(queue, names, ("source",))  # these only, one round trip
+        out.update(((queue, n), records.get(n, {}).get("source")) for n in names)
     return out
 
 

@@ -92,6 +92,20 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> 
         time.sleep(0.1)
 
 
+def wait_until_served(web: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    """Wait until `emq-bridge web` (the process `web`) answers at `base`."""
+
+    def up() -> bool:
+        assert web.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(base + "/api/schedules?limit=1", timeout=1) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
+    wait_for(up, "emq-bridge web to answer")
+
+
 @pytest.fixture
 def served(repeat: Repeat, redis_url: str, tmp_path: Path) -> Iterator[str]:
     """Seed the registry, start `emq-bridge web` and `emq-bridge pump`, and a worker thread
@@ -139,17 +153,8 @@ def served(repeat: Repeat, redis_url: str, tmp_path: Path) -> Iterator[str]:
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert web.poll() is None, (tmp_path / "web.log").read_text()
-        try:
-            with urllib.request.urlopen(base + "/api/schedules?limit=1", timeout=1) as reply:
-                return bool(reply.status == 200)
-        except OSError:
-            return False
-
     try:
-        wait_for(up, "emq-bridge web to answer")
+        wait_until_served(web, base, tmp_path / "web.log")
         yield base
     finally:
         stop.set()
@@ -289,17 +294,8 @@ def long_names(repeat: Repeat, redis_url: str, tmp_path: Path) -> Iterator[str]:
             env=env,
         )
         base = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert web.poll() is None, (tmp_path / "web.log").read_text()
-            try:
-                with urllib.request.urlopen(base + "/api/schedules?limit=1", timeout=1) as reply:
-                    return bool(reply.status == 200)
-            except OSError:
-                return False
-
         try:
-            wait_for(up, "emq-bridge web to answer")
+            wait_until_served(web, base, tmp_path / "web.log")
             yield base
         finally:
             web.terminate()
