@@ -80,10 +80,14 @@ WORKER_MODULE = "bench.lifecycle_worker"
 
 @dataclass
 class Plan:
-    """How much to run. N = registrations x slots occurrences per repetition."""
+    """How much to run. N = registrations x slots occurrences per repetition: `slots` for
+    Celery, `dramatiq_slots` for Dramatiq, whose worker runs about four times as many no-op
+    tasks a second, so that a repetition of either lasts seconds, not one (a short one
+    measures the worker's first and last moments as much as its throughput)."""
 
     registrations: int
     slots: int
+    dramatiq_slots: int
     pairs: int  # repetitions of each arm (on and off) per framework
     memory_n: int
     history: int = HISTORY_SIZE
@@ -99,11 +103,22 @@ class Plan:
     def n(self) -> int:
         return self.registrations * self.slots
 
+    def of(self, framework: str) -> Plan:
+        """This plan as `framework` runs it (its slots a repetition)."""
+        return self if framework == "celery" else replace(self, slots=self.dramatiq_slots)
+
 
 def plan_for(quick: bool) -> Plan:
     if quick:
-        return Plan(registrations=200, slots=5, pairs=1, memory_n=200, cost_occurrences=1000)
-    return Plan(registrations=1000, slots=5, pairs=3, memory_n=1000)
+        return Plan(
+            registrations=200,
+            slots=5,
+            dramatiq_slots=5,
+            pairs=1,
+            memory_n=200,
+            cost_occurrences=1000,
+        )
+    return Plan(registrations=1000, slots=5, dramatiq_slots=20, pairs=3, memory_n=1000)
 
 
 # What reports, on the worker side: the adapters' own reporting, switched by their setting.
@@ -643,10 +658,12 @@ MEMORY_ROWS = [
 
 def render(meta: dict[str, Any], medians: dict[str, Any]) -> str:
     plan = meta["plan"]
-    n = plan["registrations"] * plan["slots"]
+    slots = {"celery": plan["slots"], "dramatiq": plan.get("dramatiq_slots", plan["slots"])}
+    n_of = {framework: plan["registrations"] * slots[framework] for framework in FRAMEWORKS}
     lines = [
-        f"Worker throughput, N = {n:,} no-op occurrences a repetition "
-        f"({plan['registrations']:,} registrations x {plan['slots']} slots, full histories), "
+        f"Worker throughput, N no-op occurrences a repetition ({plan['registrations']:,} "
+        f"registrations x slots, full histories): Celery {n_of['celery']:,} ("
+        f"{slots['celery']} slots), Dramatiq {n_of['dramatiq']:,} ({slots['dramatiq']} slots); "
         f"medians of {plan['pairs']} repetitions per arm:",
         "",
         "| figure | Celery off | Celery on | Celery on/off | Dramatiq off | Dramatiq on "
@@ -657,8 +674,9 @@ def render(meta: dict[str, Any], medians: dict[str, Any]) -> str:
     for metric, label in THROUGHPUT_ROWS:
         cells = [label]
         for framework in FRAMEWORKS:
-            off = throughput_medians.get(f"{framework} off", {}).get(str(n), {}).get(metric)
-            on = throughput_medians.get(f"{framework} on", {}).get(str(n), {}).get(metric)
+            n = str(n_of[framework])
+            off = throughput_medians.get(f"{framework} off", {}).get(n, {}).get(metric)
+            on = throughput_medians.get(f"{framework} on", {}).get(n, {}).get(metric)
             ratio = None
             if metric in ("tasks_per_s", "wall_s") and off and on:
                 ratio = f"{on / off:.3f}×"  # noqa: RUF001
@@ -733,12 +751,13 @@ def portable_command(argv: list[str]) -> str:
 
 
 def run(plan: Plan, results: Results, server: Server) -> None:
-    frameworks = {name: Framework(name, server, plan) for name in FRAMEWORKS}
+    frameworks = {name: Framework(name, server, plan.of(name)) for name in FRAMEWORKS}
     for name, framework in frameworks.items():
-        step(results, "set-up", name, plan.n, framework.set_up)
+        step(results, "set-up", name, framework.plan.n, framework.set_up)
     # A first, unrecorded repetition of each: scripts compiled, worker imports cached.
-    warm = Plan(**{**vars(plan), "slots": 1})
     for name, framework in frameworks.items():
+        measured = framework.plan
+        warm = replace(measured, slots=1)
         framework.plan = warm
         for arm in ARMS:
             step(
@@ -748,14 +767,14 @@ def run(plan: Plan, results: Results, server: Server) -> None:
                 warm.n,
                 partial(throughput, framework, arm == "on"),
             )
-        framework.plan = plan
+        framework.plan = measured
     for arm in abba(plan.pairs):
         for name, framework in frameworks.items():
             step(
                 results,
                 "throughput",
                 f"{name} {arm}",
-                plan.n,
+                framework.plan.n,
                 partial(throughput, framework, arm == "on"),
             )
     step(
@@ -778,8 +797,9 @@ def paired_ratios(results: Results, plan: Plan) -> dict[str, list[float]]:
     out = {}
     for name in FRAMEWORKS:
         runs = results.runs.get("throughput", {})
-        off = runs.get(f"{name} off", {}).get(str(plan.n), {}).get("tasks_per_s", [])
-        on = runs.get(f"{name} on", {}).get(str(plan.n), {}).get("tasks_per_s", [])
+        n = str(plan.of(name).n)
+        off = runs.get(f"{name} off", {}).get(n, {}).get("tasks_per_s", [])
+        on = runs.get(f"{name} on", {}).get(n, {}).get("tasks_per_s", [])
         out[name] = [b / a for a, b in zip(off, on, strict=False) if a and b]
     return out
 
@@ -823,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(),
             "reporting": REPORTING,
             "workers": {name: " ".join(worker_command(name, plan)[1:]) for name in FRAMEWORKS},
-            "plan": {**vars(plan), "n": plan.n},
+            "plan": {**vars(plan), "n": {name: plan.of(name).n for name in FRAMEWORKS}},
         }
         results = Results(figures_path, meta)
         log(f"server {meta['server']} at {embedded.url}")

@@ -140,7 +140,9 @@ class Report:
     def ended(self, kind: ReportKind, at_ms: int, error: str = "", *, hold_ms: int = 0) -> Report:
         """The `kind` report of the same occurrence and attempt, at `at_ms`: what an adapter
         that built this report at the start sends at the end, without reading the
-        occurrence's fields again."""
+        occurrence's fields again. Ended from a `started` report, it carries that start
+        (`started_ms`): the reporter then drops the start when both wait in one batch (one
+        update), and a start that was dropped (Redis down) is still known."""
         return Report(
             kind,
             self.queue,
@@ -154,6 +156,7 @@ class Report:
             self.triggered,
             error,
             hold_ms,
+            self.at_ms if self.kind == "started" else self.started_ms,
         )
 
     def folded(self, start: Report) -> Report:

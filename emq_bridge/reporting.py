@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -70,14 +71,15 @@ class Reporter:
         self.heartbeat_s = heartbeat_s
         self.max_pending = max_pending
         self._reset()
+        _LIVE.add(self)
 
     @property
     def heartbeat_ttl_ms(self) -> int:
         return int(self.heartbeat_s * 3000)
 
     def _reset(self) -> None:
-        """Fresh state for this process (at construction and in a forked child)."""
-        self._pid = os.getpid()
+        """Fresh state for this process (at construction, and in a forked child, right after
+        the fork: `_after_fork`)."""
         self._lock = threading.Condition()
         # Set to wake the thread (the first report of a batch, a full batch, a flush, a
         # close): `report` appends without the lock, so a task pays no lock per report.
@@ -95,8 +97,6 @@ class Reporter:
 
     def report(self, item: Report) -> None:
         """Queue `item`; never blocks on Redis and never raises."""
-        if self._pid != os.getpid():
-            self._reset()
         if self._closed:
             return
         # Single dict and deque operations are atomic under the GIL: no lock on this path.
@@ -131,8 +131,6 @@ class Reporter:
         though its final report may not come (a broker ack that failed: it is then lost once
         its last heartbeat expires, rather than kept in flight as long as this process
         lives)."""
-        if self._pid != os.getpid():
-            self._reset()
         self._running.pop((item.queue, item.id), None)
 
     def begin(self, item: Report, *, mark: bool = True) -> bool:
@@ -141,8 +139,6 @@ class Reporter:
         one round trip from the calling thread). True when Redis cannot answer. With
         `mark=False` it only asks (writes nothing), and not at all while reports are being
         dropped (Redis down: the calling thread, a worker's consumer, must not wait on it)."""
-        if self._pid != os.getpid():
-            self._reset()
         if not mark and self._failing:
             return True
         try:
@@ -163,8 +159,6 @@ class Reporter:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every report queued so far was sent or dropped; False on timeout."""
-        if self._pid != os.getpid():
-            self._reset()  # a forked child: the parent's lock may have been held at the fork
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self._flushing += 1  # no lingering while someone waits
@@ -172,7 +166,7 @@ class Reporter:
             try:
                 while self._pending or self._sending:
                     left = deadline - time.monotonic()
-                    if left <= 0 or self._thread is None or self._pid != os.getpid():
+                    if left <= 0 or self._thread is None:
                         return False
                     self._lock.wait(min(left, 0.05))
             finally:
@@ -263,6 +257,21 @@ class Reporter:
             )
 
 
+# Every Reporter of this process, so that a forked child (Celery's prefork pool) resets them at
+# the fork: its thread and locks were the parent's. A hook at the fork, not a `getpid()` on
+# every report (a system call per report, in every task).
+_LIVE: weakref.WeakSet[Reporter] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for reporter in list(_LIVE):
+        reporter._reset()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def fold_starts(batch: list[Report]) -> list[Report]:
     """Fold a `started` report into its occurrence's final report when no other report of its
     registration came between them (but heartbeats and repeats of that start): the final
@@ -285,7 +294,11 @@ def fold_starts(batch: list[Report]) -> list[Report]:
             continue  # changes nothing after that start
         if same and start is not None and at is not None and item.kind in FINAL_STATUSES:
             out[at] = None
-            out.append(item.folded(start))
+            # A final report made from that very start (`Report.ended`) carries it already.
+            carries = item.started_ms == start.at_ms and (
+                item.released_ms is not None or start.released_ms is None
+            )
+            out.append(item if carries else item.folded(start))
             del starts[registration]
             continue
         out.append(item)
