@@ -302,9 +302,10 @@ class Pump:
         steps: dict[int, CatchUp] = {}  # what the misfire policy dropped, by candidate index
         decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
         last_runs = _last_runs(decoded, records)
+        steps_made: dict[tuple[Any, ...], tuple[Cadence, CatchUp]] = {}
         for name, score in due:
             candidate = self._candidate(
-                queue, name, score, decoded[name], last_runs.get(name, now_ms), now_ms
+                queue, name, score, decoded[name], last_runs.get(name, now_ms), now_ms, steps_made
             )
             if candidate is None:
                 candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "defer", score))
@@ -575,6 +576,7 @@ class Pump:
         firing: _Firing | None,
         last_run_ms: int,
         now_ms: int,
+        steps_made: dict[tuple[Any, ...], tuple[Cadence, CatchUp]] | None = None,
     ) -> tuple[_Firing, int, str, CatchUp | None] | None:
         """Return the firing of a due `name`, its next score, the claim's mode (`fire`, the
         overlap policy; `defer` when a checked cadence is not due) and what its misfire policy
@@ -582,7 +584,7 @@ class Pump:
 
         None (reported) parks the record: whatever one record does wrong, even in a
         custom schedule's own code, harms that record only. `last_run_ms` is used by a
-        checked cadence only.
+        checked cadence only. `steps_made` keeps the decisions of one batch (same `now_ms`).
         """
         if firing is None:
             return None
@@ -594,15 +596,31 @@ class Pump:
                     raise ValueError(f"its next check {next_ms!r} is not after now ({now_ms})")
                 mode = ("fire" if firing.overlap == "allow" else firing.overlap) if due else "defer"
                 return firing, int(next_ms), mode, None
-            step = catch_up(
-                firing.cadence,
+            # `catch_up` is pure math of these: registrations that share a cadence (the
+            # pump decodes it once for them) and are due at the same instant share it.
+            key = (
+                id(firing.cadence),
                 score,
-                now_ms,
                 firing.misfire,
-                window_ms=firing.catchup_window_ms,
-                max_runs=firing.catchup_max,
-                end_ms=firing.end_ms,
+                firing.catchup_window_ms,
+                firing.catchup_max,
+                firing.end_ms,
             )
+            made = steps_made.get(key) if steps_made is not None else None
+            if made is not None and made[0] is firing.cadence:
+                step = made[1]
+            else:
+                step = catch_up(
+                    firing.cadence,
+                    score,
+                    now_ms,
+                    firing.misfire,
+                    window_ms=firing.catchup_window_ms,
+                    max_runs=firing.catchup_max,
+                    end_ms=firing.end_ms,
+                )
+                if steps_made is not None:
+                    steps_made[key] = (firing.cadence, step)
         except Exception as exc:
             self.events.on_park(
                 queue, name, f"its next run cannot be computed: {exc!r}", CORRUPT_PARK_MS

@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.beat import Scheduler, SchedulingError
 
+from ..bulk import gc_paused
 from ..errors import ConfigError, EmqError
 from ..events import PumpEvents
 from ..occurrence import Occurrence
@@ -140,7 +141,11 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         if self.pump is None:
             raise SchedulingError("emq-bridge beat has no synced registry; it refuses to run")
         stop = threading.Event()
-        with _signals_held(stop):
+        # The cyclic collector is held off while a tick drains (as the boot's conversion is,
+        # bulk.py): what a drain allocates stays alive (decoded templates, message parts) or
+        # is freed by reference counting, so the collector's passes over a beat's heap found
+        # next to nothing, and cost about a tenth of a 10,000-occurrence drain.
+        with _signals_held(stop), gc_paused():
             _, delay = self.pump.step(stop)
         return float(min(self.max_interval, delay))
 

@@ -119,12 +119,13 @@ def args_saferepr(
     """
     if levels is not None and levels < 0:  # a negative depth elides even the outermost
         return _celery_saferepr(value, maxlen, levels)
+    # One loop over keys and values, no generator: this runs twice for every message.
+    items: Iterable[Any] = value
     if type(value) is dict:
-        if not all(type(key) is str and _plain(key) for key in value):
-            return _celery_saferepr(value, maxlen, levels)
-        items: Iterable[Any] = value.values()
-    else:
-        items = value
+        for key in value:
+            if type(key) is not str or not _plain(key):
+                return _celery_saferepr(value, maxlen, levels)
+        items = value.values()
     for item in items:
         kind = type(item)
         if kind is str:
@@ -216,29 +217,85 @@ def _split(text: str, markers: Mapping[str, str]) -> tuple[tuple[str, ...], tupl
 
 
 def fast_encoder(encoder: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Return `encoder`, or for kombu's JSON `dumps` one encoder instance's `encode`: the
-    same text (`dumps` builds that encoder with its defaults on every call)."""
+    """Return `encoder`, or for kombu's JSON `dumps` an encoder that writes the same text.
+
+    `dumps` builds a `JSONEncoder` with its defaults on every call, and its `encode` builds
+    the C encoder on every call too: here it is built once (`_c_encoder`), checked against
+    kombu's on sample values, else that encoder instance's `encode` is used.
+    """
     if encoder is kombu_json.dumps and kombu_json.dumps.__defaults__ == (
         json.dumps,
         kombu_json.JSONEncoder,
         None,
     ):
-        return kombu_json.JSONEncoder().encode
+        reference = kombu_json.JSONEncoder()
+        fast = _c_encoder(reference)
+        samples: tuple[Any, ...] = (
+            ([1, 'a\u00e9"', 2.5, None, True], {"k": [{}]}, {"c": None}),
+            ((), {}, {}),
+        )
+        try:
+            if fast is not None and all(fast(v) == reference.encode(v) for v in samples):
+                return fast
+        except Exception:  # another json module than the one this was written for
+            pass
+        return reference.encode
     return encoder
+
+
+def _c_encoder(reference: json.JSONEncoder) -> Callable[[Any], str] | None:
+    """`reference.encode`, for the lists and dicts of a task's body, with the C encoder
+    built once instead of per call; None when the json module has no C encoder. No
+    circular-reference check: a body decoded from a template has no cycle, and one that
+    had would fail with RecursionError (then the normal path sends it, and says why)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None or reference.indent is not None or not reference.ensure_ascii:
+        return None
+    iterencode = make(
+        None,
+        reference.default,
+        json.encoder.encode_basestring_ascii,
+        reference.indent,
+        reference.key_separator,
+        reference.item_separator,
+        reference.sort_keys,
+        reference.skipkeys,
+        reference.allow_nan,
+    )
+
+    def encode(value: Any) -> str:
+        return "".join(iterencode(value, 0))
+
+    return encode
 
 
 def delivery_tag() -> str:
     """Return a random UUID4 as text, as kombu's `uuid()` makes a delivery tag, faster."""
-    h = os.urandom(16).hex()
-    variant = "89ab"[int(h[16], 16) & 3]
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"
+    return delivery_tags(1)[0]
 
 
-def occurrence_values(occurrence: Occurrence, parts: tuple[str, str, str]) -> tuple[str, ...]:
-    """Return the text spliced into the messages of `occurrence`, in `VALUE_NAMES` order."""
+_VARIANT = {f"{n:x}": "89ab"[n & 3] for n in range(16)}
+
+
+def delivery_tags(count: int) -> list[str]:
+    """Return `count` delivery tags (`delivery_tag`) from one read of the OS's random source,
+    instead of a system call per message."""
+    raw = os.urandom(16 * count).hex()
+    tags = []
+    for at in range(0, 32 * count, 32):
+        h = raw[at : at + 32]
+        tags.append(f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}")
+    return tags
+
+
+def occurrence_values(
+    occurrence: Occurrence, parts: tuple[str, str, str], tag: str | None = None
+) -> tuple[str, ...]:
+    """Return the text spliced into the messages of `occurrence`, in `VALUE_NAMES` order;
+    `tag` is its delivery tag (a new one if None)."""
     return (
         occurrence.id,
-        delivery_tag(),
+        delivery_tag() if tag is None else tag,
         json_text(occurrence.name),
         str(occurrence.due_ms),
         json_value(occurrence.released_ms),

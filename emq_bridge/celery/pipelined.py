@@ -38,11 +38,12 @@ through `CeleryDispatcher.dispatch` (the normal path), one message at a time:
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
 
 from celery import Celery, Task, signals
@@ -61,6 +62,7 @@ from .envelope import (
     RAW_HEADERS,
     ArgsCodec,
     Plan,
+    delivery_tags,
     fast_encoder,
     json_text,
     new_markers,
@@ -193,6 +195,7 @@ class PipelinedCeleryDispatcher:
             return errors
         pushes: dict[str, list[str]] = {}
         members: dict[str, list[int]] = {}
+        tags = delivery_tags(len(occurrences))
         for index, occurrence in enumerate(occurrences):
             try:
                 plan, parts = self._plan(occurrence)
@@ -202,7 +205,7 @@ class PipelinedCeleryDispatcher:
             if plan is None:
                 errors[index] = self._send_alone(occurrence)
                 continue
-            for key, text in plan.texts(occurrence_values(occurrence, parts)):
+            for key, text in plan.texts(occurrence_values(occurrence, parts, tags[index])):
                 pushes.setdefault(key, []).append(text)
                 members.setdefault(key, []).append(index)
         if pushes:
@@ -232,7 +235,9 @@ class PipelinedCeleryDispatcher:
         except Exception:
             return None, _NO_PARTS  # the normal path raises its PermanentDispatchError
         try:
-            key: Hashable = (occurrence.queue, read.task, json.dumps(read.options))
+            # No options is the common case: its text without a call to `json.dumps`.
+            options = json.dumps(read.options) if read.options else "{}"
+            key: Hashable = (occurrence.queue, read.task, options)
         except (TypeError, ValueError):  # options that are not JSON: a plan per template
             key = None
         if key is not None:
@@ -365,11 +370,7 @@ class PipelinedCeleryDispatcher:
             return None, f"serializer {serializer!r} or body not as expected"
         levels = app.conf.task_repr_maxlevels
         options = read.options
-        channel, encoding = self._channel, self._channel.body_encoding
-
-        def encode_body(payload: Any) -> Any:
-            return channel.encode_body(payload, encoding)[0]
-
+        encode_body = _body_encoder(self._channel)
         codec = ArgsCodec(
             check=getattr(task, "__header__", None) if task is not None and task.typing else None,
             encoder=fast_encoder(encoder.encoder),
@@ -455,6 +456,29 @@ def _sent_at(puts: Sequence[tuple[str, str, dict[str, Any]]]) -> str | None:
         if headers.get("eta") is not None or headers.get("expires") is not None:
             return "its eta/expires is computed at sending time"
     return None
+
+
+def _body_encoder(channel: Any) -> Callable[[Any], Any]:
+    """Return how `channel` encodes a message body (`encode_body`): for kombu's base64 (the
+    Redis transport's), the same text without kombu's lookups on every call."""
+    from kombu.transport.virtual.base import Base64
+    from kombu.transport.virtual.base import Channel as VirtualChannel
+
+    encoding = channel.body_encoding
+    codec = channel.codecs.get(encoding) if encoding else None
+    kombu_base64 = type(codec) is Base64 and encoding.lower() != "utf-8"
+    if kombu_base64 and type(channel).encode_body is VirtualChannel.encode_body:
+
+        def base64(payload: Any) -> Any:  # Base64.encode: str_to_bytes, b64, bytes_to_str
+            raw = payload.encode() if isinstance(payload, str) else payload
+            return binascii.b2a_base64(raw, newline=False).decode(errors="replace")
+
+        return base64
+
+    def encode_body(payload: Any) -> Any:
+        return channel.encode_body(payload, encoding)[0]
+
+    return encode_body
 
 
 def _arguments_shape_more(app: Celery, task: Any, producer: Any) -> str | None:

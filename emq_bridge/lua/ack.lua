@@ -24,34 +24,56 @@
 
 -- Add 1 to `fired` and note the release instant. A counter edited by hand into a
 -- non-integer restarts at 1; a record gone (or not a hash) is left alone, never created.
+-- Two calls, not three: HINCRBY creates a hash that is gone, which then holds that one
+-- field, so only a count of 1 (a record's first fire, or a record gone) is checked.
 local function count(record, released_ms)
-  if redis.call('EXISTS', record) == 0 then return end
   local result = redis.pcall('HINCRBY', record, 'fired', 1)
-  if type(result) == 'table' and result.err then redis.pcall('HSET', record, 'fired', 1) end
-  redis.pcall('HSET', record, 'last_fired_ms', released_ms)
+  if type(result) == 'table' and result.err then
+    if redis.call('TYPE', record).ok ~= 'hash' then return end  -- gone is 'none': no error
+    redis.call('HSET', record, 'fired', 1, 'last_fired_ms', released_ms)
+    return
+  end
+  if result == 1 and redis.call('HLEN', record) == 1 then
+    redis.call('DEL', record)  -- the record was gone: made by the HINCRBY, not kept
+    return
+  end
+  redis.call('HSET', record, 'last_fired_ms', released_ms)
+end
+
+-- ZREM in chunks: Lua's unpack fails past a few thousand values (LUAI_MAXCSTACK), and a
+-- failed ack would leave a large batch to be re-dispatched every lease.
+local function zrem_all(key, members, from, to)
+  local removed = 0
+  for i = from, to, 1000 do
+    removed = removed + redis.call('ZREM', key, unpack(members, i, math.min(i + 999, to)))
+  end
+  return removed
 end
 
 local fence, released_ms = ARGV[1], ARGV[2]
 local last = 4 + tonumber(ARGV[4])
 local dropped = 0
 if fence == '' then
-  -- In chunks: Lua's unpack fails past a few thousand values (LUAI_MAXCSTACK), and a
-  -- failed ack would leave a large batch to be re-dispatched every lease.
-  for i = 5, last, 1000 do
-    dropped = dropped + redis.call('ZREM', KEYS[1], unpack(ARGV, i, math.min(i + 999, last)))
-  end
+  dropped = zrem_all(KEYS[1], ARGV, 5, last)
 else
+  -- The fenced leases are read one by one and dropped in one ZREM (a chunk), before any is
+  -- handed back; `held` counts a member given twice once.
+  local drop, held = {}, {}
+  local number = tonumber(fence)
   for i = 5, last do
-    local deadline = redis.call('ZSCORE', KEYS[1], ARGV[i])
-    if deadline and tonumber(deadline) == tonumber(fence) then
-      dropped = dropped + redis.call('ZREM', KEYS[1], ARGV[i])
+    local member = ARGV[i]
+    local deadline = redis.call('ZSCORE', KEYS[1], member)
+    if deadline and not held[member] and tonumber(deadline) == number then
+      held[member] = true
+      drop[#drop + 1] = member
       if released_ms ~= '' then count(KEYS[i - 3], released_ms) end
     end
   end
+  dropped = zrem_all(KEYS[1], drop, 1, #drop)
   local handed = 0
   for i = last + 1, #ARGV do
     local deadline = redis.call('ZSCORE', KEYS[1], ARGV[i])
-    if deadline and tonumber(deadline) == tonumber(fence) then
+    if deadline and tonumber(deadline) == number then
       redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[i])
       handed = handed + 1
     end
