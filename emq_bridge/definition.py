@@ -13,6 +13,7 @@ import functools
 import hashlib
 import inspect
 import json
+import json.encoder
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -146,8 +147,9 @@ class Definition:
         # A frozen dataclass sets its derived fields through object.__setattr__.
         labels = _NO_LABELS if _no_labels(self.labels) else freeze(check_labels(self.labels))
         object.__setattr__(self, "labels", labels)
-        object.__setattr__(self, "template_json", encode_template(self.template))
-        object.__setattr__(self, "digest", _digest(self.to_fields()))
+        template_json = encode_template(self.template)
+        object.__setattr__(self, "template_json", template_json)
+        object.__setattr__(self, "digest", _definition_digest(self, template_json))
         object.__setattr__(self, "cadence_digest", _cadence_digest(self.cadence, self.bounds))
 
     if not TYPE_CHECKING:  # to mypy, the digests are the plain str fields declared above
@@ -155,7 +157,7 @@ class Definition:
         def __getattr__(self, name: str) -> str:
             # Only for a slot never set: the digests of a definition from `from_fields`.
             if name == "digest":
-                value = _digest(self.to_fields())
+                value = _definition_digest(self, self.template_json)
             elif name == "cadence_digest":
                 value = _cadence_digest(self.cadence, self.bounds)
             else:
@@ -347,6 +349,58 @@ _CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 def _digest(fields: Mapping[str, str]) -> str:
     canonical = _CANONICAL.encode(fields)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+# The definition digest is `_digest(definition.to_fields())`. Its canonical JSON is the same
+# text around the template's for every definition that differs only in its template (most
+# of a sync's): per such group, the text before and after the template's JSON string, so a
+# digest escapes the template and hashes, instead of encoding every field again.
+_FRAMES: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+_MAX_FRAMES = 4096
+# The cadences whose equality means equal record fields: frozen values whose `to_fields`
+# depends on their fields alone, which are checked ints and strings (`At`, whose instants
+# are mostly one registration's own, would only fill the cache).
+_FRAMED_CADENCES = frozenset({Every, Cron})
+_escape = json.encoder.encode_basestring_ascii  # what `_CANONICAL` writes a string with
+
+
+def _definition_digest(definition: Definition, template_json: str) -> str:
+    """Return `_digest(definition.to_fields())`, from the cached frame of its group."""
+    if type(definition.cadence) not in _FRAMED_CADENCES or definition.labels:
+        return _digest(definition.to_fields())
+    key = (
+        definition.cadence,
+        definition.misfire,
+        definition.overlap,
+        definition.pause_after_failures,
+        definition.bounds,
+        definition.catchup_window_ms,
+        definition.catchup_max,
+    )
+    try:
+        frame = _FRAMES.get(key)
+    except TypeError:  # an unhashable part (a time zone given as an object)
+        return _digest(definition.to_fields())
+    if frame is None:
+        frame = _frame(definition.to_fields())
+        if frame is None:
+            return _digest(definition.to_fields())
+        if len(_FRAMES) < _MAX_FRAMES:
+            _FRAMES[key] = frame
+    head, tail = frame
+    return hashlib.sha256(head + _escape(template_json).encode("ascii") + tail).hexdigest()[:32]
+
+
+def _frame(fields: Mapping[str, str]) -> tuple[bytes, bytes] | None:
+    """Return the canonical JSON of `fields` before and after the template's string; None
+    unless every key and value is a string (what `_CANONICAL` writes as `_escape` does)."""
+    if not all(type(k) is str and type(v) is str for k, v in fields.items()):
+        return None
+    items = [_escape(k) + ":" + _escape(fields[k]) for k in sorted(fields) if k != "template"]
+    before = sum(1 for k in fields if k < "template")
+    head = "{" + "".join(item + "," for item in items[:before]) + '"template":'
+    tail = "".join("," + item for item in items[before:]) + "}"
+    return head.encode("ascii"), tail.encode("ascii")
 
 
 def define(

@@ -24,6 +24,7 @@ import hashlib
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .bounds import Bounds
@@ -160,9 +161,18 @@ def check_one_source(sources: Iterable[tuple[str, Iterable[Declaration]]]) -> No
                 )
 
 
+# A declaration's (queue, name), and its name, read in C (a sync may hold a million).
+_KEY = attrgetter("queue", "name")
+_NAME = attrgetter("name")
+
+
 def _check_unique(declarations: list[Declaration]) -> None:
+    count = len(declarations)
+    # Most syncs: distinct names, so distinct (queue, name) (a set of strings is cheaper).
+    if len(set(map(_NAME, declarations))) == count or len(set(map(_KEY, declarations))) == count:
+        return
     seen: set[tuple[str, str]] = set()
-    for declaration in declarations:
+    for declaration in declarations:  # the first declared twice, for the error
         key = (declaration.queue, declaration.name)
         if key in seen:
             raise ConfigError(f"schedule {declaration.queue}/{declaration.name} is declared twice")
@@ -232,19 +242,21 @@ def _plan(
     # The stored digest covers the definition and its owner: comparing it is enough, and
     # nothing needs decoding (a boot sync of an unchanged registry stays cheap).
     current = {(q, name): stored for q in queues for name, stored in repeat.digests(q).items()}
-    for declaration in wanted:
-        stored = current.get((declaration.queue, declaration.name))
-        if stored is None:
-            plan.create.append(declaration)
-        elif stored[0] == record_digest(declaration.definition, source):
-            plan.unchanged.append(declaration)
-        else:
-            plan.update.append(declaration)
-    if prune:
-        declared = {(d.queue, d.name) for d in wanted}
-        plan.remove = sorted(
-            key for key, (_, owner) in current.items() if owner == source and key not in declared
-        )
+    if not current:  # an empty registry (a first boot): everything is created
+        plan.create = list(wanted)
+    else:
+        for declaration, key in zip(wanted, map(_KEY, wanted), strict=True):
+            stored = current.get(key)
+            if stored is None:
+                plan.create.append(declaration)
+            elif stored[0] == record_digest(declaration.definition, source):
+                plan.unchanged.append(declaration)
+            else:
+                plan.update.append(declaration)
+    owned = [key for key, (_, owner) in current.items() if owner == source] if prune else []
+    if owned:
+        declared = set(map(_KEY, wanted))
+        plan.remove = sorted(key for key in owned if key not in declared)
         if prune_tasks is not None and plan.remove:
             plan.remove = _of_tasks(repeat, plan.remove, prune_tasks)
     return plan

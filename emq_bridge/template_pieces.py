@@ -27,12 +27,27 @@ PIECES_FIELD = "template_pieces"
 # Every field a pieced template may write but its first (which is `template`): the fields
 # a new definition deletes when it leaves them out.
 PIECE_FIELDS = (PIECES_FIELD, *(f"template.{n}" for n in range(2, MAX_PIECES + 1)))
+# The field of piece n, and the text of a count n (index n), made once.
+_PIECE_NAMES = ("", "template", *PIECE_FIELDS[1:])
+_COUNTS = tuple(str(n) for n in range(MAX_PIECES + 1))
 
 
 def split_template(text: str) -> dict[str, str]:
     """Return the record fields that store `text`: `template`, and its pieces if it has any."""
-    if len(text) <= PIECE_BYTES and text.isascii():
-        return {"template": text}
+    size = len(text)
+    if text.isascii():  # most templates: a character is a byte, any cut is at a character
+        if size <= PIECE_BYTES or size > PIECE_BYTES * MAX_PIECES:
+            return {"template": text}
+        if size <= 2 * PIECE_BYTES:  # most of those: two pieces
+            return {
+                "template": text[:PIECE_BYTES],
+                PIECES_FIELD: "2",
+                "template.2": text[PIECE_BYTES:],
+            }
+        fields = {"template": text[:PIECE_BYTES], PIECES_FIELD: _COUNTS[-(-size // PIECE_BYTES)]}
+        for number, start in enumerate(range(PIECE_BYTES, size, PIECE_BYTES), start=2):
+            fields[_PIECE_NAMES[number]] = text[start : start + PIECE_BYTES]
+        return fields
     data = text.encode()
     if len(data) <= PIECE_BYTES or len(data) > PIECE_BYTES * MAX_PIECES:
         return {"template": text}

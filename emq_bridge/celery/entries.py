@@ -32,7 +32,7 @@ from celery.schedules import BaseSchedule, crontab, schedule
 from kombu.entity import Exchange, Queue
 
 from ..bounds import Bounds, epoch_ms, instants_ms
-from ..cadence import At, Cadence, CheckedCadence, Cron, Every, Misfire
+from ..cadence import MAX_EVERY_MS, At, Cadence, CheckedCadence, Cron, Every, Misfire
 from ..definition import (
     Declaration,
     Definition,
@@ -43,7 +43,7 @@ from ..definition import (
     offset_ms,
 )
 from ..errors import ConfigError, EmqError, ScheduleError
-from ..keys import validate_name
+from ..keys import MAX_NAME_BYTES, validate_name
 from ..millis import ceil_ms
 from ..template import TaskTemplate
 from .dispatch import routing_option_error
@@ -92,6 +92,9 @@ _OWN_KEYS = frozenset((*POLICY_KEYS, *WHEN_KEYS, AT_KEY, LABELS_KEY))
 _WHEN_AND_AT = (*WHEN_KEYS, AT_KEY)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _BAD_NAME_CHARS = re.compile(r"[\s{}\x00-\x1f\x7f]")
+# Printable ASCII without space and braces (keys.py's rule): a key made of these alone is
+# a valid name with nothing `_BAD_NAME_CHARS` would replace.
+_ASCII_NAME = re.compile(r"[!-z|~]+")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -210,6 +213,8 @@ def registry_name(key: str) -> str:
     """Return the registration name of a `beat_schedule` key: whitespace and braces become `_`."""
     if not isinstance(key, str) or not key:
         raise ConfigError(f"beat_schedule key {key!r} must be a non-empty string")
+    if len(key) <= MAX_NAME_BYTES and _ASCII_NAME.fullmatch(key):
+        return key  # most keys: nothing to replace, a valid name as it is
     name = _BAD_NAME_CHARS.sub("_", key)
     try:
         return validate_name(name, "registration name")
@@ -363,6 +368,8 @@ def own_tasks(app: Celery, declared: Iterable[tuple[Any, Any]]) -> list[tuple[An
 
 def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
     """Return `options` as JSON: a kombu `Queue`/`Exchange` becomes its name."""
+    if not options:  # most entries: nothing to check, nothing routes
+        return {}
     out: dict[str, Any] = {}
     for key, given in options.items():
         if key == "task_id":
@@ -509,6 +516,64 @@ def _misfire(
     return misfire, window, raw.get("catchup_max")
 
 
+# The keys of a plain entry (`_convert_plain`): Celery's own that `ScheduleEntry` stores as
+# given (`kwargs` and `options` or `{}`), and an interval.
+_PLAIN_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options"))
+
+
+def _convert_plain(ctx: Entries, key: Any, raw: dict[str, Any]) -> Declaration | None:
+    """Return the declaration of a plain entry as `convert_entry` makes it, without
+    building Celery's `ScheduleEntry` and `schedule` (most of a large `beat_schedule`'s
+    conversion went there); None for any other entry, or one `convert_entry` would refuse
+    before its last steps: its own path then converts it, or raises its error.
+
+    Plain: a dict of `_PLAIN_KEYS` alone (none of emq-bridge's keys: every policy and bound
+    at its default) whose schedule is a `timedelta` or a number of seconds that `timedelta`
+    takes (not a bool), whose key is a valid name as it is and whose task is known.
+    `maybe_schedule` makes `schedule(timedelta(seconds=s))` of it, whose `run_every` is
+    that timedelta and which `convert_schedule` reads as `_interval(run_every)`.
+    """
+    for field_name in raw:
+        if field_name not in _PLAIN_KEYS:
+            return None
+    value: Any = raw.get("schedule")
+    kind = type(value)
+    if kind is timedelta:
+        interval: timedelta = value
+    elif kind is int or kind is float:  # not bool, None, schedule objects, crontab...
+        try:
+            interval = timedelta(seconds=value)
+        except (OverflowError, ValueError):  # refused as Celery refuses it, on that path
+            return None
+    else:
+        return None
+    task = raw.get("task")
+    if type(task) is not str or not task.strip() or (ctx.check_task and task not in ctx.tasks):
+        return None
+    if type(key) is not str or len(key) > MAX_NAME_BYTES or not _ASCII_NAME.fullmatch(key):
+        return None  # registry_name would change it, or refuse it
+    args = list(raw.get("args", ()) or ())
+    kwargs = dict(raw.get("kwargs") or {})
+    for item in (*args, *kwargs.values()):
+        if isinstance(item, BeatLazyFunc):
+            return None
+    given = raw.get("options")
+    options = json_options(given, f"beat_schedule[{key!r}]") if given else {}
+    # `_interval`'s checks: an interval it refuses goes the slow path, which says so.
+    seconds = interval.total_seconds()
+    if seconds <= 0 or seconds * 1000 < 1 or round(seconds * 1000) > MAX_EVERY_MS:
+        return None
+    cadence = _every(round(seconds * 1000))
+    # `TaskTemplate(task, args, kwargs, options).to_dict()`, whose checks these values pass
+    # (a list, a dict, a dict): copies, as it makes them, since routing sees `args`.
+    template = {"task": task, "args": list(args), "kwargs": kwargs.copy(), "options": dict(options)}
+    try:
+        definition = Definition(cadence, template, bounds=_NO_BOUNDS)
+        return Declaration(ctx.queue(task, options, args, kwargs), key, definition)
+    except EmqError as exc:
+        raise ConfigError(f"beat_schedule[{key!r}]: {exc}") from exc
+
+
 def convert_entry(
     app: Celery, key: str, raw: Any, *, check_task: bool = True, context: Entries | None = None
 ) -> tuple[Declaration, CelerySchedule | None]:
@@ -525,6 +590,10 @@ def convert_entry(
     a one-off; `labels` (a dict of str -> str) tags the registration.
     """
     ctx = context if context is not None else Entries(app, check_task)
+    if type(raw) is dict:
+        plain = _convert_plain(ctx, key, raw)
+        if plain is not None:
+            return plain, None
     label = f"beat_schedule[{key!r}]"
     overlap: Overlap = "allow"
     pause_after_failures: int | None = None
@@ -573,7 +642,16 @@ def convert_entry(
     custom = cadence if isinstance(cadence, CelerySchedule) else None
     name = registry_name(key)  # its error names the entry already
     try:
-        template = TaskTemplate(task, args, kwargs, options).to_dict()
+        if not task.strip():
+            TaskTemplate(task)  # raises its error for a blank task name
+        # `TaskTemplate(task, args, kwargs, options).to_dict()`, whose checks the values
+        # above pass by construction (a list, a dict, a dict): copies, as it makes them.
+        template = {
+            "task": task,
+            "args": list(args),
+            "kwargs": dict(kwargs),
+            "options": dict(options),
+        }
         if custom is not None:  # what the registry's readers (`emq-bridge list`) show
             template["schedule"] = custom.describe()
         cadence, bounds = _when(cadence, when)
