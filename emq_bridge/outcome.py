@@ -140,9 +140,9 @@ class Report:
     def ended(self, kind: ReportKind, at_ms: int, error: str = "", *, hold_ms: int = 0) -> Report:
         """The `kind` report of the same occurrence and attempt, at `at_ms`: what an adapter
         that built this report at the start sends at the end, without reading the
-        occurrence's fields again. Ended from a `started` report, it carries that start
-        (`started_ms`): the reporter then drops the start when both wait in one batch (one
-        update), and a start that was dropped (Redis down) is still known."""
+        occurrence's fields again. It does not carry the start (`started_ms`): that start
+        is reported on its own, and `started_ms` says a start folded in, never reported
+        apart (the metrics count it as a start)."""
         return Report(
             kind,
             self.queue,
@@ -156,7 +156,6 @@ class Report:
             self.triggered,
             error,
             hold_ms,
-            self.at_ms if self.kind == "started" else self.started_ms,
         )
 
     def folded(self, start: Report) -> Report:

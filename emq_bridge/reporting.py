@@ -294,11 +294,7 @@ def fold_starts(batch: list[Report]) -> list[Report]:
             continue  # changes nothing after that start
         if same and start is not None and at is not None and item.kind in FINAL_STATUSES:
             out[at] = None
-            # A final report made from that very start (`Report.ended`) carries it already.
-            carries = item.started_ms == start.at_ms and (
-                item.released_ms is not None or start.released_ms is None
-            )
-            out.append(item if carries else item.folded(start))
+            out.append(item.folded(start))
             del starts[registration]
             continue
         out.append(item)

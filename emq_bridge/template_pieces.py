@@ -80,4 +80,6 @@ def join_template(fields: Mapping[str, str]) -> str | None:
         total = int(count)
     except ValueError:
         return first + "\0"  # not JSON: the decoder calls the record corrupt
+    if total > MAX_PIECES:  # edited by hand: corrupt too, not a billion lookups
+        return first + "\0"
     return first + "".join(fields.get(f"template.{n}", "\0") for n in range(2, total + 1))

@@ -516,6 +516,22 @@ def _misfire(
     return misfire, window, raw.get("catchup_max")
 
 
+def _call_parts(
+    args: Any, kwargs: Any, options: Any, label: str
+) -> tuple[list[Any], dict[Any, Any], Mapping[str, Any]]:
+    """Return an entry's args, kwargs and options as Celery sends them (empty for a false
+    value, as `ScheduleEntry` stores them); `ConfigError` for what `apply_async` would refuse
+    at every send (args not a list or tuple, kwargs or options not a mapping), rather than a
+    string's characters taken for its args or a bare TypeError at boot."""
+    args, kwargs, options = args or (), kwargs or {}, options or {}
+    if not isinstance(args, list | tuple):
+        raise ConfigError(f"{label}: 'args' must be a list or tuple, got {type(args).__name__}")
+    for value, what in ((kwargs, "kwargs"), (options, "options")):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{label}: '{what}' must be a dict, got {type(value).__name__}")
+    return list(args), dict(kwargs), options
+
+
 # The keys of a plain entry (`_convert_plain`): Celery's own that `ScheduleEntry` stores as
 # given (`kwargs` and `options` or `{}`), and an interval.
 _PLAIN_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options"))
@@ -552,13 +568,12 @@ def _convert_plain(ctx: Entries, key: Any, raw: dict[str, Any]) -> Declaration |
         return None
     if type(key) is not str or len(key) > MAX_NAME_BYTES or not _ASCII_NAME.fullmatch(key):
         return None  # registry_name would change it, or refuse it
-    args = list(raw.get("args", ()) or ())
-    kwargs = dict(raw.get("kwargs") or {})
+    label = f"beat_schedule[{key!r}]"
+    args, kwargs, given = _call_parts(raw.get("args"), raw.get("kwargs"), raw.get("options"), label)
     for item in (*args, *kwargs.values()):
         if isinstance(item, BeatLazyFunc):
             return None
-    given = raw.get("options")
-    options = json_options(given, f"beat_schedule[{key!r}]") if given else {}
+    options = json_options(given, label) if given else {}
     # `_interval`'s checks: an interval it refuses goes the slow path, which says so.
     seconds = interval.total_seconds()
     if seconds <= 0 or seconds * 1000 < 1 or round(seconds * 1000) > MAX_EVERY_MS:
@@ -626,10 +641,9 @@ def convert_entry(
             "(app.conf.imports / include / autodiscover_tasks), or set "
             "app.conf.emq_bridge_check_tasks = False to send it by name"
         )
-    args = list(entry.args or ())
-    kwargs = dict(entry.kwargs or {})
+    args, kwargs, given = _call_parts(entry.args, entry.kwargs, entry.options, label)
     _lazy_free([*args, *kwargs.values()], label)
-    options = json_options(entry.options or {}, label)
+    options = json_options(given, label)
     if AT_KEY in when:
         try:
             cadence: Cadence = At(instants_ms(when[AT_KEY]))

@@ -28,6 +28,10 @@ for i, key in ipairs(KEYS) do
   local count = second and tonumber(values[pieces_at])
   if count and values[template_at] then
     local parts = {values[template_at]}
+    if count > 32 then  -- past MAX_PIECES (edited by hand, even 'inf'): corrupt, not a loop
+      parts[2] = '\0'
+      count = 1
+    end
     for n = 2, count do
       parts[n] = (n == 2 and values[second]) or redis.call('HGET', key, 'template.' .. n) or '\0'
     end

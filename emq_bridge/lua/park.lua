@@ -34,7 +34,10 @@ end
 local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason', 'template_pieces')
 if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): compare it whole
   local parts = {cur[1]}
-  for n = 2, tonumber(cur[4]) or 1 do parts[n] = redis.call('HGET', KEYS[2], 'template.' .. n) or '' end
+  -- At most MAX_PIECES (32): a count edited by hand (even 'inf') is no loop.
+  for n = 2, math.min(tonumber(cur[4]) or 1, 32) do
+    parts[n] = redis.call('HGET', KEYS[2], 'template.' .. n) or ''
+  end
   cur[1] = table.concat(parts)
 end
 if cur[1] ~= ARGV[3] then return -2 end

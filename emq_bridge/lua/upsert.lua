@@ -176,7 +176,9 @@ local function upsert(record, item)
   local pieces = tonumber(redis.call('HGET', record, 'template_pieces'))
   if pieces and pieces > 1 then
     local old_pieces = {}
-    for n = 2, pieces do old_pieces[n - 1] = 'template.' .. n end
+    -- At most MAX_PIECES (32), the most a template is written in: a count edited by hand
+    -- (even 'inf') is no loop.
+    for n = 2, math.min(pieces, 32) do old_pieces[n - 1] = 'template.' .. n end
     redis.call('HDEL', record, unpack(old_pieces))
   end
   if #stale > 0 then redis.call('HDEL', record, unpack(stale)) end

@@ -35,7 +35,6 @@ PLAIN: dict[str, dict[str, Any]] = {
     "float": {"task": "t.plain", "schedule": 0.5, "options": {"queue": "low", "expires": 30}},
     "tuple-args": {"task": "t.plain", "schedule": 60, "args": (1, [2, {"a": None}])},
     "none-parts": {"task": "t.plain", "schedule": 60, "args": None, "kwargs": None},
-    "pairs": {"task": "t.plain", "schedule": 60, "kwargs": [("a", 1)]},
     "utf8": {"task": "t.plain", "schedule": 60, "kwargs": {"é": "€\u2028"}},
     "a key with spaces {}": {"task": "t.plain", "schedule": 10},  # its name is made valid
     "clé": {"task": "t.plain", "schedule": 10},
@@ -58,6 +57,13 @@ REFUSED: dict[Any, dict[str, Any]] = {
     "task-id": {"task": "t.plain", "schedule": 10, "options": {"task_id": "x"}},
     "bad-queue": {"task": "t.plain", "schedule": 10, "options": {"queue": 5}},
     "x" * 201: {"task": "t.plain", "schedule": 10},
+    # What Celery's `apply_async` refuses at every send (a TypeError): refused at boot, with
+    # the entry named, not a string's characters sent as args nor a bare error.
+    "args-str": {"task": "t.plain", "schedule": 10, "args": "ab"},
+    "args-int": {"task": "t.plain", "schedule": 10, "args": 5},
+    "kwargs-str": {"task": "t.plain", "schedule": 10, "kwargs": "abc"},
+    "kwargs-pairs": {"task": "t.plain", "schedule": 60, "kwargs": [("a", 1)]},
+    "options-str": {"task": "t.plain", "schedule": 10, "options": "x"},
 }
 
 
@@ -93,6 +99,7 @@ def test_a_bad_plain_entry_is_refused_with_the_full_paths_error(app: Celery, key
     kind, message = error(REFUSED[key])
     assert (kind, message) == error(full_path(REFUSED[key]))
     assert issubclass(kind, ConfigError)
+    assert message.startswith("beat_schedule[") and "\n" not in message
 
 
 def test_a_plain_entry_leaves_the_configured_values_alone(app: Celery) -> None:

@@ -137,31 +137,6 @@ def test_an_end_reported_without_its_start_leaves_nothing_in_flight(
         assert (entry.due_ms, entry.status) == (t0 + 1000, "succeeded")
 
 
-def test_an_end_made_from_its_start_keeps_the_start_when_the_start_was_never_applied(
-    any_repeat: Repeat,
-) -> None:
-    """The adapters end a run from its `started` report (`Report.ended`): a start that never
-    reached Redis (dropped while it was down) still gives the entry its start and duration;
-    one applied before changes nothing more."""
-    t0 = _start(any_repeat)
-    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
-    pump = Pump(any_repeat, ["q"], RecordingDispatcher())
-    (lonely,) = _fire(pump, t0 + 1000)
-    start = report_of("started", lonely, at_ms=t0 + 1100)
-    assert any_repeat.report([start.ended("succeeded", t0 + 1400)]) == 1  # the start dropped
-    (entry,) = any_repeat.history("q", "job")
-    assert (entry.status, entry.started_ms, entry.duration_ms) == ("succeeded", t0 + 1100, 300)
-    registration = any_repeat.get("q", "job")
-    assert registration is not None
-    assert (registration.last_started_ms, registration.last_duration_ms) == (t0 + 1100, 300)
-    (second,) = _fire(pump, t0 + 2000)
-    start = report_of("started", second, at_ms=t0 + 2100)
-    assert any_repeat.report([start]) == 1
-    assert any_repeat.report([start.ended("failed", t0 + 2600, "ValueError: no")]) == 1
-    latest = any_repeat.history("q", "job")[0]
-    assert (latest.status, latest.started_ms, latest.duration_ms) == ("failed", t0 + 2100, 500)
-
-
 def test_history_stays_capped_under_ten_thousand_occurrences(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
@@ -558,21 +533,15 @@ def test_the_reporter_drops_reports_with_one_line_when_redis_is_gone(
 
 def test_a_start_builds_its_end_and_folds_into_it() -> None:
     """`Report.ended` is the same occurrence and attempt at another time (what the adapters
-    send at the end from the start they built), carrying that start; `folded` carries a
-    start in a final made without it."""
+    send at the end from the start they built); `folded` carries the start in the final."""
     start = Report("started", "q", "job", "id-1", 1_000, 1_100, 2, released_ms=1_001)
     end = start.ended("failed", 1_400, "OSError: flaky", hold_ms=5)
     assert (end.kind, end.at_ms, end.error, end.hold_ms) == ("failed", 1_400, "OSError: flaky", 5)
     assert (end.queue, end.name, end.id, end.due_ms, end.attempt) == ("q", "job", "id-1", 1_000, 2)
-    assert end.released_ms == 1_001 and end.started_ms == 1_100
-    # Both in one batch: the start is dropped and the final sent as it is (no new report).
+    assert end.released_ms == 1_001 and end.started_ms is None  # the start is its own report
+    # Both in one batch: one report, the final carrying the start (`folded`).
     (only,) = fold_starts([start, end])
-    assert only is end
-    # A final ended from a start other than the one waiting (a later start, by another
-    # worker) is folded with the waiting one, as a final without a start is.
-    other = Report("started", "q", "job", "id-1", 1_000, 1_050, 2).ended("failed", 1_400, "")
-    (merged,) = fold_starts([start, other])
-    assert merged.started_ms == 1_100 and merged.released_ms == 1_001
+    assert (only.kind, only.started_ms, only.released_ms) == ("failed", 1_100, 1_001)
     plain = Report("succeeded", "q", "job", "id-1", 1_000, 1_500, 2)
     assert plain.folded(start).started_ms == 1_100
     assert plain.folded(start).released_ms == 1_001  # the final had none: the start's

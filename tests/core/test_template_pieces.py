@@ -106,3 +106,29 @@ def test_a_pieced_template_reads_and_fires_whole_on_both_servers(any_repeat: Rep
     recording = RecordingDispatcher()
     Pump(any_repeat, ["q"], recording).run_once(now_ms=T0 + HOUR_MS)
     assert [dict(o.template) for o in recording.occurrences] == [template]
+
+
+def test_a_piece_count_edited_by_hand_is_a_corrupt_record_not_a_loop(any_repeat: Repeat) -> None:
+    """`template_pieces` past MAX_PIECES (even 'inf', which Lua's `tonumber` reads): every
+    reader calls the record corrupt at once (the pump parks it, sends nothing) instead of
+    reading pieces until the script times out; a sync writes it right again."""
+    from emq_bridge import Declaration, define, sync
+
+    template = long_template(5)
+    for count in ("inf", "1000000000", str(MAX_PIECES + 1)):
+        any_repeat.cancel("q", "nightly")
+        sync(any_repeat, [Declaration("q", "nightly", define(every="1h", template=template))], "a")
+        record = any_repeat.keys("q").record("nightly")
+        any_repeat.client.hset(record, PIECES_FIELD, count)
+        assert join_template({"template": "{", PIECES_FIELD: count}) == "{\0"
+        recording = RecordingDispatcher()
+        Pump(any_repeat, ["q"], recording).run_once(now_ms=T0 + 10 * HOUR_MS)
+        assert recording.occurrences == []
+        assert any_repeat.get("q", "nightly") is None  # a corrupt record: skipped, one line
+        parked = any_repeat.client.zscore(any_repeat.keys("q").registry, "nightly")
+        assert parked is not None and parked > T0 + 10 * HOUR_MS  # parked for a while
+        sync(any_repeat, [Declaration("q", "nightly", define(every="2h", template=template))], "a")
+        assert any_repeat.get("q", "nightly").definition.template == template
+        pieces = int(any_repeat.client.hget(record, PIECES_FIELD) or 0)
+        fields = {k.decode() for k in any_repeat.client.hkeys(record)}
+        assert not [f for f in fields if f.startswith("template.") and int(f[9:]) > pieces]
