@@ -30,14 +30,16 @@ local function count(record, released_ms)
   local result = redis.pcall('HINCRBY', record, 'fired', 1)
   if type(result) == 'table' and result.err then
     if redis.call('TYPE', record).ok ~= 'hash' then return end  -- gone is 'none': no error
-    redis.call('HSET', record, 'fired', 1, 'last_fired_ms', released_ms)
+    -- pcall: a write refused here (out of memory: the HINCRBY's error may be that too) must
+    -- not fail the ack, whose leases would then be sent again.
+    redis.pcall('HSET', record, 'fired', 1, 'last_fired_ms', released_ms)
     return
   end
   if result == 1 and redis.call('HLEN', record) == 1 then
     redis.call('DEL', record)  -- the record was gone: made by the HINCRBY, not kept
     return
   end
-  redis.call('HSET', record, 'last_fired_ms', released_ms)
+  redis.pcall('HSET', record, 'last_fired_ms', released_ms)
 end
 
 -- ZREM in chunks: Lua's unpack fails past a few thousand values (LUAI_MAXCSTACK), and a

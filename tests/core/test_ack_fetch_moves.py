@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from emq_bridge import Repeat
 from emq_bridge.template_pieces import join_template
 
@@ -115,3 +117,28 @@ def test_fetch_joins_templates_of_one_two_and_three_pieces_and_marks_a_missing_o
     # Asked without `template_pieces`, the pieces are not joined.
     alone = repeat.load_records("q", ["three"], ["template"])
     assert len(alone["three"]["template"]) <= 64
+
+
+def test_an_ack_drops_its_leases_when_the_server_is_out_of_memory() -> None:
+    """Out of memory (noeviction) between the send and the ack: counting `fired` is refused,
+    the ack is not, so the leases go and nothing is sent again (a failed ack would leave
+    every one of them to be re-sent when its lease expires)."""
+    import redis
+
+    from emq_bridge.embedded import EmbeddedServer
+
+    with EmbeddedServer() as server:
+        client = redis.Redis.from_url(server.url)
+        repeat = Repeat(client, "oom")
+        for name in ("a", "b"):
+            repeat.register("q", name, every="1h", template={"task": "t"}, now_ms=T0)
+        repeat.client.hset(repeat.keys("q").record("b"), "fired", "garbage")  # its error path
+        due = T0 + HOUR
+        leases = claim_due(repeat, "q", due)
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):  # what the ack's count meets
+            client.hincrby(repeat.keys("q").record("a"), "fired", 1)
+        repeat.ack("q", leases, deadline_ms=due + LEASE_MS, released_ms=due)
+        assert repeat.leases("q") == []
+        client.config_set("maxmemory", 0)
