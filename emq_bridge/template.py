@@ -11,11 +11,11 @@ the depth is bounded anyway (`MAX_TEMPLATE_DEPTH`), where a template is accepted
 from __future__ import annotations
 
 import json
-import json.encoder
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from .direct_json import direct_encoder
 from .errors import ScheduleError
 
 __all__ = [
@@ -42,32 +42,9 @@ MAX_TEMPLATE_DEPTH = 32
 _CANONICAL = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
 )
-# What `_CANONICAL.encode` runs for a dict, called directly: its Python frames cost more
-# than the C encoder itself for a template of 100 bytes. A new encoder per call: its
-# `markers` (the cycle check) are per encoding. None without the C module, or where it
-# writes otherwise (`_c_encoder_agrees`, once): `_CANONICAL.encode` then.
-_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
-
-
-def _canonical(template: Mapping[Any, Any]) -> str:
-    if _C_ENCODER is None:
-        return _CANONICAL.encode(template)
-    encoder = _C_ENCODER(
-        {}, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",", True, False, False
-    )
-    return "".join(encoder(template, 0))
-
-
-def _c_encoder_agrees() -> bool:
-    probe = {"b": [1, 2.5, None, True], "a": {"z": '\u00e9"\n', "y": {}}, "c": []}
-    try:
-        return _canonical(probe) == _CANONICAL.encode(probe)
-    except Exception:  # another signature: not used
-        return False
-
-
-if not _c_encoder_agrees():  # another Python's encoder: the plain path
-    _C_ENCODER = None
+# `_CANONICAL.encode` with the C encoder called directly (its Python frames cost more than
+# the encoding of a 100-byte template), the cycle check kept.
+_canonical = direct_encoder(_CANONICAL)
 
 
 def encode_template(template: object) -> str:

@@ -532,6 +532,15 @@ def _call_parts(
     return list(args), dict(kwargs), options
 
 
+def _task_template(
+    task: str, args: list[Any], kwargs: dict[Any, Any], options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`TaskTemplate(task, args, kwargs, options).to_dict()`, whose checks these values pass
+    (`_call_parts` made them a list and dicts): copies, as it makes them, since routing
+    sees the entry's own `args` and `kwargs`."""
+    return {"task": task, "args": list(args), "kwargs": dict(kwargs), "options": dict(options)}
+
+
 # The keys of a plain entry (`_convert_plain`): Celery's own that `ScheduleEntry` stores as
 # given (`kwargs` and `options` or `{}`), and an interval.
 _PLAIN_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options"))
@@ -579,9 +588,7 @@ def _convert_plain(ctx: Entries, key: Any, raw: dict[str, Any]) -> Declaration |
     if seconds <= 0 or seconds * 1000 < 1 or round(seconds * 1000) > MAX_EVERY_MS:
         return None
     cadence = _every(round(seconds * 1000))
-    # `TaskTemplate(task, args, kwargs, options).to_dict()`, whose checks these values pass
-    # (a list, a dict, a dict): copies, as it makes them, since routing sees `args`.
-    template = {"task": task, "args": list(args), "kwargs": kwargs.copy(), "options": dict(options)}
+    template = _task_template(task, args, kwargs, options)
     try:
         definition = Definition(cadence, template, bounds=_NO_BOUNDS)
         return Declaration(ctx.queue(task, options, args, kwargs), key, definition)
@@ -658,14 +665,7 @@ def convert_entry(
     try:
         if not task.strip():
             TaskTemplate(task)  # raises its error for a blank task name
-        # `TaskTemplate(task, args, kwargs, options).to_dict()`, whose checks the values
-        # above pass by construction (a list, a dict, a dict): copies, as it makes them.
-        template = {
-            "task": task,
-            "args": list(args),
-            "kwargs": dict(kwargs),
-            "options": dict(options),
-        }
+        template = _task_template(task, args, kwargs, options)
         if custom is not None:  # what the registry's readers (`emq-bridge list`) show
             template["schedule"] = custom.describe()
         cadence, bounds = _when(cadence, when)

@@ -23,6 +23,7 @@ from typing import Any
 from celery.utils.saferepr import saferepr
 from kombu.utils import json as kombu_json
 
+from ..direct_json import direct_encoder
 from ..occurrence import Occurrence
 from .dispatch import (
     BACKFILL_HEADER,
@@ -220,53 +221,18 @@ def fast_encoder(encoder: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """Return `encoder`, or for kombu's JSON `dumps` an encoder that writes the same text.
 
     `dumps` builds a `JSONEncoder` with its defaults on every call, and its `encode` builds
-    the C encoder on every call too: here it is built once (`_c_encoder`), checked against
-    kombu's on sample values, else that encoder instance's `encode` is used.
+    the C encoder on every call too: here it is built once (`direct_encoder`, checked
+    against that encoder on probes). No circular-reference check: a body decoded from a
+    template has no cycle, and one that had would fail with RecursionError (then the normal
+    path sends it, and says why).
     """
     if encoder is kombu_json.dumps and kombu_json.dumps.__defaults__ == (
         json.dumps,
         kombu_json.JSONEncoder,
         None,
     ):
-        reference = kombu_json.JSONEncoder()
-        fast = _c_encoder(reference)
-        samples: tuple[Any, ...] = (
-            ([1, 'a\u00e9"', 2.5, None, True], {"k": [{}]}, {"c": None}),
-            ((), {}, {}),
-        )
-        try:
-            if fast is not None and all(fast(v) == reference.encode(v) for v in samples):
-                return fast
-        except Exception:  # another json module than the one this was written for
-            pass
-        return reference.encode
+        return direct_encoder(kombu_json.JSONEncoder(), check_circular=False)
     return encoder
-
-
-def _c_encoder(reference: json.JSONEncoder) -> Callable[[Any], str] | None:
-    """`reference.encode`, for the lists and dicts of a task's body, with the C encoder
-    built once instead of per call; None when the json module has no C encoder. No
-    circular-reference check: a body decoded from a template has no cycle, and one that
-    had would fail with RecursionError (then the normal path sends it, and says why)."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None or reference.indent is not None or not reference.ensure_ascii:
-        return None
-    iterencode = make(
-        None,
-        reference.default,
-        json.encoder.encode_basestring_ascii,
-        reference.indent,
-        reference.key_separator,
-        reference.item_separator,
-        reference.sort_keys,
-        reference.skipkeys,
-        reference.allow_nan,
-    )
-
-    def encode(value: Any) -> str:
-        return "".join(iterencode(value, 0))
-
-    return encode
 
 
 def delivery_tag() -> str:
