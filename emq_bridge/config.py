@@ -123,6 +123,12 @@ ENTRY_FIELDS = (
     "labels",
 )
 """Keys allowed in one `[[schedule]]` entry."""
+_ENTRY_FIELD_SET = frozenset(ENTRY_FIELDS)
+# The keys that shape a cadence or bound it (`_shaped`, `_bounds`): an entry without any of
+# them (most entries) takes the cadence as it is and no bounds, with nothing to check.
+_SHAPE_KEYS = ("exclude", "jitter")
+_BOUND_KEYS = ("limit", "immediately", "start_at", "end_at")
+_NO_BOUNDS = Bounds()  # frozen: one for every entry without bounds keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,8 @@ def declaration_from_entry(
     `exclude` refers to.
     """
     try:
+        if default_queue is not None:
+            default_queue = _name(default_queue, "queue")
         return _declaration(entry, default_queue, calendars)
     except _FieldError as exc:
         queue, name = entry.get("queue", default_queue), entry.get("name")
@@ -245,10 +253,11 @@ def _parse(data: Mapping[str, Any], path: Path) -> ScheduleFile:
     except ScheduleError as exc:
         hint = "" if "source" in data else '; set source = "..." in the file'
         raise ConfigError(f"{path}: field 'source': {exc}{hint}") from exc
-    default_queue = data.get("queue")
-    if default_queue is not None:
+    raw_queue = data.get("queue")
+    default_queue: str | None = None
+    if raw_queue is not None:
         try:
-            _name(default_queue, "queue")
+            default_queue = _name(raw_queue, "queue")
         except _FieldError as exc:
             raise ConfigError(f"{path}: top-level {exc}") from exc
     calendars = _calendars(data.get("calendars", {}), path)
@@ -260,16 +269,16 @@ def _parse(data: Mapping[str, Any], path: Path) -> ScheduleFile:
     declarations: list[Declaration] = []
     seen: dict[tuple[str, str], int] = {}
     for number, entry in enumerate(entries, start=1):
-        label = _label(number, entry, default_queue)
         try:
             declaration = _declaration(entry, default_queue, calendars)
         except _FieldError as exc:
-            errors.append(f"{label}, {exc}")
+            errors.append(f"{_label(number, entry, default_queue)}, {exc}")
             continue
         key = (declaration.queue, declaration.name)
         if key in seen:
             errors.append(
-                f"{label}, field 'name': duplicate of schedule #{seen[key]} in queue {key[0]!r}"
+                f"{_label(number, entry, default_queue)}, field 'name': duplicate of schedule "
+                f"#{seen[key]} in queue {key[0]!r}"
             )
             continue
         seen[key] = number
@@ -362,6 +371,8 @@ def _shaped(
     entry: Mapping[str, Any], cadence: Cadence, calendars: Mapping[str, Calendar] | None
 ) -> Cadence:
     """The cadence less what `exclude` lists, jittered by `jitter` (calendars.py, jitter.py)."""
+    if not any(key in entry for key in _SHAPE_KEYS):
+        return cadence
     raw = entry.get("exclude", [])
     if isinstance(raw, str):
         raw = [raw]
@@ -385,17 +396,20 @@ def _shaped(
 
 def _declaration(
     entry: Mapping[str, Any],
-    default_queue: object,
+    default_queue: str | None,
     calendars: Mapping[str, Calendar] | None = None,
 ) -> Declaration:
-    unknown = sorted(set(entry) - set(ENTRY_FIELDS))
+    unknown = sorted(key for key in entry if key not in _ENTRY_FIELD_SET)
     if unknown:
         field = unknown[0]
         others = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
         raise _FieldError(field, f"unknown key{others}; allowed: {', '.join(ENTRY_FIELDS)}")
-    if "queue" not in entry and default_queue is None:
+    if "queue" in entry:
+        queue = _name(entry["queue"], "queue")
+    elif default_queue is None:
         raise _FieldError("queue", 'missing; give queue = "..." here or at the top of the file')
-    queue = _name(entry.get("queue", default_queue), "queue")
+    else:
+        queue = default_queue  # checked by the caller, once for all entries
     if "name" not in entry:
         raise _FieldError("name", "missing")
     name = _name(entry["name"], "name")
@@ -445,6 +459,8 @@ def _declaration(
 def _catchup(entry: Mapping[str, Any], misfire: str) -> tuple[int | None, int | None]:
     """Check `catchup_window` (seconds or a string like "10m") and `catchup_max` (a whole
     number, with misfire = "all")."""
+    if "catchup_window" not in entry and "catchup_max" not in entry:
+        return None, None  # the misfire policy was checked; none needs either
     raw = entry.get("catchup_window")
     if isinstance(raw, bool) or not isinstance(raw, int | float | str | None):
         wanted = 'must be seconds or a string like "10m"'
@@ -500,6 +516,8 @@ def _instant(entry: Mapping[str, Any], field: str) -> int | None:
 
 
 def _bounds(entry: Mapping[str, Any], cadence: Cadence) -> Bounds:
+    if not any(key in entry for key in _BOUND_KEYS):
+        return _NO_BOUNDS  # its check applies to any cadence
     limit = entry.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
         raise _FieldError("limit", f"must be a whole number of runs, got {_kind(limit)}")

@@ -8,7 +8,8 @@
 -- ARGV[2]  now, epoch ms (created_ms of a new record)
 -- ARGV[3]  JSON array of items, one per record key (may be empty), each
 --          [name, digest (covers the owner too), cadence digest, first run ms (a string),
---           [record field, value, ...], the definition fields to delete (an index into
+--           [definition field, value, ...] (the script adds the digests, the stamps and the
+--           owner: ARGV[2], ARGV[4]), the definition fields to delete (an index into
 --           ARGV[6], or the list itself),
 --           [seed field, value, ...] (written on create only: an importer's paused state
 --           and counters; may be absent),
@@ -48,6 +49,13 @@
 -- of a completed record re-derives its next run, as a changed cadence does, so extending
 -- its end or its limit brings it back.
 local registry = KEYS[1]
+
+-- A registry key of another type fails the call before anything is written (the scores of
+-- created records are written last, in one ZADD, so it would fail only after their records).
+local registry_type = redis.call('TYPE', registry)['ok']
+if registry_type ~= 'zset' and registry_type ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. registry .. ' is not a sorted set')
+end
 
 if ARGV[5] ~= '' then
   local live = redis.call('HGET', KEYS[2], ARGV[4])
@@ -133,12 +141,34 @@ local function wrote_for(owner)
   if owner and owner ~= '' then writes[owner] = (writes[owner] or 0) + 1 end
 end
 
+-- Write the item's digests, the update stamp, the owner (if any) and its definition fields.
+local function write(record, digest, cadence_digest, ...)
+  if ARGV[4] ~= '' then
+    redis.call('HSET', record, 'digest', digest, 'cadence_digest', cadence_digest,
+               'updated_ms', ARGV[2], 'source', ARGV[4], ...)
+  else
+    redis.call('HSET', record, 'digest', digest, 'cadence_digest', cadence_digest,
+               'updated_ms', ARGV[2], ...)
+  end
+end
+
+-- The registry scores of the records created since the last flush, written by one ZADD:
+-- a boot that creates many records spares a command per record. Flushed before any item
+-- that is not a create (the same name twice in one call reads its score) and at the end.
+local created, nc = {}, 0
+local function flush_created()
+  if nc > 0 then
+    redis.call('ZADD', registry, unpack(created, 1, nc))
+    nc = 0
+  end
+end
+
 local function upsert(record, item)
   local name, digest, cadence_digest, first_run, fields, stale, seed =
     item[1], item[2], item[3], item[4], item[5], item[6], item[7]
   if type(stale) == 'number' then stale = shapes[stale] end
   if redis.call('EXISTS', record) == 0 then
-    redis.call('HSET', record, 'created_ms', ARGV[2], unpack(fields))
+    write(record, digest, cadence_digest, 'created_ms', ARGV[2], unpack(fields))
     first_run = item[8] or first_run
     if bounded(fields) then
       rebase_limit(record, nil, nil)
@@ -149,9 +179,12 @@ local function upsert(record, item)
       redis.call('HSET', record, unpack(seed))
       paused = redis.call('HGET', record, 'paused') == '1'
     end
-    redis.call('ZADD', registry, paused and '+inf' or first_run, name)
+    created[nc + 1], created[nc + 2] = paused and '+inf' or first_run, name
+    nc = nc + 2
+    if nc >= 1000 then flush_created() end  -- within unpack's bound
     return 1
   end
+  flush_created()
   local cur = redis.call(
     'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
     'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source'
@@ -182,7 +215,7 @@ local function upsert(record, item)
     redis.call('HDEL', record, unpack(old_pieces))
   end
   if #stale > 0 then redis.call('HDEL', record, unpack(stale)) end
-  redis.call('HSET', record, unpack(fields))
+  write(record, digest, cadence_digest, unpack(fields))
   rebase_limit(record, cur[6], cur[7])
   if completed then
     redis.call('HDEL', record, 'completed', 'completed_ms')
@@ -228,6 +261,7 @@ for i, item in ipairs(cjson.decode(ARGV[3])) do
     wrote_for(ARGV[4])
   end
 end
+flush_created()
 for owner, n in pairs(writes) do
   local counter = '{w}' .. owner
   if redis.call('HEXISTS', KEYS[3], counter) == 1 then

@@ -459,3 +459,33 @@ def test_get_many_reads_the_registrations_that_exist_in_chunks(
     assert any_repeat.get_many("q", []) == {}
     with pytest.raises(InvalidName):
         any_repeat.get_many("q", ["a", "no spaces"])
+
+
+def test_one_upsert_call_may_name_a_registration_twice_and_the_second_sees_the_first(
+    repeat: Repeat,
+) -> None:
+    # upsert.lua writes the scores of the records it creates in one ZADD: a later item of
+    # the same call that names one of them must still find its score.
+    from emq_bridge import define
+
+    minute = define(every="1m", template=TEMPLATE)
+    two_minutes = define(every="2m", template={"task": "reports.other"})
+    results = repeat.upsert_many(
+        [("q", "a", minute), ("q", "b", minute), ("q", "a", two_minutes), ("q", "c", minute)],
+        now_ms=T0 + 1,
+    )
+    assert results == ["created", "created", "updated", "created"]
+    scores = dict(repeat.client.zrange(repeat.keys("q").registry, 0, -1, withscores=True))
+    assert scores == {b"a": T0 + 120_000, b"b": T0 + 60_000, b"c": T0 + 60_000}
+    registration = repeat.get("q", "a")
+    assert registration is not None and registration.definition == two_minutes.for_name("a")
+
+
+def test_an_upsert_onto_a_registry_of_another_type_writes_no_record(repeat: Repeat) -> None:
+    from emq_bridge import RegistryError, define
+
+    repeat.client.set(repeat.keys("broken").registry, "not a sorted set")
+    with pytest.raises(RegistryError):
+        items = [("broken", f"job-{i}", define(every="1h", template=TEMPLATE)) for i in range(3)]
+        repeat.upsert_many(items)
+    assert keys_under(repeat) == {repeat.keys("broken").registry}
