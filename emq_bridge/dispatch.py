@@ -61,6 +61,11 @@ class PumpTarget:
     command syncs through it rather than `declarations` under `source` alone, so a pump never
     writes what the app itself would not (an older generation's schedules, a file left out).
     `code` is the declarations' (source, generation), for `Pump(code=...)`.
+
+    `check`, when set, raises `ConfigError` unless what the application syncs itself and
+    the schedule files given as `(path, declarations)` can be synced and sent as its own
+    processes would (Dramatiq: each schedule names an actor of the broker on its queue); it
+    writes nothing, and the command calls it before its first write.
     """
 
     dispatcher: Dispatcher
@@ -73,6 +78,7 @@ class PumpTarget:
     max_sleep_s: float | None = None
     sync: Callable[[Repeat], list[SyncPlan]] | None = None
     code: tuple[str, int] | None = None
+    check: Callable[[Repeat, Sequence[tuple[str, Sequence[Declaration]]]], None] | None = None
 
 
 @runtime_checkable

@@ -429,6 +429,8 @@ def pump_command(
 
 
 def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]) -> None:
+    if target is not None and target.check is not None:  # all refusals before the first write
+        target.check(repeat, [(str(f.path), f.declarations) for f in files])
     # Stamped (`sync(stamp=True)`): a pump restarted on unchanged declarations reads no record.
     plans = [sync(repeat, f.declarations, f.source, stamp=True) for f in files]
     if target is not None and target.sync is not None:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import dramatiq
 from dramatiq import broker as dramatiq_broker
 from dramatiq.brokers.redis import RedisBroker
 
+from ..definition import Declaration
 from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
 from ..targets import app_failed
 from .dispatch import dramatiq_dispatcher
 from .middleware import DEFAULT_SOURCE, RecurringMiddleware
-from .schedule import broker_declarations
+from .schedule import broker_declarations, check_actors
 
 __all__ = ["import_broker", "load_target"]
 
@@ -80,13 +82,23 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
     broker = import_broker(spec)
     declarations = broker_declarations(broker)
     middleware = _middleware(broker)
+
+    def check(repeat: Repeat, files: Sequence[tuple[str, Sequence[Declaration]]]) -> None:
+        """What the workers' boot refuses, refused before the command writes anything: a
+        file's schedule for no actor of the broker (or on another queue), overlap=replace;
+        the middleware's own schedule file, checked as the workers' boot checks it."""
+        for path, declared in files:
+            check_actors(broker, declared, path)
+        if middleware is not None:
+            middleware.sync_declared(broker, repeat, apply=False)
+
     if middleware is None:
         queues = tuple(sorted({d.queue for d in declarations} | set(broker.get_declared_queues())))
         if not queues:
             raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
         # `--pipelined` asks for the fast path; without it the choice is automatic (None).
         dispatcher = dramatiq_dispatcher(broker, True if pipelined else None)
-        return PumpTarget(dispatcher, queues, declarations, DEFAULT_SOURCE)
+        return PumpTarget(dispatcher, queues, declarations, DEFAULT_SOURCE, check=check)
     queues = middleware.queues(broker, declarations)
     if not queues:
         raise ConfigError(f"{spec!r} declares no actor, so there is no queue to pump")
@@ -103,6 +115,7 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         # The workers' own sync: their generation, schedule file and prune setting.
         sync=lambda repeat: middleware.sync_declared(broker, repeat),
         code=None if generation is None else (middleware.source, generation),
+        check=check,
     )
 
 

@@ -81,9 +81,13 @@ class App:
             "PYTHONPATH": os.pathsep.join([str(root), str(REPO)]),
         }
 
-    def pump_once(self, **env: str) -> subprocess.CompletedProcess[str]:
+    def pump_once(
+        self, *files: Path, status: int = 0, **env: str
+    ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "emq_bridge", "--prefix", self.prefix, "pump"]
         command += ["--dramatiq", f"{self.module}:broker", "--once"]
+        for file in files:
+            command += ["-f", str(file)]
         done = subprocess.run(
             command,
             env={**self.env, **env},
@@ -92,8 +96,17 @@ class App:
             text=True,
             timeout=60,
         )
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == status, done.stderr
         return done
+
+    def file(self, path: Path, task: str, **fields: str) -> Path:
+        """A schedule file of one entry, `from-file`, for `task`, with `fields` (TOML)."""
+        extra = "".join(f"{key} = {value}\n" for key, value in fields.items())
+        path.write_text(
+            f'source = "ops"\nqueue = "{self.queue}"\n\n[[schedule]]\nname = "from-file"\n'
+            f'task = "{task}"\nevery = "2h"\noffset = "{self.env["APP_OFFSET"]}"\n{extra}'
+        )
+        return path
 
 
 def cadences(repeat: Repeat, queue: str) -> dict[str, int | None]:
@@ -143,3 +156,35 @@ def test_the_middlewares_schedule_file_is_synced_under_its_own_source(
     assert sorted(repeat.names(app.queue)) == ["from-file", "kept"]
     assert repeat.get(app.queue, "from-file").source == "ops"
     assert repeat.get(app.queue, "kept").source == "team"
+
+
+def test_a_file_the_workers_would_refuse_fails_the_command_before_anything_is_written(
+    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # The app's own file refuses overlap=replace (Dramatiq cannot revoke): the command given
+    # another, valid, file with -f writes neither, and says why in one line.
+    app = App(tmp_path, redis_url, prefix)
+    refused = app.file(tmp_path / "app.toml", "added", overlap='"replace"')
+    valid = app.file(tmp_path / "more.toml", "kept")
+    valid.write_text(valid.read_text().replace('"ops"', '"more"').replace("from-file", "more"))
+    done = app.pump_once(valid, status=1, APP_FILE=str(refused))
+    assert "overlap='replace' is not available on Dramatiq" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert Repeat(client, prefix).names(app.queue) == []
+
+
+def test_a_file_given_with_f_is_checked_against_the_brokers_actors(
+    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # As the workers check their own schedule file: an actor the broker does not declare,
+    # or overlap=replace, is refused (exit 1, one line) and nothing is written.
+    app = App(tmp_path, redis_url, prefix)
+    unknown = app.file(tmp_path / "unknown.toml", "no_such_actor")
+    done = app.pump_once(unknown, status=1)
+    assert "names actor 'no_such_actor', which is not declared" in done.stderr, done.stderr
+    replace = app.file(tmp_path / "replace.toml", "added", overlap='"replace"')
+    done = app.pump_once(replace, status=1)
+    assert "overlap='replace' is not available on Dramatiq" in done.stderr, done.stderr
+    assert Repeat(client, prefix).names(app.queue) == []
+    done = app.pump_once(app.file(tmp_path / "fine.toml", "added"))
+    assert sorted(Repeat(client, prefix).names(app.queue)) == ["from-file", "kept"]
