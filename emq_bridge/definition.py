@@ -364,11 +364,13 @@ _FRAMED_CADENCES = frozenset({Every, Cron})
 _escape = json.encoder.encode_basestring_ascii  # what `_CANONICAL` writes a string with
 
 
-def _definition_digest(definition: Definition, template_json: str) -> str:
-    """Return `_digest(definition.to_fields())`, from the cached frame of its group."""
+def shape_key(definition: Definition) -> tuple[Any, ...] | None:
+    """Return a key equal for definitions whose record fields differ in their template alone
+    (and whose next runs are the same), or None when no such key is known: a cadence whose
+    fields may depend on more than its equality, or labels."""
     if type(definition.cadence) not in _FRAMED_CADENCES or definition.labels:
-        return _digest(definition.to_fields())
-    key = (
+        return None
+    return (
         definition.cadence,
         definition.misfire,
         definition.overlap,
@@ -377,6 +379,13 @@ def _definition_digest(definition: Definition, template_json: str) -> str:
         definition.catchup_window_ms,
         definition.catchup_max,
     )
+
+
+def _definition_digest(definition: Definition, template_json: str) -> str:
+    """Return `_digest(definition.to_fields())`, from the cached frame of its group."""
+    key = shape_key(definition)
+    if key is None:
+        return _digest(definition.to_fields())
     try:
         frame = _FRAMES.get(key)
     except TypeError:  # an unhashable part (a time zone given as an object)

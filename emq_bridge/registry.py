@@ -31,6 +31,7 @@ from .definition import (
     Offset,
     Overlap,
     definition_or_define,
+    shape_key,
 )
 from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
 from .heartbeat import HeartbeatMoves
@@ -640,6 +641,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         def calls() -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
             for queue, chunk in chunks:
                 keys = self.keys(queue)
+                shared: dict[Any, _Shared] = {}
                 payload = [
                     self._upsert_item(
                         items[i][1],
@@ -647,6 +649,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         source,
                         now,
                         seeds[i] if seeds else None,
+                        shared,
                     )
                     for i in chunk
                 ]
@@ -687,30 +690,70 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         return [r for r in results if r is not None]
 
     def _upsert_item(
-        self, name: str, definition: Definition, source: str | None, now: int, seed: Seed | None
+        self,
+        name: str,
+        definition: Definition,
+        source: str | None,
+        now: int,
+        seed: Seed | None,
+        shared: dict[Any, _Shared],
     ) -> list[Any]:
         """Return one item of `upsert.lua`'s ARGV[3], for a `definition` seeded with `name`
-        (`Definition.for_name`: the seed of a cron's H and of jitter)."""
+        (`Definition.for_name`: the seed of a cron's H and of jitter). `shared` holds, per
+        shape of the call's definitions (`shape_key`), what the items of that shape share."""
         # The stamps, digests and owner are not among the fields: upsert.lua writes them from
         # the item's digests and the call's `now` and source, so each JSON item the server
         # decodes is that much shorter.
-        fields = _definition_fields(definition)
-        # An update keeps the cadence's grid and does not fire `immediately` again.
-        first_run = definition.first_run(now, created=False) if seed is None else seed.first_run_ms
+        template = split_template(definition.template_json)
+        key = shape_key(definition) if seed is None else None
+        try:
+            common = shared.get((key, len(template))) if key is not None else None
+        except TypeError:  # an unhashable part (a time zone given as an object)
+            key, common = None, None
+        if common is None:
+            common = self._shared_fields(definition, source, now, seed, template)
+            if key is not None:
+                shared[(key, len(template))] = common
+        flat, stale, first_run, created_run = common
         item = [
             name,
             record_digest(definition, source),
             definition.cadence_digest,
-            str(first_run),
-            _flatten(fields),
-            _stale_fields(fields, source),
+            first_run,
+            [*flat, *_flatten(template)],
+            stale,
             [] if seed is None else _flatten(seed.fields()),
         ]
-        if seed is None and definition.bounds.immediately:  # else created the same way
-            created_run = definition.first_run(now)
-            if created_run != first_run:
-                item.append(str(created_run))
+        if created_run is not None:
+            item.append(created_run)
         return item
+
+    @staticmethod
+    def _shared_fields(
+        definition: Definition,
+        source: str | None,
+        now: int,
+        seed: Seed | None,
+        template: dict[str, str],
+    ) -> _Shared:
+        """What an upsert item of `definition` holds besides its template's fields, its name
+        and digests: equal for the definitions of one shape (`shape_key`)."""
+        fields = definition.to_fields()
+        fields.update(template)
+        flat = [
+            part
+            for field, value in fields.items()
+            if field not in template
+            for part in (field, value)
+        ]
+        # An update keeps the cadence's grid and does not fire `immediately` again.
+        first_run = definition.first_run(now, created=False) if seed is None else seed.first_run_ms
+        created_run = None
+        if seed is None and definition.bounds.immediately:  # else created the same way
+            run = definition.first_run(now)
+            if run != first_run:
+                created_run = str(run)
+        return flat, _stale_fields(fields, source), str(first_run), created_run
 
     def _record_fields(
         self, definition: Definition, now_ms: int, source: str | None
@@ -1474,6 +1517,9 @@ def _flatten(fields: Mapping[str, str]) -> list[str]:
 # for any number of records: computed once each).
 _STALE: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
 _MAX_STALE_SHAPES = 4096
+# What the upsert items of one shape of definition share (`Repeat._shared_fields`): the
+# fields but the template's, the fields to delete, the first run, the first run on create.
+_Shared = tuple[list[str], list[str], str, str | None]
 # upsert.lua's items, one JSON argument (one encoder, built once).
 _PAYLOAD = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 

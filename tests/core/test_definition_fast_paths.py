@@ -108,3 +108,38 @@ def test_an_ascii_template_is_cut_as_its_bytes_are(size: int) -> None:
         pieces
     )
     assert len(fields) == len(pieces) + 1
+
+
+@pytest.mark.parametrize(
+    ("cadence", "policies"),
+    [
+        (cadence, policies)
+        for cadence in CADENCES
+        for policies in [*POLICIES, {"immediately": True}]
+        if not ("at" in cadence and "immediately" in policies)  # refused: add the instant
+    ],
+)
+def test_upsert_items_of_one_shape_share_what_they_would_each_hold(
+    repeat: Any, cadence: dict[str, Any], policies: dict[str, Any]
+) -> None:
+    # An upsert call computes the fields, the fields to delete and the first run once per
+    # shape of definition; each record is what an upsert of that definition alone writes.
+    # Then each is updated to another's template: one stored in pieces or not, as before.
+    sizes = [1, 80, 1, 200, 80]
+    now = 1_899_936_000_000
+    for step, result in enumerate(["created", "updated"]):
+        templates = [{"task": "t", "args": ["x" * size]} for size in sizes[step:] + sizes[:step]]
+        definitions = [define(**cadence, **policies, template=t) for t in templates]
+        batch = repeat.upsert_many(
+            [("together", f"s{i}", d) for i, d in enumerate(definitions)], source="src", now_ms=now
+        )
+        for i, definition in enumerate(definitions):
+            repeat.upsert("alone", f"s{i}", definition=definition, source="src", now_ms=now)
+        assert batch == [result] * len(definitions)
+    for i in range(len(sizes)):
+        together = repeat.client.hgetall(repeat.keys("together").record(f"s{i}"))
+        alone = repeat.client.hgetall(repeat.keys("alone").record(f"s{i}"))
+        assert together == alone
+        assert repeat.client.zscore(repeat.keys("together").registry, f"s{i}") == (
+            repeat.client.zscore(repeat.keys("alone").registry, f"s{i}")
+        )
