@@ -843,7 +843,13 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     _RESUME_ATTEMPTS = 5
 
     def resume(
-        self, queue: str, name: str, *, catchup: bool = False, now_ms: int | None = None
+        self,
+        queue: str,
+        name: str,
+        *,
+        catchup: bool = False,
+        now_ms: int | None = None,
+        seed: Seed | None = None,
     ) -> bool:
         """Fire `name` again from its next slot in the future; True if it was paused.
 
@@ -856,6 +862,13 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `resume.lua` writes it only if the record is still as read, else it is read again.
         KeyError if there is no such
         registration; `RegistryError` if the record kept changing for every attempt.
+
+        `seed` (an importer's cut-over, `emq_bridge.migrate`) resumes it where the scheduler
+        it replaces would fire next, `seed.first_run_ms`, instead of the slot it was paused
+        at (that scheduler kept running it meanwhile, from its own last runs), with that
+        scheduler's run count and last run. A slot of it already passed is treated as one
+        passed while paused: that scheduler may have sent it without its store saying so yet
+        (django-celery-beat saves its last runs every few minutes).
         """
         keys = self.keys(queue)
         for _ in range(self._RESUME_ATTEMPTS):
@@ -867,6 +880,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 return False
             now = self._now(now_ms)
             parked = registration.next_run_ms  # a paused registration's parked next run
+            if seed is not None:
+                parked = seed.first_run_ms
             cadence = registration.definition.cadence
             if parked is None:
                 next_ms = registration.definition.first_run(now, created=False)
@@ -885,7 +900,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 result = int(
                     self.scripts.resume(
                         keys=[keys.registry, keys.record(name)],
-                        args=[name, min(next_ms, NEVER_MS), keys.wake_channel, *as_read, now],
+                        args=[
+                            *(name, min(next_ms, NEVER_MS), keys.wake_channel, *as_read, now),
+                            *_flatten(_counters(seed)),
+                        ],
                     )
                 )
             if result == -1:
@@ -1522,6 +1540,13 @@ _MAX_STALE_SHAPES = 4096
 _Shared = tuple[list[str], list[str], str, str | None]
 # upsert.lua's items, one JSON argument (one encoder, built once).
 _PAYLOAD = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _counters(seed: Seed | None) -> dict[str, str]:
+    """The run count and last run a resume from `seed` writes (none without one)."""
+    if seed is None:
+        return {}
+    return {k: v for k, v in seed.fields().items() if k in ("fired", "last_fired_ms")}
 
 
 def _share_stale(payload: list[list[Any]]) -> list[list[str]]:

@@ -11,6 +11,8 @@
 -- ARGV[5]  its `cadence_digest` as read ('' when none)
 -- ARGV[6]  its `last_due_ms` as read ('' when none): the last fired slot
 -- ARGV[7]  now, epoch ms (`completed_ms` if the resume completes it)
+-- ARGV[8..] record fields and values written when it resumes (an importer's cut-over: the
+--          replaced scheduler's run count and last run; may be absent)
 --
 -- The next run was derived from ARGV[4..6]. If one of them changed since the read (another
 -- writer resumed, a pump fired a slot, the registration was paused again or given another
@@ -34,6 +36,7 @@ if last and tonumber(ARGV[2]) <= last then return -2 end
 -- stopped is resumed the same way; resuming clears the failure streak.
 redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures')
 redis.call('HDEL', KEYS[2], 'paused_note', 'paused_by', 'paused_ms')  -- pause.lua's note
+if #ARGV > 7 then redis.call('HSET', KEYS[2], unpack(ARGV, 8)) end
 local score = ARGV[2]
 local f = redis.call('HMGET', KEYS[2], 'end_ms', 'at', 'remaining', 'limit', 'completed')
 local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))

@@ -118,8 +118,10 @@ def apply_import(
 
     The cut-over without double firing: `paused` creates every registration paused (the
     old scheduler still runs them); once it is stopped, `resume` resumes the paused
-    registrations whose schedule is enabled there (`Repeat.resume`: from their next slot
-    after now, so no slot the old scheduler fired runs again).
+    registrations whose schedule is enabled there from the slot it would fire next, read
+    from it again (`Repeat.resume(seed=...)`: its runs meanwhile moved its last run, so no
+    slot it fired runs again, and none comes early; one already passed is not fired), with
+    its run count and last run.
     """
     if strict and plan.refused:
         reasons = "; ".join(r.line() for r in plan.refused)
@@ -179,7 +181,7 @@ def apply_import(
             d = entry.declaration
             if not entry.seed.paused and _owned(repeat, entry, plan.source):
                 try:
-                    if repeat.resume(d.queue, d.name):
+                    if repeat.resume(d.queue, d.name, seed=entry.seed):
                         result.resumed.append(entry)
                 except KeyError:  # removed meanwhile: nothing to resume
                     continue

@@ -277,6 +277,40 @@ def test_a_cut_over_imports_paused_then_resumes_only_what_redbeat_runs(
     assert snapshot(repeat) == state
 
 
+def test_a_cut_over_resumes_where_redbeat_would_fire_next_after_its_runs_meanwhile(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    # Staged 50 minutes after its last run, an hourly entry is paused at its slot 10 minutes
+    # on. redbeat's beat, still running, then sends it (a restart caught it up, say): at the
+    # cut-over it is resumed at redbeat's next slot, an hour on, not 10 minutes after a run.
+    now = datetime.now(timezone.utc)
+    save(
+        redbeat_app, "hourly", schedule(timedelta(hours=1)), last_run_at=now - timedelta(minutes=50)
+    )
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    assert run(*args, "--paused").exit_code == 0
+    staged = repeat.get("celery", "hourly")
+    assert staged.paused and staged.fired == 0
+    entry = RedBeatSchedulerEntry.from_key(key_prefix + "hourly", app=redbeat_app)
+    sent = next(entry)  # what redbeat's scheduler does as it sends the task
+    due, redbeat_next = redbeat_next_ms(redbeat_app, "hourly")
+    assert not due
+
+    cut = run(*args, "--resume")
+    assert cut.exit_code == 0, cut.output
+    assert "1 resumed" in cut.stderr, cut.stderr
+    hourly = repeat.get("celery", "hourly")
+    assert not hourly.paused
+    assert hourly.next_run_ms is not None and staged.next_run_ms is not None
+    assert math.isclose(hourly.next_run_ms, redbeat_next, abs_tol=1000)
+    assert hourly.next_run_ms > staged.next_run_ms + 45 * 60_000
+    # Its run count and last run are redbeat's now.
+    assert hourly.fired == 1
+    assert hourly.last_fired_ms is not None
+    assert abs(hourly.last_fired_ms - sent.last_run_at.timestamp() * 1000) < 1
+
+
 def test_an_unreachable_redbeat_is_named_in_one_line_and_nothing_is_written(
     run: Run, repeat: Repeat
 ) -> None:
