@@ -16,6 +16,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import click
 import redis
 
+from ..errors import InvalidName
+from ..keys import validate_name
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
 from ..migrate.plan import ImportPlan, apply_import, queues_note, result_lines
 from ..urls import client_from_url, redact_url
@@ -96,9 +98,20 @@ def _zone(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return validate_name(value, "queue")
+    except InvalidName as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 _COMMON = [
     click.option(
-        "--queue", default="celery", show_default=True, help="Queue of tasks naming none."
+        "--queue",
+        default="celery",
+        show_default=True,
+        callback=_queue,
+        help="Queue of tasks naming none.",
     ),
     click.option(
         "--timezone",

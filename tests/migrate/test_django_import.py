@@ -259,6 +259,21 @@ def test_a_bad_database_url_is_a_one_line_error(
     ]
 
 
+def test_a_bad_default_queue_is_refused_before_any_row_is_read(redis_url: str, prefix: str) -> None:
+    # What `manage.py emq_import --queue` passes on: refused (a CommandError, one line)
+    # rather than every row naming no queue refused and the others imported.
+    from emq_bridge.celery.importers.django.reader import read_periodic_tasks
+    from emq_bridge.errors import InvalidName
+
+    with pytest.raises(InvalidName, match="must not contain"):
+        read_periodic_tasks(now_ms=0, queue="a{b")
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command += ["import", "django-celery-beat", "--database-url", "sqlite:///x", "--queue", ""]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Invalid value for '--queue': queue must not be empty" in result.stderr
+
+
 def test_a_row_celery_refuses_is_listed_with_the_reason_and_the_others_are_read(
     databases: dict[str, str],
 ) -> None:

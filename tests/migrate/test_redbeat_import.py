@@ -319,3 +319,18 @@ def test_an_unreachable_redbeat_is_named_in_one_line_and_nothing_is_written(
     assert result.stderr.startswith("Error: cannot read celery-redbeat at redis://127.0.0.1:1/0")
     assert len(result.stderr.strip().splitlines()) == 1
     assert snapshot(repeat) == {}
+
+
+@pytest.mark.parametrize("queue", ["a{b", "", "two words"])
+def test_a_bad_default_queue_is_a_usage_error_and_nothing_is_written(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery, queue: str
+) -> None:
+    # An entry naming its own queue would have been written, the others refused, exit 0.
+    save(redbeat_app, "routed", schedule(timedelta(hours=1)), options={"queue": "special"})
+    save(redbeat_app, "plain", schedule(timedelta(hours=1)))
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    result = run("import", "redbeat", "--from", redis_url, "--prefix", key_prefix, "--queue", queue)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--queue'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert snapshot(repeat) == {}

@@ -19,6 +19,7 @@ from celery import Celery
 
 from ...definition import Declaration, Definition
 from ...errors import ConfigError, EmqError
+from ...keys import validate_name
 from ...migrate.plan import Imported, ImportPlan, Refusal
 from ...registry import Seed
 from ...replies import text
@@ -35,7 +36,9 @@ _SCAN_COUNT = 1000
 
 def importer_app(timezone: str = "UTC", queue: str = "celery") -> Celery:
     """Return the bare Celery app an import converts with: its zone is the crontabs' zone,
-    its default queue the queue of entries whose options name none."""
+    its default queue the queue of entries whose options name none (`InvalidName` unless
+    it is a valid queue name: else every entry naming none is refused, the rest written)."""
+    validate_name(queue, "queue")
     app = Celery("emq-import", set_as_current=False)
     app.conf.update(timezone=timezone, enable_utc=True, task_default_queue=queue)
     return app

@@ -23,6 +23,7 @@ from celery.schedules import crontab, schedule
 from ....cadence import At
 from ....definition import Declaration, Definition
 from ....errors import ConfigError, EmqError
+from ....keys import validate_name
 from ....migrate.plan import Imported, ImportPlan, Refusal
 from ....millis import floor_ms
 from ....registry import Seed
@@ -50,6 +51,7 @@ def read_periodic_tasks(
     `queue` is the queue of rows that name none (Celery's `task_default_queue`). Django
     must be set up (inside the project, or `standalone.setup`).
     """
+    validate_name(queue, "queue")  # else every row naming none is refused, the rest written
     from django.db import Error as DatabaseError  # type: ignore[import-untyped]
     from django_celery_beat.models import PeriodicTask  # type: ignore[import-untyped]
 
