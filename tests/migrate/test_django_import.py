@@ -290,9 +290,15 @@ def test_a_row_celery_refuses_is_listed_with_the_reason_and_the_others_are_read(
     db.create(name="feb-30", task="proj.tasks.run", crontab=never)
     db.create(name="micro", task="proj.tasks.run", interval=micro)
     db.create(name="fine", task="proj.tasks.run", interval=minute)
+    # JSON null, which django-celery-beat runs as no arguments: imported as none.
+    nulls = {"args": "null", "kwargs": "null", "headers": "null"}
+    db.create(name="nulls", task="proj.tasks.run", interval=minute, **nulls)
     try:
         plan = read_periodic_tasks(now_ms=ms(datetime.now(timezone.utc)), using="default")
-        assert [e.declaration.name for e in plan.entries] == ["fine"]
+        assert sorted(e.declaration.name for e in plan.entries) == ["fine", "nulls"]
+        by_name = {e.declaration.name: e.declaration.definition.template for e in plan.entries}
+        assert (by_name["nulls"]["args"], by_name["nulls"]["kwargs"]) == ([], {})
+        assert by_name["nulls"]["options"] == {"headers": {"periodic_task_name": "nulls"}}
         reasons = {r.origin: r.reason for r in plan.refused}
         assert set(reasons) == {"periodic task 'feb-30'", "periodic task 'micro'"}
         assert reasons["periodic task 'feb-30'"].startswith("Celery refuses it: ")

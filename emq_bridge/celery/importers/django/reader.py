@@ -152,6 +152,11 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         headers = json.loads(row.headers or "{}")
     except ValueError as exc:
         raise Unrepresentable(f"its args, kwargs or headers are not JSON: {exc}") from exc
+    # JSON null: django-celery-beat sends it as None, which Celery sends as no arguments.
+    args, kwargs, headers = (
+        empty if value is None else value
+        for value, empty in ((args, []), (kwargs, {}), (headers, {}))
+    )
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(headers, dict):
         raise Unrepresentable("args must be a JSON array, kwargs and headers JSON objects")
     raw_options: dict[str, Any] = {
