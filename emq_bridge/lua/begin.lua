@@ -16,10 +16,15 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local current = redis.call('HGET', KEYS[1], 'inflight')
-if current and current ~= ARGV[1] then
-  local live = redis.call('ZSCORE', KEYS[2], current)
-  if live and tonumber(live) > now then return 0 end
+-- The `inflight` occurrence, and those in flight beside it (`inflight_also`, report.lua).
+local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also')
+local others = {cur[1] or nil}  -- (a missing field reads as false)
+for member in string.gmatch(cur[2] or '', '[^\n]+') do others[#others + 1] = member end
+for _, other in ipairs(others) do
+  if other ~= ARGV[1] then
+    local live = redis.call('ZSCORE', KEYS[2], other)
+    if live and tonumber(live) > now then return 0 end
+  end
 end
 if ARGV[3] == '1' then return 1 end
 redis.call('HSET', KEYS[1], 'inflight', ARGV[1])

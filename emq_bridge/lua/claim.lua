@@ -169,12 +169,16 @@ local function read_record(record)
   return {f[1], f[2], remaining or nil, f[3], f[4], f[5]}
 end
 
--- The member of the occurrence of `record` in flight, if its lost deadline has not passed.
+-- The member of an occurrence of `record` in flight whose lost deadline has not passed: its
+-- `inflight` one, else one in flight beside it (`inflight_also`, report.lua), or nil.
 local function in_flight(record)
-  local member = redis.call('HGET', record, 'inflight')
-  if not member then return nil end
-  local live = redis.call('ZSCORE', running, member)
-  if live and tonumber(live) > server_now then return member end
+  local f = redis.call('HMGET', record, 'inflight', 'inflight_also')
+  local members = {f[1] or nil}  -- (a missing field reads as false)
+  for member in string.gmatch(f[2] or '', '[^\n]+') do members[#members + 1] = member end
+  for _, member in ipairs(members) do
+    local live = redis.call('ZSCORE', running, member)
+    if live and tonumber(live) > server_now then return member end
+  end
   return nil
 end
 

@@ -63,7 +63,31 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       if not last or tonumber(due) >= last then
         redis.call('HSET', record, 'last_status', 'lost', 'last_id', id, 'last_due', due)
       end
-      if redis.call('HGET', record, 'inflight') == member then
+      -- The occurrences in flight beside it (report.lua's `inflight_also`): it leaves them,
+      -- and when it was the `inflight` one, the first of them still live takes its place.
+      local state = redis.call('HMGET', record, 'inflight', 'inflight_also')
+      local promoted = nil
+      if state[2] then
+        local kept = {}
+        for other in string.gmatch(state[2], '[^\n]+') do
+          local live = redis.call('ZSCORE', running, other)
+          if other ~= member and live and tonumber(live) > now then
+            if state[1] == member and not promoted then
+              promoted = other
+            else
+              kept[#kept + 1] = other
+            end
+          end
+        end
+        if #kept > 0 then
+          redis.call('HSET', record, 'inflight_also', table.concat(kept, '\n'))
+        else
+          redis.call('HDEL', record, 'inflight_also')
+        end
+      end
+      if state[1] == member and promoted then
+        redis.call('HSET', record, 'inflight', promoted)
+      elseif state[1] == member then
         redis.call('HDEL', record, 'inflight')
         local slot = redis.call('HGET', record, 'buffered')
         if slot and redis.call('HGET', record, 'paused') == '1' then

@@ -55,6 +55,24 @@ local function find(history, id)
   return nil, nil
 end
 
+-- A guarded registration's occurrences in flight besides its `inflight` one (a manual trigger
+-- started while a slot runs, whatever the policy), newline-separated in `inflight_also`, at
+-- most ALSO_MAX: when the `inflight` one ends, the first of them still live takes its place,
+-- so the registration stays in flight while any of them runs (claim.lua and begin.lua read
+-- both fields).
+local ALSO_MAX = 16
+local function members_of(raw)
+  local out = {}
+  if raw then
+    for member in string.gmatch(raw, '[^\n]+') do out[#out + 1] = member end
+  end
+  return out
+end
+local function live(member)
+  local deadline = redis.call('ZSCORE', running, member)
+  return deadline and tonumber(deadline) > now
+end
+
 local function release_buffered(record, name)
   local slot = redis.call('HGET', record, 'buffered')
   if not slot then return end
@@ -105,7 +123,7 @@ for i, report in ipairs(reports) do
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
   -- occurrence in flight, whether there is a failure streak to clear, and the overlap policy.
   local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures',
-                          'overlap')
+                          'overlap', 'inflight_also')
   if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
       if redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
@@ -168,8 +186,17 @@ for i, report in ipairs(reports) do
         if kind == 'started' then
           set('last_started_ms', at)
           redis.call('ZADD', running, now + ttl, member)
-          local live = inflight and inflight ~= member and redis.call('ZSCORE', running, inflight)
-          if not live or tonumber(live) <= now then set('inflight', member) end
+          if not (inflight and inflight ~= member and live(inflight)) then
+            set('inflight', member)
+          elseif cur[5] then  -- guarded, and another occurrence runs: in flight beside it
+            local also, known = members_of(cur[6]), false
+            for _, other in ipairs(also) do known = known or other == member end
+            if not known then
+              also[#also + 1] = member
+              if #also > ALSO_MAX then table.remove(also, 1) end
+              set('inflight_also', table.concat(also, '\n'))
+            end
+          end
           redis.call('HSET', record, unpack(sets, 1, ns))
         elseif kind == 'retrying' then
           -- In flight until its next attempt starts: the retry's countdown, then as long as a
@@ -211,15 +238,39 @@ for i, report in ipairs(reports) do
             set('last_error', error)
             set('last_failure_ms', at)
           end
-          if inflight == member then
+          -- The occurrences in flight beside it: this one leaves them, and when it was the
+          -- `inflight` one, the first of them still live takes its place.
+          local promoted = nil
+          if cur[6] then
+            local kept = {}
+            for _, other in ipairs(members_of(cur[6])) do
+              if other ~= member and live(other) then
+                if inflight == member and not promoted then
+                  promoted = other
+                else
+                  kept[#kept + 1] = other
+                end
+              end
+            end
+            if #kept > 0 then
+              set('inflight_also', table.concat(kept, '\n'))
+            else
+              nd = nd + 1
+              drop[nd] = 'inflight_also'
+            end
+          end
+          if inflight == member and promoted then
+            set('inflight', promoted)
+          elseif inflight == member then
             nd = nd + 1
             drop[nd] = 'inflight'
           end
           redis.call('HSET', record, unpack(sets, 1, ns))
           if nd > 0 then redis.call('HDEL', record, unpack(drop, 1, nd)) end
-          local name = (failures > 0 or inflight == member) and string.match(member, '^(%S+)')
+          local freed = inflight == member and not promoted
+          local name = (failures > 0 or freed) and string.match(member, '^(%S+)')
           if failures > 0 then pause_after_failures(record, name, failures, error) end
-          if inflight == member then release_buffered(record, name) end
+          if freed then release_buffered(record, name) end
         end
       end
     end

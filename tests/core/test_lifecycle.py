@@ -181,6 +181,57 @@ def test_skip_sends_nothing_while_one_is_in_flight(any_repeat: Repeat) -> None:
     ]
 
 
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "replace"])
+def test_a_trigger_started_while_a_slot_runs_holds_the_registration_after_that_slot_ends(
+    any_repeat: Repeat, policy: str
+) -> None:
+    # A trigger is sent whatever the policy; once running, it is in flight as a slot is:
+    # the slot running beside it ends, and the next slot is still held back by the trigger.
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap=policy, now_ms=t0)
+    dispatcher = Revoking()
+    pump = Pump(any_repeat, ["q"], dispatcher)
+    (slot,) = _fire(pump, t0 + 1000)
+    assert any_repeat.started(slot)
+    any_repeat.trigger("q", "job", now_ms=t0 + 1200)
+    (manual,) = _fire(pump, t0 + 1300)
+    assert manual.triggered
+    assert any_repeat.started(manual)
+    assert any_repeat.finished(slot, ok=True)
+    registration = any_repeat.get("q", "job")
+    assert registration is not None and registration.inflight == manual.lease_member
+    held = _fire(pump, t0 + 2000)
+    if policy == "replace":  # sent, and the trigger in flight is revoked, not left running
+        assert [o.due_ms for o in held] == [t0 + 2000]
+        assert dispatcher.revoked == [manual.id]
+    else:  # skipped, or kept for when the trigger ends
+        assert held == []
+        assert any_repeat.finished(manual, ok=True)
+        after = _fire(pump, t0 + 3000)
+        expected = [t0 + 2000] if policy == "buffer_one" else [t0 + 3000]
+        assert [o.due_ms for o in after] == expected
+
+
+def test_an_occurrence_in_flight_beside_a_lost_one_takes_its_place(repeat: Repeat) -> None:
+    t0 = _start(repeat)
+    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
+    heard = Heard()
+    pump = Pump(repeat, ["q"], RecordingDispatcher(), listeners=[heard])
+    (slot,) = _fire(pump, t0 + 1000)
+    repeat.report([report_of("started", slot)], heartbeat_ttl_ms=200)
+    repeat.trigger("q", "job", now_ms=t0 + 1100)
+    (manual,) = _fire(pump, t0 + 1200)
+    repeat.report([report_of("started", manual)], heartbeat_ttl_ms=60_000)
+    time.sleep(0.3)  # the slot's worker is silent: it is lost; the trigger's runs on
+    now = repeat.server_time_ms()
+    assert _fire(pump, now) == []
+    assert heard.lost == [("job", t0 + 1000, slot.id)]
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.inflight == manual.lease_member
+    assert repeat.finished(manual, ok=True)
+    assert len(_fire(pump, now + 1000)) == 1
+
+
 def test_skip_counts_a_sent_but_unstarted_occurrence_as_in_flight(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
