@@ -98,6 +98,8 @@ class _Sending:
     """
 
     deadline: int
+    # When (monotonic) the batch's leases were taken, about: from before its claim.
+    begun: float = field(default_factory=time.monotonic)
     outcomes: list[BaseException | None] = field(default_factory=list)
 
 
@@ -292,6 +294,7 @@ class Pump:
         what was not sent is handed back (an interruption, a stop), what can never be sent
         is parked; only a refused send keeps its lease, to be retried when it expires.
         """
+        begun = time.monotonic()  # the leases' age counts from here, before the claim
         redeliveries, corrupt = self._parse_leases(queue, expired)
         if corrupt:
             expired = [m for m in expired if m not in corrupt]
@@ -342,7 +345,7 @@ class Pump:
         if corrupt:  # garbage holds no deadline of ours: dropped unfenced
             self.repeat.ack(queue, sorted(corrupt))
         batch: list[Occurrence] = []
-        sending = _Sending(now_ms + self.lease_ms)
+        sending = _Sending(now_ms + self.lease_ms, begun)
         try:
             self._send_claimed(queue, now_ms, claim, candidates, firings, records, batch, sending)
         except BaseException:
@@ -741,8 +744,9 @@ class Pump:
         while earlier ones were sent and another pump took it, so it was not sent, or
         `_UNSENT`: the pump was asked to stop and `STOP_GRACE_S` passed, so it was not sent.
         One at a time, the batch's leases (those sent, acked at the end, and those still to
-        send) are extended whenever half the lease has passed, so a slow send re-sends at most
-        itself, not the rest of its batch. A batch dispatcher's batch is one send, always
+        send) are extended whenever half the lease has passed since the claim, so a slow send
+        re-sends at most itself, not the rest of its batch, and a pump held before its first
+        send sends none another pump took meanwhile. A batch dispatcher's batch is one send, always
         finished.
         """
         if not batch:
@@ -757,7 +761,9 @@ class Pump:
                 outcomes[:] = [failure] * len(batch)
             return
         deadline = sending.deadline
-        started = last = time.monotonic()
+        # From the claim, not the first send: a stall before it (a listener, a GC pause, a
+        # frozen process) past half the lease is caught before anything is sent.
+        started = last = sending.begun
         held: set[str] | None = None
         stopping_since: float | None = None
         for index, occurrence in enumerate(batch):

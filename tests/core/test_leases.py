@@ -58,8 +58,23 @@ class Lost(PumpEvents):
         self.names.append(occurrence.name)
 
 
-def race(redis_url: str, prefix: str, seconds: dict[str, float]) -> tuple[Counter[str], Lost]:
-    """Pump A sends five due occurrences slowly, leases 0.4 s; pump B ticks all along."""
+class Stall(PumpEvents):
+    """A listener that holds the pump `seconds` once it has claimed (a slow listener, a GC
+    pause or a frozen process between the claim and the first send)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_claim(self, queue: str, occurrences: list[Occurrence]) -> None:
+        time.sleep(self.seconds)
+        self.seconds = 0
+
+
+def race(
+    redis_url: str, prefix: str, seconds: dict[str, float], stall_s: float = 0
+) -> tuple[Counter[str], Lost]:
+    """Pump A sends five due occurrences slowly, leases 0.4 s, after holding `stall_s` once
+    it has claimed them; pump B ticks all along."""
     setup = Repeat(redis.Redis.from_url(redis_url), prefix)
     now = setup.server_time_ms()
     offset = quiet_offset()  # a top of the hour mid-race would make each job due again
@@ -68,7 +83,7 @@ def race(redis_url: str, prefix: str, seconds: dict[str, float]) -> tuple[Counte
             "q", f"job-{i}", every="1h", offset=offset, template=TEMPLATE, now_ms=now - HOUR - 10
         )
     slow, fast, lost = Slow(seconds), RecordingDispatcher(), Lost()
-    a = Pump(setup, ["q"], slow, lease_ms=400, listeners=[lost])
+    a = Pump(setup, ["q"], slow, lease_ms=400, listeners=[lost, Stall(stall_s)])
     done = threading.Event()
     thread = threading.Thread(target=lambda: (a.run_once(), done.set()))
     thread.start()
@@ -104,3 +119,13 @@ def test_one_send_slower_than_the_lease_duplicates_at_most_itself(
     }
     assert 1 <= sends["job-0"] <= 2
     assert sorted(lost.names) == [f"job-{i}" for i in range(1, 5)]
+
+
+def test_a_pump_held_between_its_claim_and_its_first_send_sends_none_another_took(
+    redis_url: str, prefix: str
+) -> None:
+    # A is held 0.9 s, over twice its lease, before it sends anything: B re-takes and sends
+    # the five. A checks its leases before its first send and sends none of them.
+    sends, lost = race(redis_url, prefix, {f"job-{i}": 0.0 for i in range(5)}, stall_s=0.9)
+    assert sends == Counter({f"job-{i}": 1 for i in range(5)})
+    assert sorted(lost.names) == [f"job-{i}" for i in range(5)]
