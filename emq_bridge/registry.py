@@ -1609,7 +1609,8 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         buffered_due_ms=_optional_int(fields, "buffered"),
         completed=_completed(fields),
         completed_ms=_optional_int(fields, "completed_ms"),
-        remaining=_counter(fields, "remaining") if fields.get("remaining") else None,
+        # Below 0 in the record when the limit was lowered under the runs made (upsert.lua).
+        remaining=max(0, _counter(fields, "remaining")) if fields.get("remaining") else None,
         paused_note=(fields.get("paused_note") or None) if paused else None,
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,

@@ -43,7 +43,8 @@
 -- (score +inf). A record whose registry member went missing gets it back (repair).
 -- A score never moves to a slot at or before the last fired one (`after_fired`).
 -- Bounds (bounds.py): a created record with a `limit` gets `remaining` = limit; an update
--- that changes the limit moves `remaining` by the difference (never below 0); any score
+-- that changes the limit moves `remaining` by the difference (below 0 when the limit goes
+-- under the runs made: `rebase_limit`); any score
 -- written past the record's last instant (`end_ms`, the last of `at`), or with no run left,
 -- completes it (+inf, `completed`, `completed_ms`), as claim.lua does. A changed definition
 -- of a completed record re-derives its next run, as a changed cadence does, so extending
@@ -111,7 +112,10 @@ local function place(record, score)
   return '+inf'
 end
 
--- Set `remaining` after the limit went from `before` to the record's `limit` now.
+-- Set `remaining` after the limit went from `before` to the record's `limit` now. It goes
+-- below 0 when the limit is lowered under the runs made (the registration completes): the
+-- runs made stay `limit - remaining`, so raising the limit again gives back only the
+-- difference to them, never a run past the limit. Readers show less than 0 as 0.
 local function rebase_limit(record, before, remaining)
   local limit = redis.call('HGET', record, 'limit')
   if not limit then
@@ -119,7 +123,7 @@ local function rebase_limit(record, before, remaining)
   elseif limit ~= before then
     local left = tonumber(limit)
     if before and tonumber(remaining) then left = tonumber(remaining) + left - tonumber(before) end
-    redis.call('HSET', record, 'remaining', string.format('%d', math.max(0, left)))
+    redis.call('HSET', record, 'remaining', string.format('%d', left))
   end
 end
 

@@ -300,6 +300,34 @@ def test_limit_counts_runs_not_triggers_and_completes(repeat: Repeat) -> None:
     assert again is not None and again.completed is None and again.remaining == 2
 
 
+def test_a_limit_lowered_under_the_runs_made_then_raised_never_allows_more_runs(
+    repeat: Repeat,
+) -> None:
+    clock = ManualClock(datetime(2030, 1, 1, 10, 7, 23, tzinfo=UTC))
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder, clock=clock)
+
+    def limit(n: int) -> None:
+        repeat.upsert("q", "job", every="1m", limit=n, template=TEMPLATE, now_ms=clock())
+
+    def run(minutes: int) -> None:
+        for _ in range(minutes * 2):
+            pump.run_once()
+            clock.advance(30_000)
+
+    limit(3)
+    run(5)
+    assert len(recorder.occurrences) == 3  # completed
+    limit(1)  # under the 3 runs made: completed, 0 remaining shown
+    lowered = repeat.get("q", "job")
+    assert lowered is not None and lowered.completed == "limit" and lowered.remaining == 0
+    limit(4)  # one run more than the 3 made
+    run(5)
+    assert len(recorder.occurrences) == 4
+    done = repeat.get("q", "job")
+    assert done is not None and done.completed == "limit" and done.remaining == 0
+
+
 def test_limit_with_three_racing_pumps_runs_exactly_n_times(repeat: Repeat) -> None:
     import threading
 
