@@ -37,7 +37,7 @@ from .cadence import (
 )
 from .calendars import Calendar, ExcludeItem, resolve_exclude
 from .errors import ScheduleError
-from .jitter import parse_jitter, reseed, shape, shaped_from_fields
+from .jitter import bound_jitter, parse_jitter, reseed, shape, shaped_from_fields
 from .keys import validate_name
 from .labels import Labels, check_labels, decode_labels, encode_labels
 from .template import (
@@ -143,6 +143,7 @@ class Definition:
         check_policies(self.overlap, self.pause_after_failures)
         if not isinstance(self.bounds, Bounds):
             raise ScheduleError(f"bounds must be a Bounds, got {type(self.bounds).__name__}")
+        object.__setattr__(self, "cadence", bound_jitter(self.cadence, self.bounds.end_ms))
         self.bounds.check(self.cadence)
         # A frozen dataclass sets its derived fields through object.__setattr__.
         labels = _NO_LABELS if _no_labels(self.labels) else freeze(check_labels(self.labels))
@@ -210,6 +211,7 @@ class Definition:
         misfire, window, most = misfire_from_fields(fields)
         overlap, pause_after = policies_from_fields(fields)
         bounds = Bounds.from_fields(fields)
+        cadence = bound_jitter(cadence, bounds.end_ms)
         bounds.check(cadence)
         raw = join_template(fields)
         template = decode_frozen(raw)

@@ -12,7 +12,7 @@ set) has no nominal slot in reach and is its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from .cadence import (
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_JITTER_MS",
     "Jittered",
     "base_cadence",
+    "bound_jitter",
     "last_slot",
     "nominal_of",
     "nominal_slot",
@@ -62,6 +63,10 @@ class Jittered:
     inner: Cadence
     jitter_ms: int
     seed: str
+    # The registration's `end_at` (`bound_jitter`): a slot at or before it is sent at it at
+    # the latest, so its jitter never carries it past the end, where it would not fire.
+    # Not a record field: the definition's bounds hold it.
+    end_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.jitter_ms, bool) or not isinstance(self.jitter_ms, int):
@@ -83,6 +88,8 @@ class Jittered:
     def at(self, nominal_ms: int) -> int:
         """The instant the nominal slot `nominal_ms` is sent at (`NEVER_MS` past year 9999)."""
         sent = nominal_ms + self.offset(nominal_ms)
+        if self.end_ms is not None and nominal_ms <= self.end_ms < sent:
+            sent = self.end_ms  # still after its slot, and the largest slot up to it is it
         return sent if sent <= LATEST_MS else NEVER_MS
 
     def nominal(self, score_ms: int) -> int:
@@ -108,6 +115,14 @@ class Jittered:
 
     def describe(self) -> str:
         return f"{self.inner.describe()}, jitter up to {_words(self.jitter_ms)}"
+
+
+def bound_jitter(cadence: Cadence, end_ms: int | None) -> Cadence:
+    """Return `cadence` with its jitter bounded by the registration's end `end_ms` (see
+    `Jittered.end_ms`): itself when it has no jitter or is bounded so already."""
+    if isinstance(cadence, Jittered) and cadence.end_ms != end_ms:
+        return replace(cadence, end_ms=end_ms)
+    return cadence
 
 
 def nominal_of(inner: Cadence, score_ms: int, reach_ms: int) -> int:
@@ -187,7 +202,7 @@ def reseed(cadence: Cadence, seed: str) -> Cadence:
         inner = reseed(cadence.inner, seed)
         if cadence.seed and inner is cadence.inner:
             return cadence
-        return Jittered(inner, cadence.jitter_ms, cadence.seed or seed)
+        return Jittered(inner, cadence.jitter_ms, cadence.seed or seed, cadence.end_ms)
     if isinstance(cadence, Excluding):
         inner = reseed(cadence.inner, seed)
         if inner is cadence.inner:

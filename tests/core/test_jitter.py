@@ -259,3 +259,36 @@ def test_a_start_at_inside_a_slots_jitter_begins_at_the_next_slot() -> None:
     first = Bounds(start_ms=start).first_run(cadence, now_ms=slot - MIN)
     assert first == cadence.at(slot + MIN)
     assert nominal_of(every, first, 50_000) == slot + MIN
+
+
+@pytest.mark.parametrize("seed", ["a", "b", "c", "d", "e", "f"])
+def test_the_last_slot_before_the_end_fires_whatever_its_jitter(repeat: Repeat, seed: str) -> None:
+    # An end at 12:00 takes the 12:00 slot (end_at is inclusive); its jittered instant would
+    # fall after the end, so it is sent at the end at the latest, and fires.
+    t0 = ms(datetime(2030, 1, 1, 9, 30, tzinfo=UTC))
+    end = "2030-01-01T12:00:00Z"
+    definition = define(every="1h", jitter="30m", end_at=end, seed=seed, template={"task": "t"})
+    repeat.upsert("q", seed, definition=definition, now_ms=t0)
+    registration = repeat.get("q", seed)
+    assert registration is not None
+    slots = [t0 + i * 30 * MIN for i in (1, 3, 5)]  # 10:00, 11:00, 12:00
+    upcoming = registration.upcoming(5)
+    assert len(upcoming) == 3 and upcoming[-1] == slots[-1]  # the last: sent at the end
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder)
+    for minute in range(4 * 60):
+        pump.run_once(t0 + minute * MIN)
+    assert [o.due_ms for o in recorder.occurrences] == slots
+    done = repeat.get("q", seed)
+    assert done is not None and done.completed == "end_at" and done.missed == 0
+
+
+def test_an_outage_across_the_end_fires_the_last_slot_before_it(repeat: Repeat) -> None:
+    t0 = ms(datetime(2030, 1, 1, 5, 0, tzinfo=UTC))
+    definition = define(every="1h", jitter="1h", end_at="2030-01-01T08:09:00Z", template={})
+    repeat.upsert("q", "late", definition=definition, now_ms=t0)
+    recorder = RecordingDispatcher()
+    Pump(repeat, ["q"], recorder).run_once(t0 + 5 * 60 * MIN)  # no pump from 05:00 to 10:00
+    assert [o.due_ms for o in recorder.occurrences] == [t0 + 3 * 60 * MIN]  # 08:00 ("latest")
+    done = repeat.get("q", "late")
+    assert done is not None and done.missed == 2  # 06:00 and 07:00
