@@ -144,8 +144,8 @@ class LoggingEvents(PumpEvents):
 
     def on_redispatch(self, occurrence: Occurrence) -> None:
         log.warning(
-            "%s/%s: occurrence %s (due %s) was not acked before its lease expired; "
-            "sending it again with the same id",
+            "%s/%s: occurrence %s (due %s) was not acked before its lease expired (or a "
+            "stopping pump handed it back); sending it again with the same id",
             occurrence.queue,
             occurrence.name,
             occurrence.id,
