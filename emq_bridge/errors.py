@@ -36,7 +36,8 @@ class RegistryError(EmqError):
 
 
 class RegistryUnavailable(RegistryError):
-    """Redis could not be reached or answered with a connection-level error."""
+    """Redis could not be reached, answered with a connection-level error, or cannot serve
+    the request while a failover is under way (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, READONLY)."""
 
 
 class CorruptRecord(RegistryError):

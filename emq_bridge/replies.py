@@ -23,6 +23,15 @@ def text(value: Any) -> str:
     return str(value)
 
 
+# What a server answers while a failover is under way (a cluster slot without its master,
+# a replica not yet promoted): an outage, not a broken registry.
+_FAILING_OVER = (
+    redis.exceptions.ClusterDownError,  # and MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+)
+
+
 @contextmanager
 def redis_errors(action: str) -> Iterator[None]:
     """Map redis-py's exceptions to ours at this one boundary."""
@@ -34,5 +43,9 @@ def redis_errors(action: str) -> Iterator[None]:
         ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise RegistryUnavailable(f"{action}: Redis is unreachable ({type(exc).__name__})") from exc
+    except _FAILING_OVER as exc:
+        # A cluster or a replica in the middle of a failover: an outage, retried and told
+        # once, not a broken registry (a read-only replica named by mistake says so too).
+        raise RegistryUnavailable(f"{action}: Redis cannot serve it now: {exc}") from exc
     except redis.RedisError as exc:
         raise RegistryError(f"{action}: {exc}") from exc
