@@ -4,15 +4,17 @@ Dramatiq has no beat for sentry-sdk to patch; emq-bridge's occurrences are the s
 runs. `SentryCrons` is a middleware that sends, with `sentry_sdk.crons.capture_checkin`, an
 `in_progress` check-in when a worker starts a message emq-bridge sent, and `ok` or `error`
 (with its duration) when it ends: the check-ins Celery's beat and workers send with
-`CeleryIntegration(monitor_beat_tasks=True)`. The monitor slug is the registration's name;
-its config, for schedules declared on the broker's actors, their cron expression and time
-zone or their whole-minute interval, so Sentry creates the monitor and knows when a run is
-missed. The check-in id is the occurrence id (as hex), so every attempt and every re-send of
-one occurrence is one check-in.
+`CeleryIntegration(monitor_beat_tasks=True)`. The monitor slug is the registration's name
+(`<queue>-<name>` for a name declared on several queues); its config, for schedules declared
+on the broker's actors, their cron expression and time zone or their whole-minute interval,
+so Sentry creates the monitor and knows when a run is missed. The check-in id is the
+occurrence id (as hex), so every attempt and every re-send of one occurrence is one check-in.
 
 Triggered occurrences (runs off the schedule), declared schedules Sentry Crons cannot take
-(under a minute, a seconds field), and messages emq-bridge did not send get no check-in; a
-registration added at runtime (not declared on an actor) gets check-ins without a config.
+(under a minute, a seconds field, `H`, exclusions: one WARNING each) and messages emq-bridge
+did not send get no check-in; a jittered schedule is monitored as its slots' cadence, with a
+check-in margin that covers the jitter; a registration added at runtime (not declared on an
+actor) gets check-ins without a config.
 Nothing is sent unless sentry-sdk is initialised in the worker process.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +31,7 @@ import dramatiq
 from dramatiq.middleware import Middleware
 
 from ..cadence import CRON_ALIASES, Cadence, Cron, Every
+from ..jitter import Jittered
 from .schedule import broker_declarations, occurrence_of
 
 __all__ = ["SentryCrons", "monitor_config_of"]
@@ -42,7 +46,13 @@ def monitor_config_of(cadence: Cadence) -> dict[str, Any]:
     five-field cron expression and its zone, or an interval in whole minutes, hours or days
     (UTC); an alias (`@daily`) as its five fields. `{}` for what Sentry Crons cannot take
     (seconds fields, `H`, sub-minute or uneven intervals): such a schedule is not monitored,
-    as sentry-sdk skips them on Celery."""
+    as sentry-sdk skips them on Celery. A jittered one is its slots' cadence, with a check-in
+    margin that covers the jitter (the minute Sentry allows by default, plus the jitter)."""
+    if isinstance(cadence, Jittered):
+        config = monitor_config_of(cadence.inner)
+        if config:
+            config["checkin_margin"] = 1 + -(-cadence.jitter_ms // 60_000)  # whole minutes
+        return config
     if isinstance(cadence, Cron):
         fields = CRON_ALIASES.get(cadence.expr.strip().lower(), cadence.expr).split()
         if len(fields) != 5 or any("H" in f or "?" in f for f in fields):
@@ -60,13 +70,16 @@ def monitor_config_of(cadence: Cadence) -> dict[str, Any]:
 class SentryCrons(Middleware):
     """Send Sentry Crons check-ins for the occurrences this worker runs (see the module).
 
-    `slug(queue, name)` names the monitor (default: the registration's name). Add it to the
-    broker next to `RecurringMiddleware`; initialise sentry-sdk in the worker process.
+    `slug(queue, name)` names the monitor (default: the registration's name, or
+    `<queue>-<name>` for a name the broker's actors declare on several queues, so that each
+    schedule has a monitor of its own). Add it to the broker next to `RecurringMiddleware`;
+    initialise sentry-sdk in the worker process.
     """
 
     def __init__(self, *, slug: Callable[[str, str], str] | None = None) -> None:
-        self.slug = slug or (lambda queue, name: name)
+        self.slug = slug or self._default_slug
         self._configs: dict[tuple[str, str], dict[str, Any]] | None = None
+        self._shared_names: frozenset[str] = frozenset()  # declared on several queues
         # The start of each attempt in progress, by message id (worker threads add and pop
         # their own: one dict operation each, atomic under the GIL).
         self._started: dict[str, float] = {}
@@ -76,11 +89,24 @@ class SentryCrons(Middleware):
         monitor), or None for a registration the actors do not declare (added at runtime:
         its monitor is configured in Sentry)."""
         if self._configs is None:  # the actors are declared by the time messages run
-            self._configs = {
-                (d.queue, d.name): monitor_config_of(d.definition.cadence)
-                for d in broker_declarations(broker)
-            }
+            declared = broker_declarations(broker)
+            counts = Counter(d.name for d in declared)
+            self._shared_names = frozenset(n for n, count in counts.items() if count > 1)
+            configs = {}
+            for d in declared:
+                config = configs[(d.queue, d.name)] = monitor_config_of(d.definition.cadence)
+                if not config:  # said once per schedule, as emq-bridge's Celery side does
+                    log.warning(
+                        "Sentry Crons cannot monitor %s/%s (%s): it gets no check-ins",
+                        d.queue,
+                        d.name,
+                        d.definition.cadence.describe(),
+                    )
+            self._configs = configs
         return self._configs.get((queue, name))
+
+    def _default_slug(self, queue: str, name: str) -> str:
+        return f"{queue}-{name}" if name in self._shared_names else name
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         info = occurrence_of(message)

@@ -11,7 +11,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
 from quiet import quiet_hour, quiet_offset
 from test_sentry_crons import check_ins
 
@@ -92,3 +94,78 @@ def test_a_cron_alias_is_monitored_as_its_five_fields() -> None:
     }
     assert monitor_config_of(Cron("@hourly"))["schedule"]["value"] == "0 * * * *"
     assert monitor_config_of(Cron("*/30 * * * * *")) == {}  # a seconds field: not monitored
+
+
+def test_a_jittered_schedule_is_monitored_as_its_slots_with_a_margin_for_the_jitter() -> None:
+    # It was {} (silently not monitored), though jitter keeps each slot's nominal time.
+    from emq_bridge.cadence import Cron, Every
+    from emq_bridge.dramatiq.sentry import monitor_config_of
+    from emq_bridge.jitter import Jittered
+
+    assert monitor_config_of(Jittered(Cron("0 * * * *"), 30 * 60_000, "s")) == {
+        "schedule": {"type": "crontab", "value": "0 * * * *"},
+        "timezone": "UTC",
+        "checkin_margin": 31,  # Sentry's default minute, plus the jitter
+    }
+    config = monitor_config_of(Jittered(Every(3_600_000), 90_500, "s"))
+    assert config["schedule"] == {"type": "interval", "value": 1, "unit": "hour"}
+    assert config["checkin_margin"] == 3  # 1 + 91 s in whole minutes
+    assert monitor_config_of(Jittered(Every(30_000), 5_000, "s")) == {}  # under a minute
+
+
+def test_a_name_declared_on_two_queues_gets_a_monitor_per_queue(
+    repeat: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Both reported to the monitor `job`, each check-in rewriting its schedule.
+    import dramatiq
+    import sentry_sdk
+    from dramatiq.brokers.stub import StubBroker
+    from sentry_sdk.transport import Transport
+
+    from emq_bridge import Pump
+    from emq_bridge.dramatiq import DramatiqDispatcher, RecurringMiddleware, recurring
+    from emq_bridge.dramatiq.sentry import SentryCrons
+
+    sent: list[dict[str, Any]] = []
+
+    class Kept(Transport):
+        def capture_envelope(self, envelope: Any) -> None:
+            sent.extend(item.payload.json for item in envelope.items)
+
+    broker = StubBroker()
+    broker.add_middleware(RecurringMiddleware(repeat, run_pump=False))
+    broker.add_middleware(SentryCrons())
+
+    @recurring(every="2m", name="job")
+    @dramatiq.actor(broker=broker, queue_name="qa")
+    def first() -> None: ...
+
+    @recurring(cron="0 * * * *", name="job")
+    @dramatiq.actor(broker=broker, queue_name="qb")
+    def second() -> None: ...
+
+    @recurring(every="2m", name="excluded", exclude=["2031-12-25"])
+    @dramatiq.actor(broker=broker, queue_name="qa")
+    def third() -> None: ...
+
+    sentry_sdk.init(dsn="http://key@127.0.0.1:9/1", transport=Kept, default_integrations=False)
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        later = repeat.server_time_ms() + 7 * 86_400_000  # all three due, a Monday or not
+        for queue in ("qa", "qb"):
+            Pump(repeat, [queue], DramatiqDispatcher(broker)).run_once(now_ms=later)
+            broker.join(queue)
+        worker.join()
+    finally:
+        worker.stop()
+        sentry_sdk.get_client().close()
+        sentry_sdk.init()  # no DSN: nothing sent by later tests of this process
+    slugs = {(c["monitor_slug"], c["status"]) for c in sent}
+    assert slugs == {
+        ("qa-job", "in_progress"),
+        ("qa-job", "ok"),
+        ("qb-job", "in_progress"),
+        ("qb-job", "ok"),
+    }
+    assert "Sentry Crons cannot monitor qa/excluded" in caplog.text
