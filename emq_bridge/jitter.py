@@ -39,6 +39,7 @@ __all__ = [
     "nominal_of",
     "nominal_slot",
     "parse_jitter",
+    "pending_slot",
     "reseed",
     "shape",
     "shaped_from_fields",
@@ -123,6 +124,20 @@ def bound_jitter(cadence: Cadence, end_ms: int | None) -> Cadence:
     if isinstance(cadence, Jittered) and cadence.end_ms != end_ms:
         return replace(cadence, end_ms=end_ms)
     return cadence
+
+
+def pending_slot(cadence: Cadence, now_ms: int) -> tuple[int, int] | None:
+    """Return the last slot of `cadence` at or before `now_ms` (within a day, the most a
+    jitter reaches) and the instant `cadence` sends it at, or None.
+
+    What an update needs when the cadence it replaces jittered: that cadence may not have
+    sent this slot yet (its instant was ahead), while the new cadence's is past, so a next
+    run derived from `now` alone would skip it (upsert.lua, result digit 5)."""
+    inner = cadence.inner if isinstance(cadence, Jittered) else cadence
+    slot = last_slot(inner, now_ms, MAX_JITTER_MS)
+    if slot is None:
+        return None
+    return slot, cadence.at(slot) if isinstance(cadence, Jittered) else slot
 
 
 def nominal_of(inner: Cadence, score_ms: int, reach_ms: int) -> int:

@@ -35,6 +35,7 @@ from .definition import (
 )
 from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
 from .heartbeat import HeartbeatMoves
+from .jitter import pending_slot
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -638,7 +639,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             (validate_name(q, "queue"), []) for q in dict.fromkeys(queues) if q not in by_queue
         ]
 
-        def calls() -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
+        def calls(
+            chunks: builtins.list[tuple[str, builtins.list[int]]], pending: bool = False
+        ) -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
             for queue, chunk in chunks:
                 keys = self.keys(queue)
                 shared: dict[Any, _Shared] = {}
@@ -650,6 +653,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         now,
                         seeds[i] if seeds else None,
                         shared,
+                        pending,
                     )
                     for i in chunk
                 ]
@@ -674,10 +678,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         # Chunk k+1 is encoded while the server applies chunk k (see `overlap`).
         with redis_errors(f"upsert {', '.join(q for q, _ in chunks)}"):
-            replies = overlapped_calls(self.client, self.scripts.upsert, calls())
+            replies = overlapped_calls(self.client, self.scripts.upsert, calls(chunks))
+            again: dict[str, builtins.list[int]] = {}
             for (queue, chunk), reply in zip(chunks, replies, strict=True):
                 _stale(reply, queue, source, generation)
                 for i, digit in zip(chunk, text(reply), strict=True):
+                    if digit == "5":  # written by the second call, with its pending slot
+                        again.setdefault(queue, []).append(i)
+                        continue
                     results[i] = _UPSERT_RESULTS[int(digit)]
                     if digit == "3":
                         log.warning(
@@ -687,6 +695,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                             queue,
                             items[i][1],
                         )
+            if again:
+                # The records whose old cadence jittered and whose next run was still ahead:
+                # sent again with the slot their new cadence may have to fire at once.
+                retried = [(queue, indexes) for queue, indexes in again.items()]
+                replies = overlapped_calls(self.client, self.scripts.upsert, calls(retried, True))
+                for (queue, chunk), reply in zip(retried, replies, strict=True):
+                    _stale(reply, queue, source, generation)
+                    for i, digit in zip(chunk, text(reply), strict=True):
+                        results[i] = _UPSERT_RESULTS[int(digit)]
         return [r for r in results if r is not None]
 
     def _upsert_item(
@@ -697,10 +714,13 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         now: int,
         seed: Seed | None,
         shared: dict[Any, _Shared],
+        pending: bool = False,
     ) -> list[Any]:
         """Return one item of `upsert.lua`'s ARGV[3], for a `definition` seeded with `name`
         (`Definition.for_name`: the seed of a cron's H and of jitter). `shared` holds, per
-        shape of the call's definitions (`shape_key`), what the items of that shape share."""
+        shape of the call's definitions (`shape_key`), what the items of that shape share.
+        `pending`: with the last slot of the cadence at or before `now` and the instant it is
+        sent at (`pending_slot`), for the record upsert.lua asked it of (result digit 5)."""
         # The stamps, digests and owner are not among the fields: upsert.lua writes them from
         # the item's digests and the call's `now` and source, so each JSON item the server
         # decodes is that much shorter.
@@ -724,8 +744,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             stale,
             [] if seed is None else _flatten(seed.fields()),
         ]
-        if created_run is not None:
-            item.append(created_run)
+        if created_run is not None or pending:
+            item.append(created_run or first_run)
+        if pending:
+            slot = pending_slot(definition.cadence, now)
+            item.append([] if slot is None else [str(slot[0]), str(slot[1])])
         return item
 
     @staticmethod

@@ -14,7 +14,9 @@
 --           [seed field, value, ...] (written on create only: an importer's paused state
 --           and counters; may be absent),
 --           the first run of a created record when it differs from item 4 (`immediately`;
---           may be absent)]
+--           may be absent),
+--           the pending slot: [slot, the instant the new cadence sends it at] or [] (may be
+--           absent: see digit 5)]
 -- ARGV[4]  the source the items belong to ('' for none)
 -- ARGV[5]  the generation of that source's declarations ('' for none: no check)
 -- ARGV[6]  JSON array of the distinct lists of fields to delete, which items name by their
@@ -32,7 +34,11 @@
 -- owner changes, in KEYS[3]'s `{w}<source>` counter of each source that keeps one (a sync
 -- that stamps, stamp.lua): a stamp holds only while its source's counter has not moved.
 -- Returns one digit per item, as one string: 0 unchanged (nothing written), 1 created,
--- 2 updated, 4 left to its owner (ARGV[7]),
+-- 2 updated, 4 left to its owner (ARGV[7]), 5 not written: its cadence changes, the old one
+-- jittered (`jitter_ms`) and its next run is still ahead, so it may not have sent a slot
+-- that is past for the new cadence: the caller sends the item again with the pending slot
+-- (item 9), which the update then fires at once (at its new instant) if it is after the
+-- last fired slot and within the old jitter's reach of the old score,
 -- 3 updated with its cadence changed while its next run was overdue (a client
 -- parses one string faster than an array of integers).
 -- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
@@ -191,12 +197,9 @@ local function upsert(record, item)
   flush_created()
   local cur = redis.call(
     'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
-    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source'
+    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source', 'jitter_ms'
   )
-  if cur[12] ~= ARGV[4] then
-    if ARGV[7] == '1' then return 4 end  -- another owner's: left alone
-    wrote_for(cur[12])  -- a takeover (or a release) changes it
-  end
+  if cur[12] ~= ARGV[4] and ARGV[7] == '1' then return 4 end  -- another owner's: left alone
   local paused, last, completed = cur[3] == '1', cur[5], cur[8]
   local old_every = (not cur[10] or cur[10] == '') and not cur[11] and tonumber(cur[9])
   local live = redis.call('ZSCORE', registry, name)
@@ -208,6 +211,12 @@ local function upsert(record, item)
     redis.call('ZADD', registry, score, name)
     return 2
   end
+  local old_jitter = tonumber(cur[13])
+  local ahead = old_jitter and tonumber(live) and tonumber(live) > tonumber(ARGV[2])
+  if ahead and cur[2] ~= cadence_digest and not paused and not completed and not item[9] then
+    return 5  -- nothing written: the caller sends it again with its pending slot
+  end
+  if cur[12] ~= ARGV[4] then wrote_for(cur[12]) end  -- a takeover (or a release) changes it
   -- The pieces of a template stored in pieces (template_pieces.py) go with it; the new
   -- fields write the new template's own.
   local pieces = tonumber(redis.call('HGET', record, 'template_pieces'))
@@ -233,6 +242,15 @@ local function upsert(record, item)
       redis.call('ZADD', registry, '+inf', name)
     else
       local overdue = tonumber(live) and tonumber(live) <= tonumber(ARGV[2])
+      -- The slot the old, jittered cadence had not sent yet, past for the new one: fired now.
+      local pending = ahead and type(item[9]) == 'table' and item[9]
+      if pending and pending[1] then
+        local slot = tonumber(pending[1])
+        if slot <= tonumber(ARGV[2]) and slot >= tonumber(live) - old_jitter
+            and (not tonumber(last) or slot > tonumber(last)) then
+          first_run = pending[2]
+        end
+      end
       local next_run = place(record, after_fired(record, first_run, live, last))
       redis.call('ZADD', registry, next_run, name)
       if overdue and next_run ~= live then

@@ -292,3 +292,56 @@ def test_an_outage_across_the_end_fires_the_last_slot_before_it(repeat: Repeat) 
     assert [o.due_ms for o in recorder.occurrences] == [t0 + 3 * 60 * MIN]  # 08:00 ("latest")
     done = repeat.get("q", "late")
     assert done is not None and done.missed == 2  # 06:00 and 07:00
+
+
+@pytest.mark.parametrize("jitter", [None, "10m", "59m"])
+def test_a_jitter_edited_before_a_slot_is_sent_still_sends_that_slot_once(
+    repeat: Repeat, jitter: str | None
+) -> None:
+    # The 10:00 slot is due to be sent at 10:xx under a 50-minute jitter; at 10:01 the
+    # jitter is removed, cut or raised: its new instant may be past already, and the next
+    # run was derived from now, so the slot was never sent (nor counted missed).
+    t0 = ms(datetime(2030, 1, 1, 9, 30, tzinfo=UTC))
+    hour = 60 * MIN
+
+    def declare(jitter_of: str | None, seed: str = "s") -> None:
+        extra = {} if jitter_of is None else {"jitter": jitter_of, "seed": seed}
+        definition = define(every="1h", template={"task": "t"}, **extra)  # type: ignore[arg-type]
+        repeat.upsert("q", "a", definition=definition, now_ms=clock[0])
+
+    clock = [t0]
+    seed = next(s for s in map(str, range(100)) if _offset_of(s, t0 + 30 * MIN) > 2 * MIN)
+    declare("50m", seed)
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder)
+    clock[0] = t0 + 31 * MIN  # 10:01: the 10:00 slot is still to be sent
+    assert pump.run_once(clock[0]).dispatched == []
+    declare(jitter, seed)
+    for minute in range(31, 31 + 3 * 60):  # to 13:01
+        pump.run_once(t0 + minute * MIN)
+    fired = [o.due_ms for o in recorder.occurrences]
+    slots = [t0 + 30 * MIN + i * hour for i in range(4)]  # 10:00 to 13:00
+    assert fired[:3] == slots[:3] and fired[3:] in ([], slots[3:])  # 13:00 may be later
+    registration = repeat.get("q", "a")
+    assert registration is not None and registration.missed == 0
+
+
+def test_a_jitter_edited_after_its_slot_was_sent_does_not_send_it_again(repeat: Repeat) -> None:
+    t0 = ms(datetime(2030, 1, 1, 9, 30, tzinfo=UTC))
+    definition = define(every="1h", jitter="50m", seed="s", template={"task": "t"})
+    repeat.upsert("q", "a", definition=definition, now_ms=t0)
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], recorder)
+    for minute in range(0, 85):  # to 10:55: the 10:00 slot is sent (by 10:50)
+        pump.run_once(t0 + minute * MIN)
+    assert [o.due_ms for o in recorder.occurrences] == [t0 + 30 * MIN]
+    edited = define(every="1h", template={"task": "t"})  # its 10:00 is past, but was sent
+    repeat.upsert("q", "a", definition=edited, now_ms=t0 + 85 * MIN)
+    for minute in range(85, 150):
+        pump.run_once(t0 + minute * MIN)
+    assert [o.due_ms for o in recorder.occurrences] == [t0 + 30 * MIN, t0 + 90 * MIN]
+
+
+def _offset_of(seed: str, slot_ms: int) -> int:
+    """The offset of `slot_ms` under the hourly 50-minute jitter seeded `seed`."""
+    return Jittered(define(every="1h").cadence, 50 * MIN, seed).offset(slot_ms)
