@@ -17,22 +17,15 @@ def test_registrations_sharing_a_cadence_and_due_instant_each_get_their_own_poli
     repeat: Repeat,
 ) -> None:
     for i in range(5):
-        repeat.register(
-            "q",
-            f"latest-{i}",
-            every="1h",
-            misfire="latest",
-            template={"task": "t", "args": [i]},
-            now_ms=T0,
-        )
-        repeat.register(
-            "q",
-            f"skip-{i}",
-            every="1h",
-            misfire="skip",
-            template={"task": "t", "args": [i]},
-            now_ms=T0,
-        )
+        for misfire in ("latest", "skip"):
+            repeat.register(
+                "q",
+                f"{misfire}-{i}",
+                every="1h",
+                misfire=misfire,
+                template={"task": "t", "args": [i]},
+                now_ms=T0,
+            )
     shared: list[Cadence] = []
 
     def one_cadence(queue: str, name: str, cadence: Cadence) -> Cadence:
