@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bounds import Instant, epoch_ms
-from .cadence import LATEST_MS, Cadence
+from .cadence import LATEST_MS, Cadence, now_arg
 from .definition import Definition
 from .errors import RegistryError, ScheduleError
 from .jitter import Jittered, nominal_slot
@@ -158,7 +158,8 @@ class BackfillMoves:
         validate_name(name, "registration name")
         start_ms, end_ms = _instant_ms(start, "start", ceil=True), _instant_ms(end, "end")
         rate = check_rate(rate)
-        now = self.server_time_ms() if now_ms is None else now_ms
+        given = now_arg(now_ms)
+        now = self.server_time_ms() if given is None else given
         if end_ms < start_ms:
             raise ScheduleError("the backfill range ends before it starts")
         if end_ms > now:

@@ -89,7 +89,12 @@ def epoch_ms(value: object, field: str, *, ceil: bool = False) -> int:
 
 def instants_ms(value: Instant | Iterable[Instant]) -> tuple[int, ...]:
     """Return one instant or a list of them (`at=`) as sorted, distinct epoch ms."""
-    values = [value] if isinstance(value, datetime | str) else list(value)
+    if isinstance(value, datetime | str):
+        values: list[object] = [value]
+    elif isinstance(value, Iterable):
+        values = list(value)
+    else:  # epoch_ms names what it takes
+        values = [value]
     return tuple(sorted({epoch_ms(v, "at", ceil=True) for v in values}))
 
 

@@ -126,6 +126,20 @@ LATEST_MS = 253_402_300_799_999
 MAX_AT = 1000
 
 
+def now_arg(value: int | None) -> int | None:
+    """Return `value`, a caller's `now_ms` (None: the server's clock), once it is an int of
+    epoch ms from 1970 to the end of 9999; else `ScheduleError` (a float or a str would reach
+    the scripts as a score or a lease member no move reads back)."""
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= LATEST_MS:
+        raise ScheduleError(
+            f"now_ms must be an int of epoch ms from 0 (1970) to {LATEST_MS} (9999), "
+            f"got {shown(value)}"
+        )
+    return value
+
+
 class Cadence(Protocol):
     """When the next run is. Every implementation is a frozen value with no I/O.
 
@@ -201,6 +215,18 @@ def parse_every(value: float | timedelta | str) -> int:
     return every_ms
 
 
+# The longest interval string read ("1w 6d 23h 59m 59s 999ms" is 25): a longer one is refused
+# before any pattern reads it (the patterns take time quadratic in a run of digits).
+MAX_INTERVAL_CHARS = 256
+
+
+def _check_interval_text(text: str, value: object, what: str) -> None:
+    if len(text) > MAX_INTERVAL_CHARS:
+        raise ScheduleError(
+            f"{what} {shown(value)} is not an interval: more than {MAX_INTERVAL_CHARS} characters"
+        )
+
+
 # Zero as `parse_every` would read it: "0", "0.0", "0s", "0ms", "0h0m", any case.
 _ZERO_RE = re.compile(r"0+(\.0*)?|(0+\s*(ms|s|m|h|d|w)\s*)+", re.ASCII)
 
@@ -212,8 +238,10 @@ def parse_span(value: float | timedelta | str | None, what: str) -> int:
         return 0
     if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
         return 0
-    if isinstance(value, str) and _ZERO_RE.fullmatch(value.strip().lower()):
-        return 0
+    if isinstance(value, str):
+        _check_interval_text(value, value, what)
+        if _ZERO_RE.fullmatch(value.strip().lower()):
+            return 0
     try:
         return parse_every(value)
     except ScheduleError as exc:
@@ -234,6 +262,7 @@ def parse_every_ms(value: int | timedelta | str) -> int:
     elif isinstance(value, int):
         every_ms = value
     elif isinstance(value, str):
+        _check_interval_text(value, value, "every")
         text = value.strip().lower()
         if text.isascii() and text.isdigit() and len(text) <= 20:
             every_ms = int(text)
@@ -393,6 +422,11 @@ def _iso(ms: int) -> str:
 
 
 def _zone(tz: str) -> ZoneInfo:
+    if not isinstance(tz, str):
+        hint = f" (its key: {tz.key!r})" if isinstance(tz, ZoneInfo) and tz.key else ""
+        raise ScheduleError(
+            f"tz must be an IANA name such as 'Europe/Paris', got {type(tz).__name__}{hint}"
+        )
     try:
         return ZoneInfo(tz)
     except (
@@ -435,6 +469,8 @@ class Cron:
             )
         if self.seed is not None and not isinstance(self.seed, str):
             raise ScheduleError(f"cron seed must be a string, got {type(self.seed).__name__}")
+        if not isinstance(self.day_and, bool):  # "no" would switch it on
+            raise ScheduleError(f"day_and must be True or False, got {shown(self.day_and)}")
         key = (self.expr, self.tz, self.day_and, self.seed)
         if isinstance(self.tz, str) and isinstance(self.day_and, int):  # hashable: cached
             resolved = _checked_cron(*key)

@@ -96,6 +96,10 @@ def resolve_exclude(
         return (), ()
     if isinstance(items, str | Calendar):
         items = [items]
+    elif not isinstance(items, Iterable):
+        raise ScheduleError(
+            f"exclude must be a list of rules, calendars or @names, got {type(items).__name__}"
+        )
     rules: list[str] = []
     names: list[str] = []
     for given in items:

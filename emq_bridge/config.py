@@ -310,9 +310,10 @@ def _kind(value: object) -> str:
         bool: "a boolean",
         int: "an integer",
         float: "a number",
-        str: "a string",
+        str: "an empty string" if value == "" else "a string",
         list: "an array",
         dict: "a table",
+        type(None): "null",
     }.get(type(value), type(value).__name__)
 
 
@@ -377,7 +378,9 @@ def _shaped(
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
-        raise _FieldError("exclude", f"must be an array of rule strings, got {_kind(raw)}")
+        odd = raw if not isinstance(raw, list) else next(x for x in raw if not isinstance(x, str))
+        where = "" if odd is raw else "an array holding "
+        raise _FieldError("exclude", f"must be an array of rule strings, got {where}{_kind(odd)}")
     try:
         rules, names = resolve_exclude(raw, calendars)
     except ScheduleError as exc:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .arguments import whole_arg
 from .errors import EmqError
 from .events import outcome_listeners
 from .keys import QueueKeys, parse_lease_member, validate_name
@@ -241,7 +242,8 @@ class LifecycleMoves:
         what the overlap policy and the lost check decided). An entry edited into garbage is
         left out (logged)."""
         validate_name(name, "registration name")
-        if n <= 0:
+        whole_arg(n, "n", 0)
+        if n == 0:
             return []
         with redis_errors(f"history {queue}/{name}"):
             raw = self.client.lrange(self.keys(queue).history(name), 0, n - 1)

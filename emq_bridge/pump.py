@@ -15,10 +15,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .cadence import Cadence, CatchUp, Misfire, catch_up
+from .cadence import Cadence, CatchUp, Misfire, catch_up, now_arg
 from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import BatchDispatcher, Dispatcher, batch_failure
-from .errors import DispatchError, PermanentDispatchError, RegistryError, RegistryUnavailable
+from .errors import (
+    ConfigError,
+    DispatchError,
+    PermanentDispatchError,
+    RegistryError,
+    RegistryUnavailable,
+)
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .heartbeat import Heartbeat
 from .jitter import Jittered, nominal_slot
@@ -26,6 +32,7 @@ from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
+from .pump_options import check_pump_options
 from .registry import Claim, Repeat, Scan, WakeSubscription
 from .template import decode_frozen
 from .template_pieces import join_template
@@ -164,16 +171,15 @@ class Pump:
         self.queues = tuple(validate_name(q, "queue") for q in queues)
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
-        if batch_size <= 0 or lease_ms <= 0 or max_sleep_s <= 0:
-            raise ValueError("batch_size, lease_ms and max_sleep_s must be positive")
+        check_pump_options(batch_size=batch_size, lease_ms=lease_ms, max_sleep_s=max_sleep_s)
         self.dispatcher = dispatcher
         self.batch_size = batch_size
         self.lease_ms = lease_ms
         self.clock = clock
         self.max_sleep_s = max_sleep_s
         self.resolve_cadence = resolve_cadence
-        if start_timeout_ms <= 0:
-            raise ValueError("start_timeout_ms must be positive")
+        if type(start_timeout_ms) is not int or start_timeout_ms <= 0:
+            raise ConfigError(f"start_timeout_ms must be a positive int, got {start_timeout_ms!r}")
         self.start_timeout_ms = start_timeout_ms
         self.history_size = check_history_size(history_size)
         self.events = Broadcast([LoggingEvents(), *listeners])
@@ -204,7 +210,7 @@ class Pump:
         Raises `RegistryUnavailable` when Redis cannot be reached, and the first queue's
         `RegistryError` when a queue's moves fail.
         """
-        tick, errors = self._tick(now_ms)
+        tick, errors = self._tick(now_arg(now_ms))
         self.events.on_tick(tick)
         if errors:
             raise next(iter(errors.values()))

@@ -21,9 +21,10 @@ from typing import Any, Literal
 import redis
 import redis.cluster
 
+from .arguments import whole_arg
 from .backfill import BackfillMoves
 from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
-from .cadence import NEVER_MS, Anchor, Misfire, advance
+from .cadence import NEVER_MS, Anchor, Misfire, advance, now_arg
 from .definition import (
     DEFINITION_FIELDS,
     Declaration,
@@ -208,6 +209,17 @@ class Claim:
     skipped: list[int] = field(default_factory=list)
     buffered: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
+
+
+# The most upcoming runs `next_runs` computes at once (the CLI's `next -n` takes up to 1000).
+MAX_NEXT_RUNS = 10_000
+
+
+def _page_args(offset: object, limit: object) -> None:
+    """`list`'s and `names`' page: an offset from 0, a limit from 0 or None (no limit)."""
+    whole_arg(offset, "offset")
+    if limit is not None:
+        whole_arg(limit, "limit")
 
 
 def _scan_reply(reply: Any) -> Scan:
@@ -420,7 +432,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         return int(seconds) * 1000 + int(micros) // 1000
 
     def _now(self, now_ms: int | None) -> int:
-        return self.server_time_ms() if now_ms is None else now_ms
+        now = now_arg(now_ms)
+        return self.server_time_ms() if now is None else now
 
     # -- registration moves -------------------------------------------------------------
 
@@ -584,9 +597,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `queues` adds queues to check and raise without items (what `sync` does first, so
         that what it reads next can no longer be changed by an older generation).
         """
-        for queue, name, _ in items:
-            validate_name(queue, "queue")
-            validate_name(name, "registration name")
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], Definition)):
+                raise ScheduleError(
+                    "upsert_many takes (queue, name, Definition) tuples, got "
+                    f"{type(item).__name__}"
+                    + (f" of {len(item)}" if isinstance(item, tuple) else "")
+                )
+            validate_name(item[0], "queue")
+            validate_name(item[1], "registration name")
         return self._upsert(
             items, source, now_ms, generation, queues, seeds, declared=False, keep=keep_owners
         )
@@ -893,6 +912,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         passed while paused: that scheduler may have sent it without its store saying so yet
         (django-celery-beat saves its last runs every few minutes).
         """
+        if not isinstance(catchup, bool):  # "no" would be taken as True
+            raise ScheduleError(f"catchup must be True or False, got {type(catchup).__name__}")
+        now_arg(now_ms)
         keys = self.keys(queue)
         for _ in range(self._RESUME_ATTEMPTS):
             read = self._read_parked(queue, name)
@@ -1014,20 +1036,23 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
         """Fire `name` once now, as a fresh occurrence, leaving its cadence alone.
 
-        Returns the occurrence id. KeyError if there is no such registration.
+        Returns the occurrence id. Each call is a run of its own: a second trigger in the
+        millisecond of the one before takes the next millisecond as its nominal time (its
+        id). KeyError if there is no such registration.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
         now = self._now(now_ms)
         with redis_errors(f"trigger {queue}/{name}"):
-            done = int(
+            at = int(
                 self.scripts.trigger(
                     keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
                 )
             )
-        if not done:
+        if at < 0:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
-        return occurrence_id(self.prefix, queue, name, now, triggered=True)
+        # `at` is `now`, or a millisecond past the registration's last trigger (trigger.lua).
+        return occurrence_id(self.prefix, queue, name, at, triggered=True)
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -1055,8 +1080,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         `offset` and `limit` page through that order; only the page's records are read.
         """
-        if offset < 0 or (limit is not None and limit < 0):
-            raise ValueError("offset and limit must not be negative")
+        _page_args(offset, limit)
         if limit == 0:
             return []
         keys = self.keys(queue)
@@ -1116,8 +1140,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     def names(self, queue: str, *, offset: int = 0, limit: int | None = None) -> builtins.list[str]:
         """Return the names registered in `queue`, in `list`'s order; `offset` and `limit`
         page through it (one ZRANGE, no record read)."""
-        if offset < 0 or (limit is not None and limit < 0):
-            raise ValueError("offset and limit must not be negative")
+        _page_args(offset, limit)
         if limit == 0:
             return []
         keys = self.keys(queue)
@@ -1166,7 +1189,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         return sorted(found)
 
     def next_runs(self, queue: str, name: str, n: int = 5) -> builtins.list[int]:
-        """Return the next `n` runs of `name` in epoch ms. KeyError if unknown."""
+        """Return the next `n` runs of `name` in epoch ms (`n` up to `MAX_NEXT_RUNS`).
+        KeyError if unknown."""
+        whole_arg(n, "n", 0, MAX_NEXT_RUNS)
         registration = self.get(queue, name)
         if registration is None:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
@@ -1200,7 +1225,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         with redis_errors(f"scan {queue}"):
             reply = self.scripts.scan(
                 keys=[keys.registry, keys.leases, keys.running],
-                args=["" if now_ms is None else now_ms, batch],
+                args=["" if now_arg(now_ms) is None else now_ms, batch],
             )
         return _scan_reply(reply)
 
@@ -1214,10 +1239,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `Scan`, and the others are still scanned. Raises `RegistryUnavailable` when Redis
         cannot be reached.
         """
-        calls = [
-            ([k.registry, k.leases, k.running], ["" if now_ms is None else now_ms, batch])
-            for k in map(self.keys, queues)
-        ]
+        now = "" if now_arg(now_ms) is None else now_ms
+        calls = [([k.registry, k.leases, k.running], [now, batch]) for k in map(self.keys, queues)]
         replies = self._script_calls(self.scripts.scan, calls, "scan", queues)
         return [r if isinstance(r, RegistryError) else _scan_reply(r) for r in replies]
 

@@ -64,7 +64,13 @@ DB_PATH = (
 
 # What a value must be: the words for it, and a pattern it must match in full.
 Rule = tuple[str, str]
-_SECONDS: Rule = ("a number of seconds above 0", r"(?=.*[1-9])(\d+\.?\d*|\.\d+)")
+# Past 9 digits of seconds, Python's socket timeouts overflow a time_t (OverflowError).
+_SECONDS: Rule = (
+    "a number of seconds above 0 and below 1e9",
+    r"(?=.*[1-9])(0*\d{1,9}(\.\d*)?|\.\d+)",
+)
+# A db number: redis-py's int() of a longer one fails and it quietly uses db 0.
+_DB_DIGITS = r"0*\d{1,9}"
 _COUNT: Rule = ("a whole number above 0", r"0*[1-9]\d*")
 _WHOLE: Rule = ("a whole number", r"\d+")
 _FLAG: Rule = ("true or false", r"(?i)true|false|yes|no|[01tfyn]")
@@ -75,7 +81,7 @@ _NEVER = r"(?!)"
 # redis/connection.py, and the connection class's keyword arguments a string can carry
 # (redis-py passes any other option on to it).
 _RULES: dict[str, Rule] = {
-    "db": _WHOLE,
+    "db": ("a db number, at most 9 digits", _DB_DIGITS),
     "socket_timeout": _SECONDS,
     "socket_connect_timeout": _SECONDS,
     "socket_read_size": _COUNT,
@@ -197,13 +203,13 @@ def parse_hosts_url(url: str) -> HostsUrl:
     if sentinel:
         master = unquote(segments[0]) if segments else ""
         db = segments[1] if len(segments) > 1 else ""
-        if not master or len(segments) > 3 or not re.fullmatch(r"\d*", db):
+        if not master or len(segments) > 3 or not re.fullmatch(f"({_DB_DIGITS})?", db):
             raise ConfigError(malformed)
         if len(segments) == 3 and segments[2]:  # only a trailing '/' may follow the db
             raise ConfigError(malformed)
     else:
         master, db = "", "".join(segments)
-        if len(segments) > 1 or not re.fullmatch(r"\d*", db):
+        if len(segments) > 1 or not re.fullmatch(f"({_DB_DIGITS})?", db):
             raise ConfigError(malformed)
         if db.strip("0"):
             raise ConfigError(CLUSTER_DB)
@@ -236,7 +242,7 @@ def check_url(url: str) -> None:
     except ValueError:  # an unclosed '[' of an IPv6 host
         raise ConfigError(MALFORMED) from None  # not chained: the cause may quote the password
     # redis-py reads the path as the db and, when it is not a number, quietly uses db 0.
-    if scheme != "unix" and not re.fullmatch(r"/?\d*/?", unquote(parts.path)):
+    if scheme != "unix" and not re.fullmatch(f"/?({_DB_DIGITS})?/?", unquote(parts.path)):
         raise ConfigError(DB_PATH)
     _check_query(scheme, parts.query, secret="@" in url)
 

@@ -23,6 +23,7 @@ from ..errors import RegistryError
 from ..file_stamp import FileStamp, file_stamp
 from ..heartbeat import MAX_HEARTBEAT_TTL_S, Heartbeat
 from ..pump import Pump
+from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
 from ..sync import SyncPlan, apply_plan, plan_sync, sync
 from .context import FiniteRange, Settings, given_as, pass_settings, redact_url
@@ -35,11 +36,6 @@ __all__ = ["COMMANDS"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# `pump`'s bounds: a claim of more than this holds the server too long in one script; a
-# lease longer than a day would keep a crashed pump's occurrences from being re-sent that long.
-MAX_BATCH_SIZE = 100_000
-MAX_LEASE_MS = 86_400_000
 
 
 # -- sync -------------------------------------------------------------------------------------
@@ -288,7 +284,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 )
 @click.option(
     "--max-sleep",
-    type=FiniteRange(0.01, 3600),  # an hour: finite, so the heartbeat's TTL is too
+    type=FiniteRange(0.01, MAX_SLEEP_S),
     default=5.0,
     show_default=True,
     help="Longest sleep between ticks, in seconds.",

@@ -29,6 +29,7 @@ from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
 from ..lifecycle import check_history_size
 from ..outcome import HISTORY_SIZE
 from ..pump import Pump
+from ..pump_options import check_pump_options
 from ..registry import Repeat, generation_arg
 from ..reporting import HEARTBEAT_S, Reporter
 from ..sync import Stamp, SyncPlan, check_one_source, sync
@@ -149,6 +150,16 @@ class RecurringMiddleware(Middleware):
                 f"got {heartbeat_s!r}"
             )
         self.heartbeat_s = float(heartbeat_s)
+        for flag, value in (
+            ("report", report),
+            ("run_pump", run_pump),
+            ("sync_at_boot", sync_at_boot),
+            ("prune", prune),
+        ):
+            if not isinstance(value, bool):
+                raise ConfigError(
+                    f"RecurringMiddleware({flag}=...) must be True or False, got {value!r}"
+                )
         self.report = report
         self.source = validate_name(source, "source")
         try:
@@ -156,11 +167,25 @@ class RecurringMiddleware(Middleware):
         except ConfigError as exc:
             raise ConfigError(f"RecurringMiddleware(generation=...): {exc}") from exc
         self.generation = generation
+        if schedule_file is not None and not isinstance(schedule_file, str | os.PathLike):
+            raise ConfigError(
+                f"RecurringMiddleware(schedule_file=...) must be a path, got {schedule_file!r}"
+            )
         self.schedule_file = os.fspath(schedule_file) if schedule_file is not None else None
         self.run_pump = run_pump
         self.sync_at_boot = sync_at_boot
         self.prune = prune
+        if isinstance(pump_queues, str | bytes) or not (
+            pump_queues is None or isinstance(pump_queues, Iterable)
+        ):  # a string is an Iterable[str] too: each letter a queue
+            raise ConfigError(
+                "RecurringMiddleware(pump_queues=...) must be a list of queue names, "
+                f"got {pump_queues!r}"
+            )
         self.pump_queues = tuple(validate_name(q, "queue") for q in pump_queues or ())
+        check_pump_options(
+            lease_ms=lease_ms, max_sleep_s=max_sleep_s, owner="RecurringMiddleware(...): "
+        )
         if pipelined is not None and not isinstance(pipelined, bool):
             raise ConfigError(
                 "RecurringMiddleware(pipelined=...) must be True, False or None (automatic), "
@@ -169,6 +194,11 @@ class RecurringMiddleware(Middleware):
         self.pipelined = pipelined
         self.lease_ms = lease_ms
         self.max_sleep_s = max_sleep_s
+        if not isinstance(listeners, Iterable):
+            raise ConfigError(
+                "RecurringMiddleware(listeners=...) must be a list of PumpEvents, "
+                f"got {listeners!r}"
+            )
         self.listeners = tuple(listeners)
         self._registry_spec = repeat
         self.repeat: Repeat | None = repeat if isinstance(repeat, Repeat) else None

@@ -72,5 +72,5 @@ def test_the_registry_reads_one_page(filled: Repeat) -> None:
     assert [r.name for r in filled.list("alpha", offset=2, limit=2)] == ["job-0002", "job-0003"]
     assert filled.count("alpha") == 1200
     assert sum(1 for _ in filled.iter_list("beta")) == 1300
-    with pytest.raises(ValueError, match="must not be negative"):
+    with pytest.raises(ValueError, match="offset must be a whole number from 0"):
         filled.list("alpha", offset=-1)

@@ -452,7 +452,7 @@ def test_registry_names_page_through_lists_order_without_reading_records(filled:
     assert filled.names("alpha", offset=115, limit=10) == order[115:]
     assert filled.names("alpha", offset=3, limit=2) == order[3:5]
     assert filled.names("alpha", limit=0) == [] and filled.names("alpha", offset=500) == []
-    with pytest.raises(ValueError, match="must not be negative"):
+    with pytest.raises(ValueError, match="offset must be a whole number from 0"):
         filled.names("alpha", offset=-1)
 
 

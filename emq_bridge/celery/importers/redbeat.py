@@ -94,8 +94,17 @@ def read_redbeat(
         try:
             definition = json.loads(text(raw_definition), cls=decoder)
             meta = json.loads(text(raw_meta), cls=decoder) if raw_meta else {}
+        except RecursionError:
+            plan.refused.append(Refusal(origin, "celery-redbeat cannot decode it: nested too deep"))
+            continue
         except (ValueError, TypeError, KeyError, AssertionError) as exc:
             plan.refused.append(Refusal(origin, f"celery-redbeat cannot decode it: {exc!r}"))
+            continue
+        if not isinstance(definition, dict) or not isinstance(meta, dict):
+            field = "definition" if not isinstance(definition, dict) else "meta"
+            plan.refused.append(
+                Refusal(origin, f"its {field!r} is not a JSON object, as celery-redbeat writes")
+            )
             continue
         try:
             plan.entries.append(_entry(app, key, key_prefix, definition, meta, now_ms, source))
@@ -118,9 +127,19 @@ def _entry(
     task = definition.get("task")
     if not isinstance(task, str) or not task:
         raise Unrepresentable("it names no task")
-    args = list(definition.get("args") or ())
-    kwargs = dict(definition.get("kwargs") or {})
-    options = json_options(definition.get("options") or {}, label)
+    args = definition.get("args") or []
+    kwargs = definition.get("kwargs") or {}
+    options = definition.get("options") or {}
+    for field, value, kind in (
+        ("args", args, list),
+        ("kwargs", kwargs, dict),
+        ("options", options, dict),
+    ):
+        if not isinstance(value, kind):
+            raise Unrepresentable(
+                f"its {field} is not a JSON {'array' if kind is list else 'object'}"
+            )
+    options = json_options(options, label)
     last_run = meta.get("last_run_at")
     last_run_ms = epoch_ms(last_run) if isinstance(last_run, datetime) else None
     carried = carry(definition.get("schedule"), app, label, last_run_ms=last_run_ms, now_ms=now_ms)

@@ -152,6 +152,8 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         headers = json.loads(row.headers or "{}")
     except ValueError as exc:
         raise Unrepresentable(f"its args, kwargs or headers are not JSON: {exc}") from exc
+    except RecursionError:
+        raise Unrepresentable("its args, kwargs or headers are nested too deep") from None
     # JSON null: django-celery-beat sends it as None, which Celery sends as no arguments.
     args, kwargs, headers = (
         empty if value is None else value
