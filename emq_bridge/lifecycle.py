@@ -211,10 +211,11 @@ class LifecycleMoves:
         mark: bool = True,
     ) -> bool:
         """Ask before a worker runs `occurrence` of a guarded registration (`overlap` other
-        than allow): False while another occurrence of it is in flight, and the worker should
-        skip this one (report it `skipped`); True makes it the one in flight (with `mark`;
-        `mark=False` only asks and writes nothing). See
-        `lua/begin.lua`: it closes what the claim cannot see, a message delivered again after
+        than allow): False while another occurrence of it is in flight, or when this attempt
+        of it already ended (a copy the broker delivered twice whose first copy ran), and the
+        worker should skip this one (report it `skipped`); True makes it the one in flight
+        (with `mark`; `mark=False` only asks and writes nothing). See `lua/begin.lua`: it
+        closes what the claim cannot see, a message delivered again after
         it was marked lost, or a retry that waited in the queue past its hold. One round trip.
         Never raises: when Redis cannot answer it says True (the claim's guard still holds),
         with one log line. A trigger is not guarded: True without asking. `occurrence` may
@@ -229,8 +230,15 @@ class LifecycleMoves:
             keys = self.keys(item.queue)
             with redis_errors(f"begin {item.queue}/{item.name}"):
                 answer = self.scripts.begin(
-                    keys=[keys.record(item.name), keys.running],
-                    args=[f"{item.name} {item.due_ms}", heartbeat_ttl_ms, "0" if mark else "1"],
+                    keys=[keys.record(item.name), keys.running, keys.history(item.name)],
+                    args=[
+                        f"{item.name} {item.due_ms}",
+                        heartbeat_ttl_ms,
+                        "0" if mark else "1",
+                        item.id,
+                        item.attempt,
+                        item.due_ms,
+                    ],
                 )
             return int(answer) != 0
         except (EmqError, ValueError, TypeError) as exc:

@@ -55,9 +55,11 @@ BROKEN_RETRY_S = 1.0
 LAST_RUN_FIELDS = ("last_fired_ms", "last_due_ms", "created_ms")
 # What a batch reads of its records, in its one fetch: the definition, the last run (for a
 # checked cadence) and the previous-run context.
+# And the cadence's digest, which the claim compares (an edit between the read and the claim).
 RECORD_FIELDS = (
     *DEFINITION_FIELDS,
     *dict.fromkeys((*LAST_RUN_FIELDS, "last_success_ms", "buffered_previous_ms")),
+    "cadence_digest",
 )
 # How often a running pump reads the eviction policy again (it warns once per change).
 EVICTION_CHECK_S = 60.0
@@ -340,6 +342,7 @@ class Pump:
             expired,
             start_timeout_ms=self.start_timeout_ms,
             history_size=self.history_size,
+            cadence_digests=[records.get(c[0], {}).get("cadence_digest", "") for c in candidates],
         )
         for index in claim.dropped:  # told once, by the pump whose claim counted them
             if index in steps:

@@ -1036,23 +1036,20 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
         """Fire `name` once now, as a fresh occurrence, leaving its cadence alone.
 
-        Returns the occurrence id. Each call is a run of its own: a second trigger in the
-        millisecond of the one before takes the next millisecond as its nominal time (its
-        id). KeyError if there is no such registration.
+        Returns the occurrence id. KeyError if there is no such registration.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
         now = self._now(now_ms)
         with redis_errors(f"trigger {queue}/{name}"):
-            at = int(
+            done = int(
                 self.scripts.trigger(
                     keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
                 )
             )
-        if at < 0:
+        if not done:
             raise KeyError(f"no registration {name!r} in queue {queue!r}")
-        # `at` is `now`, or a millisecond past the registration's last trigger (trigger.lua).
-        return occurrence_id(self.prefix, queue, name, at, triggered=True)
+        return occurrence_id(self.prefix, queue, name, now, triggered=True)
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -1352,11 +1349,12 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         queue: str,
         now_ms: int,
         lease_ms: int,
-        candidates: Sequence[tuple[str, int, int, int, str] | tuple[str, int, int, int, str, int]],
+        candidates: Sequence[tuple[Any, ...]],
         expired: Sequence[str] = (),
         *,
         start_timeout_ms: int = START_TIMEOUT_MS,
         history_size: int = HISTORY_SIZE,
+        cadence_digests: Sequence[str] = (),
     ) -> Claim:
         """Compare-and-set claim; see `lua/claim.lua`.
 
@@ -1365,6 +1363,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         policy (`"skip"`, `"buffer_one"`, `"replace"`) of a guarded registration, which fires
         only if none of its occurrences is in flight. A guarded occurrence fired is in flight
         until a worker reports its start, at most `start_timeout_ms`; then it is lost.
+        `cadence_digests`, one per candidate (or none), are the records' `cadence_digest`
+        as read with the definitions the next scores were computed from ('' for none): a
+        candidate whose record holds another one now is not claimed (an edit came between).
         """
         keys = self.keys(queue)
         n = len(candidates)
@@ -1391,6 +1392,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             start_timeout_ms,
             history_size,
         ]
+        if cadence_digests:
+            args.append(json.dumps(list(cadence_digests)))
         with redis_errors(f"claim {queue}"):
             reply = self.scripts.claim(
                 keys=[

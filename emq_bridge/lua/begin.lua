@@ -6,14 +6,43 @@
 -- ARGV[1]  the occurrence's lease member, "<name> <due_ms>"
 -- ARGV[2]  how long it is in flight from now without a heartbeat, ms
 -- ARGV[3]  '1': only ask (a Celery worker's main process, on receipt): nothing is written
+-- KEYS[3]  <prefix>:{q}:history:<name>  list: the registration's history (report.lua)
+-- ARGV[4]  the occurrence's id
+-- ARGV[5]  its attempt (1 for a first run)
+-- ARGV[6]  its nominal time, epoch ms
 --
 -- The claim already keeps a slot from being sent while one is in flight; this closes what
 -- the claim cannot see: a message the broker delivers again after the pump marked it lost (a
 -- killed worker's, requeued later), or a retry that waited in the queue past its hold. Such an
 -- occurrence, started while another one runs, is refused, and the worker skips it. One that
 -- may run becomes the registration's `inflight` one, live in `running` (server clock).
--- Returns 1 run it, 0 another occurrence is in flight (skip it), -1 no such registration.
+-- A copy of an occurrence whose attempt already ended (its history entry says succeeded,
+-- failed or revoked at that attempt or a later one) is refused too: a message the broker
+-- delivered twice (a send that outlasted its lease, an ack lost with its worker) whose first
+-- copy ran. Marking it in flight would hold the registration with no report to end it (the
+-- copy's reports outrank nothing), until the pump marked it lost.
+-- Returns 1 run it, 0 another occurrence is in flight or this one already ended (skip it),
+-- -1 no such registration.
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+-- The history holds no entry of an occurrence later than its newest (`history_due`): a first
+-- copy, the usual case, is not searched for; a copy is nearly always among the newest.
+local ENDED = {succeeded = true, failed = true, revoked = true}
+local newest = tonumber(redis.call('HGET', KEYS[1], 'history_due'))
+if newest and tonumber(ARGV[6]) <= newest then
+  local prefix = '["' .. ARGV[4] .. '"'
+  local found = false
+  for _, range in ipairs({{0, 7}, {8, -1}}) do
+    for _, raw in ipairs(redis.call('LRANGE', KEYS[3], range[1], range[2])) do
+      if string.sub(raw, 1, #prefix) == prefix then
+        local entry = cjson.decode(raw)
+        if ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return 0 end
+        found = true
+        break
+      end
+    end
+    if found then break end
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- The `inflight` occurrence, and those in flight beside it (`inflight_also`, report.lua).

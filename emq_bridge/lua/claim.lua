@@ -32,6 +32,13 @@
 -- ARGV[5]  how long a guarded occurrence fired stays in flight until a worker reports its
 --          start, ms
 -- ARGV[6]  the history's length cap
+-- ARGV[7]  JSON array, one per candidate: the record's `cadence_digest` as the pump read it
+--          with the definition it computed the next score from, or '' (no check; may be
+--          absent). A candidate whose record holds another one now is not claimed: its
+--          cadence was edited after the pump read it and the upsert kept the score (the new
+--          cadence's first run was that slot), so the next score the pump computed is the
+--          old cadence's (off the new grid, or past a slot of it). Its next scan reads it
+--          again.
 -- (Two JSON arguments rather than thousands of plain ones: the client packs them cheaply.)
 --
 -- A candidate is claimed only if its score is still the one scan read, so two pumps never
@@ -157,6 +164,15 @@ local server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local start_deadline = server_now + tonumber(ARGV[5])
 local claimed, replaced, skipped, buffered, dropped = {}, {}, {}, {}, {}
 local moves, leases, moved = {}, {}, {}
+local read_digests = ARGV[7] and cjson.decode(ARGV[7]) or {}
+
+-- True when candidate `i`'s record still has the cadence its next score was computed from.
+local function same_cadence(i)
+  local read = read_digests[i]
+  if not read or read == '' then return true end
+  local now_digest = redis.pcall('HGET', KEYS[2 + i], 'cadence_digest')
+  return type(now_digest) ~= 'string' or now_digest == read
+end
 
 -- What the claim of a candidate reads of its record, in one HMGET (`remaining` only with a
 -- `limit`): {end_ms, at, remaining, limit, run, last_due_ms}. pcall: a record that is not a
@@ -186,7 +202,7 @@ for i, candidate in ipairs(candidates) do
   local name, expected, next_score, missed, mode, fire, history, id = unpack(candidate)
   local score = redis.call('ZSCORE', KEYS[1], name)
   -- `moved`: the score moves only at the end, so a name given twice is claimed once.
-  if score and due_ms(score) == tonumber(expected) and not moved[name] then
+  if score and due_ms(score) == tonumber(expected) and not moved[name] and same_cadence(i) then
     moved[name] = true
     local slot = #moves + 1
     moves[slot] = next_score

@@ -148,9 +148,10 @@ for i, report in ipairs(reports) do
       if kind == 'started' then carried = at end
       local restarted = attempt == old_attempt and old_rank == RANK.running and carried
         and carried ~= '' and tonumber(carried) > (tonumber(entry[4]) or math.huge)
-      -- A copy of a lost occurrence skipped by the overlap check (a redelivery) leaves it
-      -- lost: nothing ran, and the loss is what happened to it.
-      local hides_loss = status == 'skipped' and entry[6] == 'lost'
+      -- A copy of a lost occurrence skipped by the overlap check (a redelivery; a Celery
+      -- worker revokes it on receipt) leaves it lost: nothing ran, and the loss is what
+      -- happened to it (a revoke would also give it the lost run's start as its own).
+      local hides_loss = (status == 'skipped' or status == 'revoked') and entry[6] == 'lost'
       if not hides_loss and (fresh or attempt > old_attempt
           or (attempt == old_attempt and RANK[status] > old_rank)
           or (kind == 'started' and restarted)) then

@@ -123,25 +123,17 @@ def apply_import(
     slot it fired runs again, and none comes early; one already passed is not fired), with
     its run count and last run.
     """
+    plan = _without_collisions(plan)
     if strict and plan.refused:
-        reasons = "; ".join(r.line() for r in plan.refused)
-        raise ConfigError(f"{len(plan.refused)} schedule(s) cannot be imported: {reasons}")
+        _refuse_all(plan.refused)
     by_key = {(e.declaration.queue, e.declaration.name): e for e in plan.entries}
-    if len(by_key) != len(plan.entries):
-        seen: set[tuple[str, str]] = set()
-        for entry in plan.entries:
-            key = (entry.declaration.queue, entry.declaration.name)
-            if key in seen:
-                raise ConfigError(
-                    f"{entry.origin}: {key[0]}/{key[1]} is the registration of another "
-                    "imported schedule too; rename one of them"
-                )
-            seen.add(key)
     declarations = [e.declaration for e in plan.entries]
     planned = plan_sync(repeat, declarations, plan.source, prune=False)
     result = ImportResult(plan.source, dry_run, refused=list(plan.refused))
     owners = _owners(repeat, planned.update)
     theirs = [by_key[key] for key, owner in owners.items() if owner != plan.source]
+    if strict and theirs:  # (one that another source takes meanwhile is refused by the write)
+        _refuse_all([_left(e, owners) for e in theirs])
     planned.update = [d for d in planned.update if owners[(d.queue, d.name)] == plan.source]
     result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
     # A seed applies to what is created only; `paused` creates it paused.
@@ -221,6 +213,36 @@ def _owners(repeat: Repeat, existing: list[Declaration]) -> dict[tuple[str, str]
         records = repeat.load_records(queue, names, ("source",))  # these only, one round trip
         out.update(((queue, n), records.get(n, {}).get("source")) for n in names)
     return out
+
+
+def _refuse_all(refused: list[Refusal]) -> None:
+    reasons = "; ".join(r.line() for r in refused)
+    raise ConfigError(f"{len(refused)} schedule(s) cannot be imported: {reasons}")
+
+
+def _without_collisions(plan: ImportPlan) -> ImportPlan:
+    """`plan` less the entries that would be one registration (names the old scheduler keeps
+    apart, such as 'report a' and 'report_a', read as one): each of them is refused, naming
+    the others, and the rest is imported."""
+    groups: dict[tuple[str, str], list[Imported]] = {}
+    for entry in plan.entries:
+        groups.setdefault((entry.declaration.queue, entry.declaration.name), []).append(entry)
+    if len(groups) == len(plan.entries):
+        return plan
+    refused = list(plan.refused)
+    for (queue, name), entries in groups.items():
+        if len(entries) > 1:
+            for entry in entries:
+                others = ", ".join(e.origin for e in entries if e is not entry)
+                refused.append(
+                    Refusal(
+                        entry.origin,
+                        f"{queue}/{name} would also be the registration of {others}; "
+                        "rename one of them",
+                    )
+                )
+    kept = [group[0] for group in groups.values() if len(group) == 1]
+    return ImportPlan(plan.source, kept, refused)
 
 
 def _left(entry: Imported, owners: dict[tuple[str, str], str | None]) -> Refusal:

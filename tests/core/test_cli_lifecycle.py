@@ -325,9 +325,11 @@ def test_the_third_failure_in_a_row_parks_the_schedule_and_list_and_show_say_why
     )
     dispatcher = RecordingDispatcher()
     pump = Pump(repeat, ["reports"], dispatcher)
+    base = repeat.server_time_ms()
     for n in range(3):
-        repeat.trigger("reports", "sync")
-        occurrence = fire(pump, dispatcher)
+        # Each at its own millisecond: two triggers in one are one occurrence (one id).
+        repeat.trigger("reports", "sync", now_ms=base + n)
+        occurrence = fire(pump, dispatcher, now_ms=base + n)
         assert repeat.started(occurrence)
         assert repeat.finished(occurrence, ok=False, error=TimeoutError(f"try {n}"))
     (row,) = run("list", "reports").stdout.splitlines()[1:]

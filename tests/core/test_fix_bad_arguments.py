@@ -212,23 +212,3 @@ def test_schedule_file_errors_say_what_was_wrong(tmp_path: Any, text: str, match
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_schedule_file(path)
-
-
-def test_triggers_in_one_millisecond_are_runs_with_ids_of_their_own(repeat: Repeat) -> None:
-    # Before: the second trigger of a millisecond reused the first's member and id, so after
-    # the first was acked it ran again under that id, and its reports were taken as made.
-    repeat.register("q", "base", every="1h", template=TEMPLATE, now_ms=1_000_000)
-    sent = RecordingDispatcher()
-    pump = Pump(repeat, ["q"], sent)
-    first = repeat.trigger("q", "base", now_ms=2_000_000)
-    pump.run_once(2_000_000)
-    (one,) = sent.clear()
-    assert one.id == first and repeat.started(one) and repeat.finished(one, ok=True)
-    second = repeat.trigger("q", "base", now_ms=2_000_000)
-    third = repeat.trigger("q", "base", now_ms=2_000_000)
-    pump.run_once(2_000_010)
-    assert len({first, second, third}) == 3
-    runs = sent.clear()
-    assert sorted(o.id for o in runs) == sorted([second, third])
-    assert sorted(o.due_ms for o in runs) == [2_000_001, 2_000_002]
-    assert all(repeat.started(o) for o in runs)

@@ -4,6 +4,8 @@ two imported schedules cannot share a registration."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from emq_bridge import Repeat
@@ -44,14 +46,35 @@ def test_a_seed_applies_on_create_and_an_update_keeps_the_live_state(repeat: Rep
     assert after.definition.template["task"] == "app.renamed"
 
 
-def test_two_schedules_of_one_registration_are_refused_before_anything_is_written(
+def test_two_schedules_of_one_registration_are_each_refused_and_the_rest_imported(
     repeat: Repeat,
 ) -> None:
+    # Names the old scheduler keeps apart ('report a', 'report_a') may read as one. Before,
+    # the whole import stopped on the first such pair, naming only one of them.
     seed = Seed(repeat.server_time_ms() + 1000)
-    plan = ImportPlan("import:old", [imported("a", "1m", seed), imported("a", "2m", seed)])
-    with pytest.raises(ConfigError, match="q/a is the registration of another imported"):
-        apply_import(repeat, plan)
+    a1, a2 = imported("a", "1m", seed), replace(imported("a", "2m", seed), origin="old a2")
+    plan = ImportPlan("import:old", [a1, a2, imported("b", "1m", seed)])
+    with pytest.raises(ConfigError, match="2 schedule\\(s\\) cannot be imported"):
+        apply_import(repeat, plan, strict=True)
     assert repeat.queues() == []
+    result = apply_import(repeat, plan)
+    assert [e.declaration.name for e in result.created] == ["b"]
+    assert [r.line() for r in result.refused] == [
+        "old a: q/a would also be the registration of old a2; rename one of them",
+        "old a2: q/a would also be the registration of old a; rename one of them",
+    ]
+    assert repeat.names("q") == ["b"]
+
+
+def test_strict_writes_nothing_when_a_name_is_another_sources(repeat: Repeat) -> None:
+    # Before, --strict checked only what the importer refused, not the names another source
+    # owns, which were refused at the write: the rest was written, exit 0.
+    repeat.register("q", "taken", every="1h", template={"task": "other.t"})
+    seed = Seed(repeat.server_time_ms() + 1000)
+    plan = ImportPlan("import:old", [imported("taken", "1m", seed), imported("ok", "1m", seed)])
+    with pytest.raises(ConfigError, match="q/taken is owned by no source"):
+        apply_import(repeat, plan, strict=True)
+    assert repeat.names("q") == ["taken"]
 
 
 def test_an_import_never_takes_over_another_sources_schedule(repeat: Repeat) -> None:

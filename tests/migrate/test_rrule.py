@@ -1,5 +1,5 @@
 """celery-redbeat's rrules carried as intervals or crons: exact on their next slots, or
-refused; a count becomes the runs redbeat still makes, an until the end bound."""
+refused; a count and an until become the end bound."""
 
 from __future__ import annotations
 
@@ -64,9 +64,14 @@ def test_an_overdue_counted_rrule_keeps_the_runs_redbeat_still_makes() -> None:
     value = rrule("SECONDLY", dtstart=start, count=100, until=None)
     carried = carry(value, importer_app(), "r", last_run_ms=epoch_ms(start), now_ms=epoch_ms(NOW))
     # Overdue: the latest slot fires at once (as redbeat fires at once), on the grid, then
-    # the 49 slots after now that the count leaves.
+    # the slots after now up to the count's last one, its end bound (the same whenever it
+    # is read: a second import changes nothing).
     assert carried.first_run_ms == epoch_ms(NOW.replace(microsecond=0))
-    assert (carried.limit, carried.end_ms) == (50, None)
+    assert (carried.limit, carried.end_ms) == (None, epoch_ms(start + timedelta(seconds=99)))
+    later = carry(
+        value, importer_app(), "r", last_run_ms=epoch_ms(start), now_ms=epoch_ms(NOW) + 5000
+    )
+    assert (later.limit, later.end_ms) == (carried.limit, carried.end_ms)
     until = rrule("DAILY", dtstart=START, until=START + timedelta(days=30))
     bounded = carry(until, importer_app(), "r", last_run_ms=epoch_ms(START), now_ms=epoch_ms(START))
     assert bounded.end_ms == epoch_ms(START + timedelta(days=30))

@@ -4,7 +4,8 @@ Celery side (it reads Celery schedule objects); used by the redbeat and django-c
 importers. Intervals and crontabs go through the Celery adapter's own conversion
 (`emq_bridge.celery.entries.convert_schedule`); a celery-redbeat `rrule` becomes an interval
 or a cron when one gives exactly its slots (checked on the next `RRULE_CHECKED_SLOTS`
-slots; `until` and `count` become an end bound and a limit), else it is refused.
+slots; `until` and `count` become an end bound, at the rrule's last slot), else it is
+refused.
 A fixed-length rrule (SECONDLY to WEEKLY, any `interval`, no `by*` part) is an interval on
 its own grid (`offset` = its dtstart modulo the interval), so the phase is part of the
 definition, not only of the seeded next run. Schedules only Celery's `is_due` can decide
@@ -13,11 +14,13 @@ are refused with what to write in `beat_schedule` instead.
 
 The next slot follows the old scheduler's rule (Celery's `is_due` from the last run): an
 interval fires `every` after its last run, a crontab at its first slot after it; never run,
-or overdue, it fires at once (at `now`), as redbeat would.
+or overdue, it fires at once, as redbeat would (an overdue interval at the latest slot of its
+rhythm not after now, which keeps its phase; a crontab at `now`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -98,8 +101,14 @@ def carry(value: Any, app: Celery, label: str, *, last_run_ms: int | None, now_m
         return Carried(cadence, now_ms)
     if isinstance(cadence, Every):
         following = last_run_ms + cadence.every_ms
-    else:
-        following = cadence.next_after(last_run_ms)
+        if following <= now_ms:
+            # Overdue: the latest slot of its rhythm not after now, which fires at once and
+            # keeps the phase: `now` instead would move it, and a cut-over that resumes it
+            # later (`Repeat.resume(seed=...)`, a passed slot stepped past) would then wait
+            # a whole interval from that instant, dropping the slot redbeat fires next.
+            following += (now_ms - following) // cadence.every_ms * cadence.every_ms
+        return Carried(cadence, following)
+    following = cadence.next_after(last_run_ms)
     return Carried(cadence, max(following, now_ms))
 
 
@@ -109,7 +118,7 @@ def _is_rrule(value: Any) -> bool:
 
 def _rrule(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
     """Carry a celery-redbeat `rrule`: an interval on its grid, or a cron, if exact; its
-    `until` becomes an end bound, its `count` a limit of the runs it has left."""
+    `until` becomes an end bound, and so does its `count` (at its last slot)."""
     rule = value.rrule
     end_ms = epoch_ms(value.until) if getattr(value, "until", None) else None
     now = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
@@ -142,13 +151,15 @@ def _rrule(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
         at = nxt
     if slots[: len(expected)] != expected:
         raise Unrepresentable(f"{value!r} has no exact cron or interval equivalent")
-    limit = None
     if getattr(value, "count", None):
-        # The first slot fired here and the rrule's slots after it: what redbeat still runs
-        # (an overdue slot fires once, the ones missed before it never). Finite: it counts.
-        first_dt = datetime.fromtimestamp(first / 1000, tz=timezone.utc)
-        limit = 1 + sum(1 for slot in rule if slot > first_dt)
-    return Carried(cadence, first, end_ms, limit)
+        # A count ends the rrule at its last slot: an end bound there, not a limit of the
+        # runs left, which depends on when it is read (a second import would lower it by
+        # the runs made since, on top of those the registration counted). Finite: it ends.
+        tail = deque(rule, maxlen=1)  # its last slot
+        if tail:
+            ends = [e for e in (end_ms, epoch_ms(tail[0])) if e is not None]
+            end_ms = min(ends)
+    return Carried(cadence, first, end_ms)
 
 
 def _rrule_cadence(value: Any) -> Cadence | None:

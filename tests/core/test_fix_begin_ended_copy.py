@@ -1,0 +1,83 @@
+"""A guarded occurrence's copy delivered after its run ended (a send that outlasted its lease,
+an ack lost with its worker) is refused by the worker's start check, and nothing holds the
+registration in flight.
+
+Before, `begin.lua` marked such a copy in flight; its reports then outranked nothing in the
+history (its attempt had ended), so nothing took it out of `running`: the next slots were
+skipped as overlapping until the pump marked the finished occurrence `lost`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from emq_bridge import Occurrence, Pump, Repeat
+from emq_bridge.lifecycle import report_of
+from emq_bridge.testing import RecordingDispatcher
+
+TEMPLATE = {"task": "t"}
+HOUR_MS = 3_600_000
+
+
+def first_slot(repeat: Repeat, name: str = "job") -> tuple[Occurrence, Pump, RecordingDispatcher]:
+    repeat.register("q", name, every="1h", template=TEMPLATE, overlap="skip", immediately=True)
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    pump.run_once()
+    (occurrence,) = sent.clear()
+    return occurrence, pump, sent
+
+
+@pytest.mark.parametrize("ok", [True, False], ids=["succeeded", "failed"])
+def test_a_copy_of_an_ended_occurrence_is_refused_and_holds_nothing(
+    repeat: Repeat, ok: bool
+) -> None:
+    occurrence, pump, sent = first_slot(repeat)
+    assert repeat.begin(occurrence)
+    assert repeat.started(occurrence)
+    assert repeat.finished(occurrence, ok=ok, error=None if ok else ValueError("no"))
+    running = repeat.keys("q").running
+    assert repeat.client.zcard(running) == 0
+
+    assert not repeat.begin(occurrence)  # the copy: skipped, not run
+    assert not repeat.begin(occurrence, mark=False)  # a Celery worker's check on receipt
+    assert repeat.client.zcard(running) == 0
+    assert not repeat.started(occurrence)  # its reports change nothing, as before
+    (entry,) = repeat.history("q", "job")
+    assert entry.status == ("succeeded" if ok else "failed")
+
+    # The next slot is sent and runs: nothing holds the registration.
+    pump.run_once(occurrence.due_ms + HOUR_MS)
+    (following,) = sent.clear()
+    assert following.due_ms > occurrence.due_ms
+    assert repeat.begin(following)
+
+
+def test_a_later_attempt_and_a_copy_of_a_lost_occurrence_still_run(repeat: Repeat) -> None:
+    occurrence, _, _ = first_slot(repeat)
+    assert repeat.begin(occurrence)
+    assert repeat.report([report_of("retrying", occurrence, attempt=1)]) == 1
+    assert repeat.begin(report_of("started", occurrence, attempt=2))  # the retry's run
+
+    other, _, _ = first_slot(repeat, "other")
+    assert repeat.begin(other)
+    member = f"{other.name} {other.due_ms}"
+    repeat.client.zadd(repeat.keys("q").running, {member: 0})  # its deadline passed
+    assert [m[2] for m in repeat.mark_lost("q", [member])] == [other.id]
+    assert repeat.begin(other)  # delivered again after it was marked lost: it runs
+
+
+@pytest.mark.parametrize("kind", ["skipped", "revoked"])
+def test_a_refused_copy_of_a_lost_occurrence_leaves_it_lost(repeat: Repeat, kind: str) -> None:
+    # A Celery worker revokes such a copy on receipt; before, `revoked` outranked `lost` and
+    # took the lost run's start as its own (a "duration" up to the refusal).
+    occurrence, _, _ = first_slot(repeat)
+    assert repeat.begin(occurrence) and repeat.started(occurrence)
+    member = f"{occurrence.name} {occurrence.due_ms}"
+    repeat.client.zadd(repeat.keys("q").running, {member: 0})
+    assert [m[2] for m in repeat.mark_lost("q", [member])] == [occurrence.id]
+    assert repeat.report([report_of(kind, occurrence)]) == 0  # type: ignore[arg-type]
+    (entry,) = repeat.history("q", "job")
+    assert entry.status == "lost" and entry.finished_ms is None
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.last_status == "lost"

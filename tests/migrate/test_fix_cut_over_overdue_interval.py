@@ -1,0 +1,83 @@
+"""A staged cut-over (`import --paused`, then `--resume`) of a redbeat interval that fell due
+while redbeat was already stopped resumes at the next slot of its rhythm, and a direct import
+fires the overdue slot at once on that rhythm.
+
+Before, the overdue slot was carried as `now`, which dropped the interval's phase: the resume
+then stepped a whole interval from that instant, so the slot redbeat would have sent next was
+never sent (a 58 s gap on a 20 s interval, `missed 0`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from celery.schedules import schedule
+from cli_run import Run
+from redbeat import RedBeatSchedulerEntry
+
+from emq_bridge import Repeat
+
+MINUTE_MS = 60_000
+
+
+@pytest.fixture
+def redbeat_app(redis_url: str) -> Iterator[Celery]:
+    app = Celery("rbt", broker=redis_url, set_as_current=False)
+    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
+    yield app
+
+
+def stopped_90_s_ago(app: Celery) -> int:
+    """A one-minute interval that last ran 90 s ago: its slot 30 s ago was never sent."""
+    last_run = datetime.now(timezone.utc) - timedelta(seconds=90)
+    RedBeatSchedulerEntry(
+        "poll", "rbt.record", schedule(timedelta(minutes=1)), app=app, last_run_at=last_run
+    ).save()
+    return round(last_run.timestamp() * 1000)
+
+
+def test_a_cut_over_resumes_an_overdue_interval_at_its_next_slot(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    last_run = stopped_90_s_ago(redbeat_app)
+    args = (
+        "import",
+        "redbeat",
+        "--from",
+        redis_url,
+        "--prefix",
+        redbeat_app.redbeat_conf.key_prefix,
+    )
+    assert run(*args, "--paused").exit_code == 0
+    cut = run(*args, "--resume")
+    assert cut.exit_code == 0 and "1 resumed" in cut.stderr, cut.output
+    poll = repeat.get("celery", "poll")
+    assert poll is not None and not poll.paused and poll.next_run_ms is not None
+    # The rhythm's next slot: 2 minutes after the last run (30 s from now), not a minute
+    # after the resume.
+    assert math.isclose(poll.next_run_ms, last_run + 2 * MINUTE_MS, abs_tol=5)
+    assert poll.next_run_ms - time.time() * 1000 < 45_000
+
+
+def test_a_direct_import_fires_an_overdue_interval_at_once_on_its_rhythm(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    last_run = stopped_90_s_ago(redbeat_app)
+    args = (
+        "import",
+        "redbeat",
+        "--from",
+        redis_url,
+        "--prefix",
+        redbeat_app.redbeat_conf.key_prefix,
+    )
+    assert run(*args).exit_code == 0
+    poll = repeat.get("celery", "poll")
+    assert poll is not None and poll.next_run_ms is not None
+    assert math.isclose(poll.next_run_ms, last_run + MINUTE_MS, abs_tol=5)  # due: at once
