@@ -36,7 +36,7 @@ from .definition import (
 )
 from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
 from .heartbeat import HeartbeatMoves
-from .jitter import pending_slot
+from .jitter import nominal_slot, pending_slot
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -658,6 +658,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             (validate_name(q, "queue"), []) for q in dict.fromkeys(queues) if q not in by_queue
         ]
 
+        # Per item sent again (digit 5): the slot its old, jittered cadence had not sent yet.
+        old_slots: dict[int, int] = {}
+
         def calls(
             chunks: builtins.list[tuple[str, builtins.list[int]]], pending: bool = False
         ) -> Iterator[tuple[builtins.list[str], builtins.list[Any]]]:
@@ -673,6 +676,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         seeds[i] if seeds else None,
                         shared,
                         pending,
+                        old_slots.get(i),
                     )
                     for i in chunk
                 ]
@@ -718,6 +722,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 # The records whose old cadence jittered and whose next run was still ahead:
                 # sent again with the slot their new cadence may have to fire at once.
                 retried = [(queue, indexes) for queue, indexes in again.items()]
+                for queue, indexes in retried:
+                    old_slots.update(self._unsent_slots(queue, indexes, items))
                 replies = overlapped_calls(self.client, self.scripts.upsert, calls(retried, True))
                 for (queue, chunk), reply in zip(retried, replies, strict=True):
                     _stale(reply, queue, source, generation)
@@ -734,12 +740,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         seed: Seed | None,
         shared: dict[Any, _Shared],
         pending: bool = False,
+        old_slot: int | None = None,
     ) -> list[Any]:
         """Return one item of `upsert.lua`'s ARGV[3], for a `definition` seeded with `name`
         (`Definition.for_name`: the seed of a cron's H and of jitter). `shared` holds, per
         shape of the call's definitions (`shape_key`), what the items of that shape share.
         `pending`: with the last slot of the cadence at or before `now` and the instant it is
-        sent at (`pending_slot`), for the record upsert.lua asked it of (result digit 5)."""
+        sent at (`pending_slot`), for the record upsert.lua asked it of (result digit 5),
+        and `old_slot`, the nominal slot of the record's live score under its old cadence."""
         # The stamps, digests and owner are not among the fields: upsert.lua writes them from
         # the item's digests and the call's `now` and source, so each JSON item the server
         # decodes is that much shorter.
@@ -767,8 +775,24 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             item.append(created_run or first_run)
         if pending:
             slot = pending_slot(definition.cadence, now)
-            item.append([] if slot is None else [str(slot[0]), str(slot[1])])
+            sent = ["", ""] if slot is None else [str(slot[0]), str(slot[1])]
+            item.append([*sent, "" if old_slot is None else str(old_slot)])
         return item
+
+    def _unsent_slots(
+        self, queue: str, indexes: Sequence[int], items: Sequence[tuple[str, str, Definition]]
+    ) -> dict[int, int]:
+        """The nominal slot of each record's live score under its stored (old, jittered)
+        cadence, by item index: the slot it had not sent yet, which upsert.lua counts missed
+        if the new cadence does not fire it (one read, on the rare path of digit 5)."""
+        found = self.get_many(queue, [items[i][1] for i in indexes])
+        out: dict[int, int] = {}
+        for i in indexes:
+            registration = found.get(items[i][1])
+            if registration is not None and registration.next_run_ms is not None:
+                cadence = registration.definition.cadence
+                out[i] = nominal_slot(cadence, registration.next_run_ms)
+        return out
 
     @staticmethod
     def _shared_fields(

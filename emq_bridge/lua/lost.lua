@@ -99,8 +99,15 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
           local next_member = name .. ' ' .. slot
           redis.call('HDEL', record, 'buffered')
           local previous = redis.call('HGET', record, 'last_due_ms') or ''
-          redis.call('HSET', record, 'inflight', next_member, 'last_due_ms', slot,
-                     'buffered_previous_ms', previous)
+          if tonumber(previous) and tonumber(previous) >= tonumber(slot) then
+            -- Later slots fired meanwhile (the policy was edited to allow): `last_due_ms`
+            -- never moves back (the guards against firing a slot again read it), and the
+            -- slot fired before this one is not known.
+            redis.call('HSET', record, 'inflight', next_member, 'buffered_previous_ms', '')
+          else
+            redis.call('HSET', record, 'inflight', next_member, 'last_due_ms', slot,
+                       'buffered_previous_ms', previous)
+          end
           redis.call('ZADD', running, now + start_ttl, next_member)
           redis.call('ZADD', leases, 'NX', 0, next_member .. ' buffered')
           redis.call('PUBLISH', ARGV[4], name)

@@ -87,8 +87,15 @@ local function release_buffered(record, name)
   local member = name .. ' ' .. slot
   -- Released is fired: its slot is the last fired one, and the one before is its previous.
   local previous = redis.call('HGET', record, 'last_due_ms') or ''
-  redis.call('HSET', record, 'inflight', member, 'last_due_ms', slot,
-             'buffered_previous_ms', previous)
+  if tonumber(previous) and tonumber(previous) >= tonumber(slot) then
+    -- Later slots fired meanwhile (the policy was edited to allow): `last_due_ms` never
+    -- moves back (the guards against firing a slot again read it), and the slot fired
+    -- before this one is not known.
+    redis.call('HSET', record, 'inflight', member, 'buffered_previous_ms', '')
+  else
+    redis.call('HSET', record, 'inflight', member, 'last_due_ms', slot,
+               'buffered_previous_ms', previous)
+  end
   redis.call('ZADD', running, now + start_ttl, member)
   redis.call('ZADD', leases, 'NX', 0, member .. ' buffered')
   redis.call('PUBLISH', ARGV[5], name)

@@ -15,7 +15,8 @@
 --           and counters; may be absent),
 --           the first run of a created record when it differs from item 4 (`immediately`;
 --           may be absent),
---           the pending slot: [slot, the instant the new cadence sends it at] or [] (may be
+--           the pending slot: [slot, the instant the new cadence sends it at, the nominal
+--           slot of the live score under the old cadence] ('' for any it has not; may be
 --           absent: see digit 5)]
 -- ARGV[4]  the source the items belong to ('' for none)
 -- ARGV[5]  the generation of that source's declarations ('' for none: no check)
@@ -244,15 +245,27 @@ local function upsert(record, item)
       local overdue = tonumber(live) and tonumber(live) <= tonumber(ARGV[2])
       -- The slot the old, jittered cadence had not sent yet, past for the new one: fired now.
       local pending = ahead and type(item[9]) == 'table' and item[9]
-      if pending and pending[1] then
+      local taken = false
+      if pending and tonumber(pending[1]) then
         local slot = tonumber(pending[1])
         if slot <= tonumber(ARGV[2]) and slot >= tonumber(live) - old_jitter
             and (not tonumber(last) or slot > tonumber(last)) then
           first_run = pending[2]
+          taken = true
         end
       end
       local next_run = place(record, after_fired(record, first_run, live, last))
       redis.call('ZADD', registry, next_run, name)
+      -- The old cadence's slot whose jittered send was still ahead (pending[3], the nominal
+      -- slot of `live`), past now and not fired: when the new cadence fires no slot for it,
+      -- the change drops it, counted in `missed` as an overdue slot a change drops is.
+      local unsent = pending and tonumber(pending[3])
+      if unsent and not taken and unsent <= tonumber(ARGV[2])
+          and (not tonumber(last) or unsent > tonumber(last)) then
+        local result = redis.pcall('HINCRBY', record, 'missed', 1)
+        if type(result) == 'table' and result.err then redis.call('HSET', record, 'missed', 1) end
+        return 3
+      end
       if overdue and next_run ~= live then
         local dropped = 1
         if old_every and old_every > 0 then
