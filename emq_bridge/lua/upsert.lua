@@ -100,6 +100,22 @@ local function after_fired(record, first_run, live, last)
   return string.format('%d', last + 1)
 end
 
+-- A change that keeps an interval but moves its phase (its anchor or offset: an imported
+-- schedule's rhythm taken over by a declaration on the grid, a version-1 record) runs no
+-- sooner than one interval after its last run (`prior`, the later of `last_due_ms` and
+-- `last_fired_ms`): the first slot of the new phase at or after that. A changed interval
+-- keeps the grid rule (after_fired). Not for a jittered, excluding or cron record.
+local function not_sooner(record, first_run, old_every, prior)
+  local f = redis.call('HMGET', record, 'every_ms', 'cron', 'at', 'exclude', 'jitter_ms')
+  local every = tonumber(f[1])
+  if not every or every ~= old_every or (f[2] and f[2] ~= '') or f[3] or f[4] or f[5] then
+    return first_run
+  end
+  local first, floor = tonumber(first_run), prior + every
+  if not first or first >= floor then return first_run end
+  return string.format('%d', first + math.ceil((floor - first) / every) * every)
+end
+
 -- The reason `record` is complete with the next score `score`, or nil (claim.lua's rule).
 local function completion(record, score)
   local f = redis.call('HMGET', record, 'end_ms', 'at', 'remaining', 'limit')
@@ -198,7 +214,8 @@ local function upsert(record, item)
   flush_created()
   local cur = redis.call(
     'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
-    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source', 'jitter_ms'
+    'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source', 'jitter_ms',
+    'last_fired_ms'
   )
   if cur[12] ~= ARGV[4] and ARGV[7] == '1' then return 4 end  -- another owner's: left alone
   local paused, last, completed = cur[3] == '1', cur[5], cur[8]
@@ -253,6 +270,10 @@ local function upsert(record, item)
           first_run = pending[2]
           taken = true
         end
+      end
+      local prior = math.max(tonumber(last) or -1, tonumber(cur[14]) or -1)
+      if not taken and old_every and old_every > 0 and not old_jitter and prior >= 0 then
+        first_run = not_sooner(record, first_run, old_every, prior)
       end
       local next_run = place(record, after_fired(record, first_run, live, last))
       redis.call('ZADD', registry, next_run, name)

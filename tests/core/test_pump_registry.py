@@ -182,8 +182,10 @@ def test_pump_celery_without_registry_options_syncs_and_pumps_under_the_apps_pre
     occurrence = repeat.trigger(celery_app.queue, "tick")
     second = run("pump", "--celery", celery_app.spec, "--once")
     assert second.exit_code == 0, second.output
-    assert second.stdout.startswith("dispatched 1,")
-    assert [m["id"] for m in celery_messages(client, celery_app.queue)] == [occurrence]
+    # The trigger, and the 1 s schedule's slot too when a second passed since the sync.
+    ids = [m["id"] for m in celery_messages(client, celery_app.queue)]
+    assert occurrence in ids and len(ids) <= 2
+    assert second.stdout.startswith(f"dispatched {len(ids)},")
     assert not list(client.scan_iter(match=f"emq:{{{celery_app.queue}}}*"))
 
 

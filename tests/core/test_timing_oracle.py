@@ -155,9 +155,10 @@ def test_a_record_written_before_the_grid_keeps_its_phase_until_its_declaration_
     assert repeat.next_runs("q", "job", 2) == [ms(registered) + 15 * MIN, ms(registered) + 30 * MIN]
     fired = drive(repeat, clock, ms(registered) + 16 * MIN, MIN)
     assert fired == [ms(registered) + 15 * MIN]
-    # The new version's declaration (the grid default) differs: one update, onto the grid.
+    # The new version's declaration (the grid default) differs: one update, onto the grid,
+    # at its first slot an interval or more after the last run (10:22:23): 10:45, not 10:30.
     assert repeat.upsert("q", "job", every="15m", template=TEMPLATE, now_ms=clock()) == "updated"
-    assert repeat.next_runs("q", "job", 1) == [ms(datetime(2030, 1, 1, 10, 30, tzinfo=UTC))]
+    assert repeat.next_runs("q", "job", 1) == [ms(datetime(2030, 1, 1, 10, 45, tzinfo=UTC))]
 
 
 def test_offset_and_anchor_errors_are_clear() -> None:
