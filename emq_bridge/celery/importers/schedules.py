@@ -116,9 +116,64 @@ def _is_rrule(value: Any) -> bool:
     return type(value).__name__ == "rrule" and hasattr(value, "rrule") and hasattr(value, "freq")
 
 
+def _fixed_step(value: Any) -> Carried | None:
+    """The grid interval of a fixed-step rrule (no `by*` part) whose dtstart is in UTC or a
+    fixed offset, where its slots are exactly dtstart + k * step; else None. Its slots are
+    then computed, not walked from dtstart (a minutely rrule started a year ago has half a
+    million slots before now, which dateutil's `after` walks at each call)."""
+    cadence = _rrule_cadence(value)
+    dtstart: datetime = value.dtstart
+    if not isinstance(cadence, Every) or not isinstance(dtstart.tzinfo, timezone):
+        return None
+    if any(getattr(value, n, None) not in (None, (), []) for n in _BY):
+        return None
+    return Carried(cadence, epoch_ms(dtstart.replace(microsecond=0)))
+
+
+def _fixed_step_rrule(
+    value: Any, grid: Carried, last_run_ms: int | None, now_ms: int
+) -> Carried | None:
+    """`_rrule` for a fixed-step rrule (`_fixed_step`), by arithmetic on its slots."""
+    every, first_slot = grid.cadence.every_ms, grid.first_run_ms  # type: ignore[attr-defined]
+    count = getattr(value, "count", None) or None
+    last_slot = first_slot + (count - 1) * every if count else None
+    until = getattr(value, "until", None)
+    end_ms = epoch_ms(until) if until else None
+    if end_ms is not None:
+        until_slot = first_slot + (end_ms - first_slot) // every * every
+        last_slot = until_slot if last_slot is None else min(last_slot, until_slot)
+    # The slot after the last run (redbeat's "never ran" is before any slot).
+    k = (
+        0
+        if last_run_ms is None or last_run_ms < first_slot
+        else (last_run_ms - first_slot) // every + 1
+    )
+    following = first_slot + k * every
+    if last_slot is not None and following > last_slot:
+        return None
+    first = following
+    if first <= now_ms:  # overdue: the latest slot not after now fires at once
+        first = first_slot + (now_ms - first_slot) // every * every
+        if last_slot is not None:
+            first = min(first, last_slot)
+    ends = [e for e in (end_ms, last_slot if count else None) if e is not None]
+    return Carried(grid.cadence, first, min(ends) if ends else None)
+
+
 def _rrule(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
     """Carry a celery-redbeat `rrule`: an interval on its grid, or a cron, if exact; its
     `until` becomes an end bound, and so does its `count` (at its last slot)."""
+    grid = _fixed_step(value)
+    if grid is not None:
+        carried = _fixed_step_rrule(value, grid, last_run_ms, now_ms)
+        if carried is None:
+            raise Unrepresentable("the rrule has no slot after its last run: nothing left to fire")
+        return carried
+    return _rrule_walked(value, last_run_ms, now_ms)
+
+
+def _rrule_walked(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
+    """`_rrule` by dateutil's own walk of the rrule's slots (any rrule)."""
     rule = value.rrule
     end_ms = epoch_ms(value.until) if getattr(value, "until", None) else None
     now = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
