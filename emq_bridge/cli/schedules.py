@@ -367,7 +367,7 @@ def _outcome_lines(registration: Registration, now_ms: int) -> list[tuple[str, s
         text += f" since {_when(started, zone, now_ms)}"
     lines = [("status", text)]
     if registration.last_error:
-        earlier = "" if status in ("failed", "retrying") else " (an earlier occurrence's)"
+        earlier = "" if status in ("failed", "retrying") else " (from an earlier attempt)"
         lines.append(("error", registration.last_error + earlier))
     if registration.last_success_ms is not None:
         lines.append(("last ok", _when(registration.last_success_ms, zone, now_ms)))

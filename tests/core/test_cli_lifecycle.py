@@ -474,3 +474,18 @@ def test_the_console_script_prints_history_as_json(
     assert done.returncode == 0, done.stderr
     (entry,) = json.loads(done.stdout)
     assert (entry["id"], entry["status"], entry["triggered"]) == (occurrence.id, "succeeded", True)
+
+
+def test_show_says_a_succeeded_runs_error_is_from_an_earlier_attempt(
+    run: Run, repeat: Repeat
+) -> None:
+    # Before: "(an earlier occurrence's)", when the error was this occurrence's first attempt.
+    repeat.register("reports", "sync", every="1h", offset=quiet_offset(), template=TEMPLATE)
+    dispatcher = RecordingDispatcher()
+    base = repeat.server_time_ms()
+    repeat.trigger("reports", "sync", now_ms=base)
+    occurrence = fire(Pump(repeat, ["reports"], dispatcher), dispatcher, now_ms=base)
+    failed = report_of("retrying", occurrence, attempt=1, error=ValueError("flaky"))
+    assert repeat.report([failed, report_of("succeeded", occurrence, attempt=2)]) == 2
+    shown = run("show", "reports", "sync").stdout
+    assert "ValueError: flaky (from an earlier attempt)" in shown
