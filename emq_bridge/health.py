@@ -1,9 +1,11 @@
 """Is the registry served? Live pumps per queue, and how late the earliest schedule is.
 
 `check` is what `emq-bridge health` (a Kubernetes probe) asks: every queue checked has a
-live pump (`heartbeat.py`), and no active schedule's next run passed more than `max_lag_ms`
-ago on the server's clock. `unserved` is what `list` and `show` flag: a schedule whose
-next run passed while no live pump serves its queue, so nothing will fire it.
+live pump (`heartbeat.py`), no active schedule's next run passed more than `max_lag_ms`
+ago on the server's clock, and not every pump of a queue has had every send fail for longer
+than that (a broker refusing them: the heartbeat's `failing_since_ms`). `unserved` is what
+`list` and `show` flag: a schedule whose next run passed while no live pump serves its
+queue, so nothing will fire it.
 """
 
 from __future__ import annotations
@@ -102,6 +104,20 @@ def check(
                 f"{len(item.pumps)} pump(s) serve queue {item.queue!r}: they are stuck or behind"
             )
             return Health(False, reason, now_ms, max_lag_ms, tuple(found))
+    for item in found:
+        # Alive but not firing: every pump of the queue has had every send fail for longer
+        # than the bound (a broker refusing them). Its scores move on at each claim, so the
+        # earliest next run alone never shows it.
+        failing = [p.failing_since_ms for p in item.pumps]
+        if all(f is not None for f in failing):
+            late = now_ms - max(f for f in failing if f is not None)
+            if late > max_lag_ms:
+                reason = (
+                    f"every send of the {len(item.pumps)} pump(s) serving queue "
+                    f"{item.queue!r} has failed for {_seconds(late)} (more than "
+                    f"{_seconds(max_lag_ms)}): the broker refuses them; see the pumps' logs"
+                )
+                return Health(False, reason, now_ms, max_lag_ms, tuple(found))
     live = len({p.id for item in found for p in item.pumps})
     reason = (
         f"ok: {len(found)} queue(s), {live} live pump(s), "

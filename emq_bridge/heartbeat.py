@@ -94,6 +94,9 @@ class PumpInfo:
     expires_ms: int
     ticks: int = 0
     dispatched: int = 0
+    # Since when (server clock, a tick's end) every send it made failed, none accepted; None
+    # while its sends work (or it has made none).
+    failing_since_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +112,7 @@ class PumpInfo:
             "expires_ms": self.expires_ms,
             "ticks": self.ticks,
             "dispatched": self.dispatched,
+            "failing_since_ms": self.failing_since_ms,
         }
 
 
@@ -117,6 +121,7 @@ def _parse(raw: str) -> PumpInfo:
     expires, beat, body = raw.split(" ", 2)
     data = json.loads(body)
     tick = data.get("tick_ms")
+    failing = data.get("failing_since_ms")
     return PumpInfo(
         id=str(data["id"]),
         host=str(data["host"]),
@@ -130,6 +135,7 @@ def _parse(raw: str) -> PumpInfo:
         expires_ms=int(expires),
         ticks=int(data.get("ticks", 0)),
         dispatched=int(data.get("dispatched", 0)),
+        failing_since_ms=None if failing is None else int(failing),
     )
 
 
@@ -289,6 +295,7 @@ class Heartbeat:
         self._written_at: float | None = None
         self._tick_ms: int | None = None
         self._failing = False
+        self._failing_since_ms: int | None = None
 
     def info(self) -> dict[str, Any]:
         """Return the JSON object the heartbeat carries."""
@@ -303,13 +310,20 @@ class Heartbeat:
             "tick_ms": self._tick_ms,
             "ticks": self.ticks,
             "dispatched": self.dispatched,
+            "failing_since_ms": self._failing_since_ms,
         }
 
-    def tick(self, repeat: HeartbeatMoves, now_ms: int, dispatched: int) -> bool:
-        """Count a tick that ended at `now_ms` (server clock); write the heartbeat if
-        `interval_s` passed since the last write. Return whether it was written."""
+    def tick(self, repeat: HeartbeatMoves, now_ms: int, dispatched: int, failed: int = 0) -> bool:
+        """Count a tick that ended at `now_ms` (server clock), its sends accepted and failed;
+        write the heartbeat if `interval_s` passed since the last write. Return whether it
+        was written. A send accepted ends a failing spell; a tick whose sends all failed
+        starts one (`failing_since_ms`: what `health` reads of a pump alive but not firing)."""
         self.ticks += 1
         self.dispatched += dispatched
+        if dispatched:
+            self._failing_since_ms = None
+        elif failed and self._failing_since_ms is None:
+            self._failing_since_ms = now_ms
         self._tick_ms = now_ms
         if self._written_at is not None and time.monotonic() - self._written_at < self.interval_s:
             return False

@@ -104,11 +104,14 @@ end
 -- schedule's rhythm taken over by a declaration on the grid, a version-1 record) runs no
 -- sooner than one interval after its last run (`prior`, the later of `last_due_ms` and
 -- `last_fired_ms`): the first slot of the new phase at or after that. A changed interval
--- keeps the grid rule (after_fired). Not for a jittered, excluding or cron record.
+-- keeps the grid rule (after_fired). Not for a jittered, excluding or cron record, nor one
+-- a Celery schedule decides (`cadence_label`: its `every_ms` is only when to check it).
 local function not_sooner(record, first_run, old_every, prior)
-  local f = redis.call('HMGET', record, 'every_ms', 'cron', 'at', 'exclude', 'jitter_ms')
+  local f = redis.call('HMGET', record, 'every_ms', 'cron', 'at', 'exclude', 'jitter_ms',
+                       'cadence_label')
   local every = tonumber(f[1])
-  if not every or every ~= old_every or (f[2] and f[2] ~= '') or f[3] or f[4] or f[5] then
+  if not every or every ~= old_every or (f[2] and f[2] ~= '') or f[3] or f[4] or f[5]
+      or f[6] then
     return first_run
   end
   local first, floor = tonumber(first_run), prior + every

@@ -226,3 +226,38 @@ def test_the_probe_snippet_command_is_a_real_exit_status(
     env = dict(os.environ, REDIS_URL=redis_url)
     probe = [SCRIPT, "--prefix", prefix, "-q", "health", "--max-lag", "60s"]
     assert subprocess.run(probe, env=env, capture_output=True, check=False).returncode == 0
+
+
+def test_health_fails_when_a_live_pumps_every_send_fails_and_passes_once_they_work(
+    redis_url: str, prefix: str, repeat: Repeat
+) -> None:
+    # A broker refusing every send (the list target is a string here): the claims move the
+    # scores on, so nothing is overdue, yet nothing is delivered. Before, `health` said ok.
+    repeat.register("reports", "fast", every="1s", template={"task": "t"})
+    repeat.client.set(f"{prefix}:out", "not a list")
+    process = subprocess.Popen(
+        [
+            *(SCRIPT, "--redis-url", redis_url, "--prefix", prefix, "pump", "reports"),
+            *("--list-key", f"{prefix}:out", "--max-sleep", "0.2", "--heartbeat-ttl", "1.5"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # a traceback a failed send: not read here
+    )
+    try:
+
+        def failing() -> bool:
+            result = run(redis_url, prefix, "health", "--max-lag", "2s")
+            return result.returncode == 4 and "has failed for" in result.stderr
+
+        wait_until(failing, "health failing on refused sends")
+        line = run(redis_url, prefix, "health", "--max-lag", "2s").stderr
+        assert line.startswith("unhealthy: every send of the 1 pump(s) serving queue 'reports'")
+        assert len(line.strip().splitlines()) == 1
+        repeat.client.delete(f"{prefix}:out")  # the broker takes them again
+        wait_until(
+            lambda: run(redis_url, prefix, "health", "--max-lag", "2s").returncode == 0,
+            "health passing once a send is accepted",
+        )
+    finally:
+        process.kill()
+        process.wait(TIMEOUT_S)
