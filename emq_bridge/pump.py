@@ -47,6 +47,8 @@ Clock = Callable[[], int]
 CadenceResolver = Callable[[str, str, Cadence], Cadence]
 """Given (queue, name, stored cadence), returns the cadence to compute next runs with."""
 
+# How often a pump checks again a schedule another app's pump decides (`NotHere`).
+NOT_HERE_RECHECK_MS = 1000
 # A registration whose record cannot be decoded is parked this long, then retried.
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
@@ -79,6 +81,35 @@ DECODED_CACHE_BYTES = 32 * 1024 * 1024
 STOP_GRACE_S = 0.5
 # A parked registration's reason is kept to this many characters.
 MAX_PARK_REASON = 500
+
+
+@dataclass(frozen=True, slots=True)
+class NotHere:
+    """The checked cadence a pump with a `resolve_cadence` gives a registration whose
+    schedule lives in an app's objects (`cadence_label`) that it cannot resolve as stored:
+    never due here, checked again after `NOT_HERE_RECHECK_MS` (a pump that has the schedule
+    claims it at a check; two pumps race for each, so it waits a check or two at most)."""
+
+    label: str
+
+    @property
+    def kind(self) -> str:
+        return "elsewhere"
+
+    def first_run(self, now_ms: int) -> int:
+        return now_ms + NOT_HERE_RECHECK_MS
+
+    def next_after(self, after_ms: int) -> int:
+        return after_ms + NOT_HERE_RECHECK_MS
+
+    def check(self, last_run_ms: int, now_ms: int) -> tuple[bool, int]:
+        return False, now_ms + NOT_HERE_RECHECK_MS
+
+    def to_fields(self) -> dict[str, str]:  # never written: a pump only reads records
+        return {"cadence_label": self.label}
+
+    def describe(self) -> str:
+        return f"{self.label} (decided by another app's pump)"
 
 
 class _LeaseLost(Exception):
@@ -687,6 +718,12 @@ class Pump:
                 self._remember(key, firing, len(fields.get("template") or ""))
             if self.resolve_cadence is not None:
                 cadence = self.resolve_cadence(queue, name, firing.cadence)
+                label = fields.get("cadence_label")
+                if label and getattr(cadence, "label", None) != label:
+                    # A schedule only its app's objects decide (a Celery solar, say), which
+                    # this pump's app has not, or has as another version (a rolling deploy):
+                    # its stored interval is only a placeholder, so it is not fired here.
+                    cadence = NotHere(label)
                 if cadence is not firing.cadence:
                     return replace(firing, cadence=cadence)
         # Any exception: a record must never stop the pump (a poison pill for its queue).
@@ -848,11 +885,14 @@ class Pump:
         if stop is not None:
             self._stop = stop
         self._watch_eviction_policy()  # here, so that beat's loop watches it as `run` does
+        began = time.monotonic()
         try:
             tick, errors = self._tick(None)
         except RegistryUnavailable as exc:
             if self._outage_since is None:
-                self._outage_since = time.monotonic()
+                # From the start of the tick that failed: a server that hangs (no answer, no
+                # refusal) fails it only once the socket timeout passes, 30 s later.
+                self._outage_since = began
                 self.events.on_outage_begin(exc)
             self._failures += 1
             return None, min(5.0, 0.05 * 2**self._failures)

@@ -287,8 +287,23 @@ def _app_queues(app: Celery, declarations: Sequence[Declaration]) -> set[str]:
     """The queues the beat pumps for the app's own declarations and settings."""
     queues = {d.queue for d in declarations} | {app.conf.task_default_queue}
     queues |= {q.name for q in (app.conf.task_queues or ()) if hasattr(q, "name")}
-    queues |= {str(q) for q in _setting(app, "emq_bridge_queues", ())}
+    queues |= set(_extra_queues(app))
     return queues
+
+
+def _extra_queues(app: Celery) -> tuple[str, ...]:
+    """`emq_bridge_queues`, checked: a list of queue names (a string would be one queue a
+    letter); `ConfigError` before anything is written."""
+    raw = _setting(app, "emq_bridge_queues", ())
+    if isinstance(raw, str | bytes) or not isinstance(raw, list | tuple | set | frozenset):
+        raise ConfigError(
+            f"emq_bridge_queues must be a list of queue names, got {type(raw).__name__}"
+            + (f" {raw!r:.80}" if isinstance(raw, str) else "")
+        )
+    try:
+        return tuple(validate_name(q, "queue") for q in raw)
+    except EmqError as exc:
+        raise ConfigError(f"emq_bridge_queues: {exc}") from None
 
 
 def _file_queues(extra: Sequence[tuple[str, tuple[Declaration, ...]]]) -> set[str]:

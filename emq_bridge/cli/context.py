@@ -88,6 +88,9 @@ class Settings:
     verbosity: int = 0
     _client: Any = field(default=None, repr=False)
     _repeat: Repeat | None = field(default=None, repr=False)
+    # A command may wait less for an answer (`health`, a probe with a timeout of its own);
+    # a `socket_timeout` in the URL still wins.
+    socket_timeout_s: float = SOCKET_TIMEOUT_S
 
     @property
     def where(self) -> str:
@@ -101,7 +104,7 @@ class Settings:
                 self._client = client_from_url(
                     self.redis_url,
                     socket_connect_timeout=CONNECT_TIMEOUT_S,
-                    socket_timeout=SOCKET_TIMEOUT_S,
+                    socket_timeout=self.socket_timeout_s,
                 )
             except ConfigError as exc:  # its message never holds the URL
                 raise UrlError(

@@ -50,6 +50,11 @@ def flagged_state(registration: Registration, now_ms: int, served: set[str], tex
     return UNSERVED if unserved(registration, now_ms, served) else text
 
 
+# How long `health` waits for an answer: a hung server (no answer, no refusal) exits 3 in
+# time for a probe's own timeout, not after the commands' 30 s.
+HEALTH_TIMEOUT_S = 5.0
+
+
 @click.command("health")
 @click.option(
     "--queue",
@@ -79,13 +84,15 @@ def health_command(
     --queue every queue with a registry under the prefix is checked (and none at all is
     unhealthy). One line tells the result: on stdout when healthy, on stderr when not.
     Exit codes: 0 healthy, 4 unhealthy, 1 bad input (a bad queue name), 2 bad usage,
-    3 Redis unreachable. Made for a Kubernetes exec probe.
+    3 Redis unreachable, or no answer within 5 s (a hung server). Made for a Kubernetes
+    exec probe (a timeoutSeconds of 10 covers it).
 
     \b
     Examples:
       emq-bridge health
       emq-bridge health --queue reports --max-lag 2m
     """
+    settings.socket_timeout_s = HEALTH_TIMEOUT_S
     repeat = settings.repeat()
     found = check(repeat, list(queues) if queues else None, max_lag_ms=max_lag)
     if as_json:

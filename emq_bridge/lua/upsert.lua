@@ -102,17 +102,22 @@ end
 
 -- A change that keeps an interval but moves its phase (its anchor or offset: an imported
 -- schedule's rhythm taken over by a declaration on the grid, a version-1 record) runs no
--- sooner than one interval after its last run (`prior`, the later of `last_due_ms` and
--- `last_fired_ms`): the first slot of the new phase at or after that. A changed interval
--- keeps the grid rule (after_fired). Not for a jittered, excluding or cron record, nor one
--- a Celery schedule decides (`cadence_label`: its `every_ms` is only when to check it).
-local function not_sooner(record, first_run, old_every, prior)
+-- sooner than one interval after its last run (`prior`: the last slot fired, else, for a
+-- record an importer seeded, the old scheduler's last run): the first slot of the new phase
+-- at or after that. Any other change keeps the grid rule (after_fired). Not for a jittered,
+-- excluding or cron record, nor one a Celery schedule decides (`cadence_label`: its
+-- `every_ms` is only when to check it). `old` holds the record's anchor and offset before
+-- the write.
+local function not_sooner(record, first_run, old_every, old, prior)
   local f = redis.call('HMGET', record, 'every_ms', 'cron', 'at', 'exclude', 'jitter_ms',
-                       'cadence_label')
+                       'cadence_label', 'anchor', 'offset_ms')
   local every = tonumber(f[1])
   if not every or every ~= old_every or (f[2] and f[2] ~= '') or f[3] or f[4] or f[5]
       or f[6] then
     return first_run
+  end
+  if (f[7] or '') == (old[1] or '') and (f[8] or '') == (old[2] or '') then
+    return first_run  -- the same phase: a bound or a policy changed
   end
   local first, floor = tonumber(first_run), prior + every
   if not first or first >= floor then return first_run end
@@ -218,7 +223,7 @@ local function upsert(record, item)
   local cur = redis.call(
     'HMGET', record, 'digest', 'cadence_digest', 'paused', 'paused_next_ms', 'last_due_ms',
     'limit', 'remaining', 'completed', 'every_ms', 'cron', 'at', 'source', 'jitter_ms',
-    'last_fired_ms'
+    'last_fired_ms', 'anchor', 'offset_ms'
   )
   if cur[12] ~= ARGV[4] and ARGV[7] == '1' then return 4 end  -- another owner's: left alone
   local paused, last, completed = cur[3] == '1', cur[5], cur[8]
@@ -274,9 +279,9 @@ local function upsert(record, item)
           taken = true
         end
       end
-      local prior = math.max(tonumber(last) or -1, tonumber(cur[14]) or -1)
-      if not taken and old_every and old_every > 0 and not old_jitter and prior >= 0 then
-        first_run = not_sooner(record, first_run, old_every, prior)
+      local prior = tonumber(last) or tonumber(cur[14])
+      if not taken and old_every and old_every > 0 and not old_jitter and prior then
+        first_run = not_sooner(record, first_run, old_every, {cur[15], cur[16]}, prior)
       end
       local next_run = place(record, after_fired(record, first_run, live, last))
       redis.call('ZADD', registry, next_run, name)

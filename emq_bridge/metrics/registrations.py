@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 from ..errors import EmqError
@@ -17,6 +20,10 @@ __all__ = ["STATES", "RegistrationsCollector"]
 log = logging.getLogger("emq_bridge.metrics")
 
 STATES = ("active", "paused", "parked", "completed")
+# How long a scrape waits for the registry's counts: a server that hangs (no answer, no
+# refusal) would hold it for the client's socket timeout (30 s), past Prometheus's default
+# scrape timeout (10 s), and every other family of the scrape would be lost with it.
+READ_TIMEOUT_S = 5.0
 NAME = "emq_bridge_registrations"
 DOCUMENTATION = (
     "Registrations by state (active, paused, parked, completed), read from the registry."
@@ -29,13 +36,19 @@ class RegistrationsCollector:
     Each scrape reads `queues` (default: every queue of the prefix, found with SCAN) with
     `Repeat.count_states`: two reads per queue, plus the records of paused ones. Register it
     on the registry that is scraped: `registry.register(RegistrationsCollector(repeat))`.
-    If Redis cannot be read, the scrape goes on without this family (one WARNING per
-    failure streak), so the other metrics still arrive.
+    If Redis cannot be read, or does not answer within `READ_TIMEOUT_S` (a hung server),
+    the scrape goes on without this family (one WARNING per failure streak), so the other
+    metrics still arrive; a read that timed out and still waits is waited for by the next
+    scrape rather than doubled.
     """
 
     def __init__(self, repeat: Repeat, queues: Iterable[str] | None = None) -> None:
         self.sources: list[tuple[Repeat, tuple[str, ...] | None]] = []
         self._failing = False
+        self.read_timeout_s = READ_TIMEOUT_S
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="emq-bridge-metrics")
+        self._pending: Future[dict[str, dict[str, int]]] | None = None
+        self._lock = threading.Lock()
         self.add(repeat, queues)
 
     def add(self, repeat: Repeat, queues: Iterable[str] | None = None) -> None:
@@ -47,15 +60,31 @@ class RegistrationsCollector:
         """The family without samples: registering reads nothing from Redis."""
         yield self._family()
 
+    def _counts(self) -> dict[str, dict[str, int]]:
+        counts: dict[str, dict[str, int]] = {}
+        for repeat, queues in self.sources:
+            for queue in queues if queues is not None else repeat.queues():
+                if queue not in counts:  # a queue named by two sources is counted once
+                    counts[queue] = repeat.count_states(queue)
+        return counts
+
+    def _read(self) -> dict[str, dict[str, int]]:
+        """The counts, read on the collector's thread within `read_timeout_s`; EmqError or
+        TimeoutError when they cannot be had in time."""
+        with self._lock:  # a read still waiting (it timed out, or a scrape beside this one)
+            pending = self._pending  # is waited for again, not doubled
+            if pending is None or pending.done():
+                pending = self._pending = self._reader.submit(self._counts)
+        try:
+            return pending.result(timeout=self.read_timeout_s)
+        except FutureTimeout:
+            raise TimeoutError(f"no answer within {self.read_timeout_s:g}s") from None
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = self._family()
-        counts: dict[str, dict[str, int]] = {}
         try:
-            for repeat, queues in self.sources:
-                for queue in queues if queues is not None else repeat.queues():
-                    if queue not in counts:  # a queue named by two sources is counted once
-                        counts[queue] = repeat.count_states(queue)
-        except EmqError as exc:
+            counts = self._read()
+        except (EmqError, TimeoutError) as exc:
             if not self._failing:
                 self._failing = True
                 log.warning("%s left out of the scrape: the registry cannot be read: %s", NAME, exc)

@@ -49,3 +49,18 @@ def test_a_changed_interval_keeps_the_grid_rule(repeat: Repeat) -> None:
     assert after.next_run_ms == ten_past + 6 * MINUTE_MS + (
         600_000 - (ten_past + 6 * MINUTE_MS) % 600_000
     )
+
+
+def test_a_bound_added_to_an_interval_keeps_its_next_slot(repeat: Repeat) -> None:
+    # A bound changes the cadence digest, not the phase: the next grid slot stays (a first
+    # version of the rule above moved it an interval on, from the ack's time).
+    repeat.upsert("q", "e5", every="5s", template=TEMPLATE, now_ms=T0 - 1)
+    sent = RecordingDispatcher()
+    Pump(repeat, ["q"], sent).run_once(T0)
+    (fired,) = sent.clear()
+    assert fired.due_ms == T0
+    ack_ms = T0 + 3
+    repeat.client.hset(repeat.keys("q").record("e5"), "last_fired_ms", ack_ms)
+    for bound in ({"end_at": "2030-06-01T00:00:00Z"}, {"start_at": "2026-01-01T00:00:00Z"}):
+        repeat.upsert("q", "e5", every="5s", template=TEMPLATE, now_ms=T0 + 1000, **bound)
+        assert repeat.get("q", "e5").next_run_ms == T0 + 5000  # type: ignore[union-attr]
