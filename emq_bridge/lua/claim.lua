@@ -166,23 +166,24 @@ local claimed, replaced, skipped, buffered, dropped = {}, {}, {}, {}, {}
 local moves, leases, moved = {}, {}, {}
 local read_digests = ARGV[7] and cjson.decode(ARGV[7]) or {}
 
--- True when candidate `i`'s record still has the cadence its next score was computed from.
-local function same_cadence(i)
+-- True when candidate `i`'s record, whose `cadence_digest` is `now_digest` (nil: none or
+-- unreadable), still has the cadence its next score was computed from.
+local function same_cadence(i, now_digest)
   local read = read_digests[i]
-  if not read or read == '' then return true end
-  local now_digest = redis.pcall('HGET', KEYS[2 + i], 'cadence_digest')
-  return type(now_digest) ~= 'string' or now_digest == read
+  if not read or read == '' or not now_digest then return true end
+  return now_digest == read
 end
 
 -- What the claim of a candidate reads of its record, in one HMGET (`remaining` only with a
--- `limit`): {end_ms, at, remaining, limit, run, last_due_ms}. pcall: a record that is not a
--- hash (edited by hand) is deferred and parked by the pump like any corrupt record; it must
--- not fail the claim of the whole batch.
+-- `limit`): {end_ms, at, remaining, limit, run, last_due_ms, cadence_digest}. pcall: a record
+-- that is not a hash (edited by hand) is deferred and parked by the pump like any corrupt
+-- record; it must not fail the claim of the whole batch.
 local function read_record(record)
-  local f = redis.pcall('HMGET', record, 'end_ms', 'at', 'limit', 'run', 'last_due_ms')
+  local f = redis.pcall('HMGET', record, 'end_ms', 'at', 'limit', 'run', 'last_due_ms',
+                        'cadence_digest')
   if type(f) ~= 'table' or f.err then return {} end
   local remaining = f[3] and redis.call('HGET', record, 'remaining')
-  return {f[1], f[2], remaining or nil, f[3], f[4], f[5]}
+  return {f[1], f[2], remaining or nil, f[3], f[4], f[5], f[6] or nil}
 end
 
 -- The member of an occurrence of `record` in flight whose lost deadline has not passed: its
@@ -202,19 +203,20 @@ for i, candidate in ipairs(candidates) do
   local name, expected, next_score, missed, mode, fire, history, id = unpack(candidate)
   local score = redis.call('ZSCORE', KEYS[1], name)
   -- `moved`: the score moves only at the end, so a name given twice is claimed once.
-  if score and due_ms(score) == tonumber(expected) and not moved[name] and same_cadence(i) then
+  local record = KEYS[2 + i]
+  local bounds = score and due_ms(score) == tonumber(expected) and not moved[name]
+    and read_record(record)
+  if bounds and same_cadence(i, bounds[7]) then
     moved[name] = true
     local slot = #moves + 1
     moves[slot] = next_score
     moves[slot + 1] = name
-    local record = KEYS[2 + i]
     local member = name .. ' ' .. fire
     if mode ~= 'defer' and tonumber(missed) > 0 then
       count(record, 'missed', missed)
       dropped[#dropped + 1] = i
     end
     if mode == 'drop' then mode, fire = 'defer', expected end
-    local bounds = read_record(record)
     local writes = {}  -- field, value, ...: one HSET for the candidate's record
     -- Without end_ms, at and limit nothing completes: no rule to apply.
     local bounded = bounds[1] or bounds[2] or bounds[4]
