@@ -221,6 +221,8 @@ class Pump:
         # The same, keyed by every definition field but the template (see `_decode`).
         self._shapes: dict[tuple[str | None, ...], _Firing] = {}
         self._decoded_bytes = 0
+        # The registrations this pump leaves to another app's pumps (`NotHere`), told once.
+        self._not_here: set[tuple[str, str]] = set()
         # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
         self._failures = 0
@@ -724,6 +726,7 @@ class Pump:
                     # this pump's app has not, or has as another version (a rolling deploy):
                     # its stored interval is only a placeholder, so it is not fired here.
                     cadence = NotHere(label)
+                    self._tell_not_here(queue, name, label)
                 if cadence is not firing.cadence:
                     return replace(firing, cadence=cadence)
         # Any exception: a record must never stop the pump (a poison pill for its queue).
@@ -731,6 +734,19 @@ class Pump:
             self.events.on_park(queue, name, f"corrupt record: {exc}", CORRUPT_PARK_MS)
             return None
         return firing
+
+    def _tell_not_here(self, queue: str, name: str, label: str) -> None:
+        """Log once that `name` is left to another app's pumps (it is checked each second)."""
+        if (queue, name) in self._not_here:
+            return
+        self._not_here.add((queue, name))
+        log.warning(
+            "%s/%s is decided by a schedule object this pump's app does not have as stored "
+            "(%s): left to a pump whose app has it; while none runs, it does not fire",
+            queue,
+            name,
+            label,
+        )
 
     def _remember(self, key: tuple[str | None, ...], firing: _Firing, size: int) -> None:
         """Cache a decoded firing, emptying the cache when it holds too many or too much."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from celery import Celery
 from celery.schedules import schedule
 
@@ -38,7 +39,7 @@ def pump_with(repeat: Repeat, live: Any | None, sent: RecordingDispatcher) -> Pu
 
 
 def test_a_beat_without_the_schedule_or_with_another_version_leaves_it_alone(
-    repeat: Repeat,
+    repeat: Repeat, caplog: pytest.LogCaptureFixture
 ) -> None:
     newer = custom(9)
     repeat.upsert_many([("q", "rel", Definition(newer, {"task": "t"}))], now_ms=T0)
@@ -46,11 +47,16 @@ def test_a_beat_without_the_schedule_or_with_another_version_leaves_it_alone(
     assert due is not None
     for live in (None, custom(4)):  # the entry unknown to its app; an older version of it
         sent = RecordingDispatcher()
-        pump_with(repeat, live, sent).run_once(due)
-        assert sent.occurrences == []
-        after = repeat.get("q", "rel").next_run_ms  # type: ignore[union-attr]
-        assert after == due + 1000  # checked again a second on, not a day
-        due = after
+        pump = pump_with(repeat, live, sent)
+        caplog.clear()
+        for _ in range(2):
+            pump.run_once(due)
+            assert sent.occurrences == []
+            after = repeat.get("q", "rel").next_run_ms  # type: ignore[union-attr]
+            assert after == due + 1000  # checked again a second on, not a day
+            due = after
+        told = [r for r in caplog.records if "left to a pump whose app has it" in r.message]
+        assert len(told) == 1 and told[0].levelname == "WARNING"  # once, not each second
     sent = RecordingDispatcher()
     pump_with(repeat, newer, sent).run_once(due)  # the beat that has it runs it
     assert [o.name for o in sent.occurrences] == ["rel"]
