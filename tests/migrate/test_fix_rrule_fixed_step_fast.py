@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redbeat.schedules import rrule
@@ -74,4 +76,55 @@ def test_a_minutely_rrule_of_a_year_ago_is_carried_at_once() -> None:
     started = time.process_time()
     carried = carry(value, importer_app(), "r", last_run_ms=None, now_ms=instant_ms(NOW))
     assert time.process_time() - started < 1.0  # about 2 minutes before; not a speed test
+    assert carried.first_run_ms == instant_ms(NOW.replace(second=0, microsecond=0))
+
+
+BY_FREQS = ["WEEKLY", "DAILY", "HOURLY", "MINUTELY"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    freq=st.sampled_from(BY_FREQS),
+    hours=st.lists(st.integers(0, 23), min_size=1, max_size=4, unique=True),
+    minutes=st.one_of(st.none(), st.lists(st.integers(0, 59), min_size=1, max_size=3)),
+    weekdays=st.one_of(st.none(), st.lists(st.integers(0, 6), min_size=1, max_size=3)),
+    start_days=st.integers(-40, 3),
+    offset_h=st.sampled_from([0, 2, -5]),
+    last_hours=st.one_of(st.none(), st.integers(-24 * 30, 24)),
+)
+def test_a_rule_with_by_parts_walked_from_near_its_last_run_gives_the_same(
+    freq: str,
+    hours: list[int],
+    minutes: list[int] | None,
+    weekdays: list[int] | None,
+    start_days: int,
+    offset_h: int,
+    last_hours: int | None,
+) -> None:
+    from emq_bridge.celery.importers import schedules
+
+    zone = timezone(timedelta(hours=offset_h))
+    dtstart = (NOW + timedelta(days=start_days)).replace(second=0, microsecond=0).astimezone(zone)
+    options: dict[str, Any] = {"byhour": hours}
+    if minutes is not None:
+        options["byminute"] = minutes
+    if weekdays is not None:
+        options["byweekday"] = weekdays
+    value = rrule(freq, dtstart=dtstart, **options)
+    now_ms = instant_ms(NOW)
+    last = None if last_hours is None else instant_ms(NOW + timedelta(hours=last_hours))
+    near = _carried(_rrule_walked, value, last, now_ms)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(schedules, "_walked_from", lambda value, since: value.rrule)
+        from_dtstart = _carried(_rrule_walked, value, last, now_ms)
+    assert near == from_dtstart
+
+
+def test_a_cron_like_rrule_of_a_year_ago_is_carried_at_once() -> None:
+    value = rrule(
+        "MINUTELY", dtstart=datetime(2025, 6, 1, tzinfo=timezone.utc), byhour=list(range(24))
+    )
+    started = time.process_time()
+    carried = carry(value, importer_app(), "r", last_run_ms=None, now_ms=instant_ms(NOW))
+    assert time.process_time() - started < 5.0  # over 100 s before; not a speed test
     assert carried.first_run_ms == instant_ms(NOW.replace(second=0, microsecond=0))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from itertools import islice
 from typing import Any
 
 from celery import Celery
@@ -172,9 +173,28 @@ def _rrule(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
     return _rrule_walked(value, last_run_ms, now_ms)
 
 
+_WEEK = timedelta(weeks=1)
+
+
+def _walked_from(value: Any, since: datetime) -> Any:
+    """The rrule to walk for slots after `since`: `value`'s own, or, for one with no count, an
+    interval of 1 at a weekly or finer frequency and a dtstart in UTC or a fixed offset, the
+    same rule started whole weeks later, a week before `since` (its slots from there on are
+    the same: each week repeats the one before), so dateutil does not walk every slot since
+    a dtstart long past (a minutely rule of some hours, started a year ago, took minutes)."""
+    rule, dtstart = value.rrule, value.dtstart
+    if getattr(value, "count", None) or int(value.interval or 1) != 1 or int(value.freq) < _WEEKLY:
+        return rule
+    if not isinstance(dtstart.tzinfo, timezone):
+        return rule
+    weeks = (since - dtstart) // _WEEK - 1
+    if weeks <= 0:
+        return rule
+    return rule.replace(dtstart=dtstart + weeks * _WEEK)
+
+
 def _rrule_walked(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
     """`_rrule` by dateutil's own walk of the rrule's slots (any rrule)."""
-    rule = value.rrule
     end_ms = epoch_ms(value.until) if getattr(value, "until", None) else None
     now = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
     start = (
@@ -182,7 +202,8 @@ def _rrule_walked(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
         if last_run_ms is not None
         else datetime(1, 1, 2, tzinfo=timezone.utc)  # redbeat's "never ran"
     )
-    following = rule.after(start.astimezone(value.dtstart.tzinfo))
+    zone = value.dtstart.tzinfo
+    following = _walked_from(value, min(start, now)).after(start.astimezone(zone))
     if following is None:
         raise Unrepresentable("the rrule has no slot after its last run: nothing left to fire")
     cadence = _rrule_cadence(value)
@@ -192,25 +213,22 @@ def _rrule_walked(value: Any, last_run_ms: int | None, now_ms: int) -> Carried:
     if first <= now_ms:
         # Overdue: redbeat fires it at once, then goes on from the rrule's next slot. The
         # latest slot not after now fires at once and keeps the grid.
-        latest = rule.before(now.astimezone(value.dtstart.tzinfo), inc=True)
+        latest = _walked_from(value, now).before(now.astimezone(zone), inc=True)
         first = epoch_ms(latest) if latest is not None else now_ms
     slots = [first]
     for _ in range(RRULE_CHECKED_SLOTS - 1):
         slots.append(cadence.next_after(slots[-1]))
-    expected, at = [first], datetime.fromtimestamp(first / 1000, tz=timezone.utc)
-    for _ in range(RRULE_CHECKED_SLOTS - 1):
-        nxt = rule.after(at.astimezone(value.dtstart.tzinfo))
-        if nxt is None:
-            break
-        expected.append(epoch_ms(nxt))
-        at = nxt
+    at = datetime.fromtimestamp(first / 1000, tz=timezone.utc)
+    # One walk for the next slots (each `after` would walk again from dtstart).
+    later = (slot for slot in _walked_from(value, at) if slot > at)
+    expected = [first, *(epoch_ms(slot) for slot in islice(later, RRULE_CHECKED_SLOTS - 1))]
     if slots[: len(expected)] != expected:
         raise Unrepresentable(f"{value!r} has no exact cron or interval equivalent")
     if getattr(value, "count", None):
         # A count ends the rrule at its last slot: an end bound there, not a limit of the
         # runs left, which depends on when it is read (a second import would lower it by
         # the runs made since, on top of those the registration counted). Finite: it ends.
-        tail = deque(rule, maxlen=1)  # its last slot
+        tail = deque(value.rrule, maxlen=1)  # its last slot
         if tail:
             ends = [e for e in (end_ms, epoch_ms(tail[0])) if e is not None]
             end_ms = min(ends)
