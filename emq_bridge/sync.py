@@ -120,14 +120,22 @@ _FINGERPRINT_FORMAT = 1
 
 
 def declarations_fingerprint(
-    declarations: Sequence[Declaration], source: str, generation: int | None = None
+    declarations: Sequence[Declaration],
+    source: str,
+    generation: int | None = None,
+    prune_tasks: Collection[str] | None = None,
 ) -> str:
-    """Return the fingerprint of a sync of `declarations` under `source` at `generation`:
-    the queue, name and stored digest of each (what a sync compares), in any order, and the
-    version of the code. Exact: two syncs with one fingerprint would plan the same."""
+    """Return the fingerprint of a sync of `declarations` under `source` at `generation`
+    pruning `prune_tasks` (None: all): the queue, name and stored digest of each (what a
+    sync compares), in any order, the tasks it may prune and the version of the code. Exact:
+    two syncs with one fingerprint would plan the same (two worker pools of one source that
+    know other actors prune differently, so they do not share a stamp)."""
     digest = hashlib.blake2b(digest_size=16)
     head = (str(_FINGERPRINT_FORMAT), source, str(generation), *code_versions("emq-bridge"))
     digest.update(" ".join(head).encode())
+    if prune_tasks is not None:
+        # Task names hold no newline (actor and task names are identifiers).
+        digest.update(("\tprune\n" + "\n".join(sorted(prune_tasks))).encode())
     # Names hold no whitespace: one line per declaration cannot be read two ways.
     lines = sorted(
         f"\n{d.queue} {d.name} {record_digest(d.definition, source)}" for d in declarations
@@ -323,7 +331,7 @@ def sync(
             repeat, wanted, source, prune=prune, generation=generation, prune_tasks=prune_tasks
         )
     if stamp is True:
-        stamp = Stamp(declarations_fingerprint(wanted, source, generation))
+        stamp = Stamp(declarations_fingerprint(wanted, source, generation, prune_tasks))
         if stamped(repeat, source, stamp.fingerprint) is not None:
             found = SyncPlan(source, unchanged=wanted, generation=generation, by_stamp=True)
             _log(found, {})

@@ -380,10 +380,11 @@ class RecurringMiddleware(Middleware):
         if apply:
             # `sync` logs its plan: changes at WARNING/INFO, unchanged schedules at DEBUG only,
             # so the processes of a deploy do not log every schedule they find unchanged.
-            # The actors' source prunes the schedules of this broker's actors only: a worker
-            # pool that imports some actor modules cannot tell another pool's were dropped.
+            # Each source prunes the schedules of this broker's actors only: a worker pool
+            # that imports some actor modules cannot tell another pool's were dropped, and
+            # two apps' schedule files may share a source (`file:schedules.toml`, a default).
             actors = frozenset(broker.actors)
-            for index, (source, declared, stamp) in enumerate(sources):
+            for source, declared, stamp in sources:
                 plan = sync(
                     repeat,
                     declared,
@@ -391,7 +392,7 @@ class RecurringMiddleware(Middleware):
                     prune=self.prune,
                     generation=self.generation,
                     stamp=stamp,
-                    prune_tasks=actors if index == 0 else None,
+                    prune_tasks=actors,
                 )
                 self.plans.append(plan)
             if unread is not None:
