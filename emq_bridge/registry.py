@@ -598,11 +598,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         that what it reads next can no longer be changed by an older generation).
         """
         for item in items:
-            if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], Definition)):
+            sequence = isinstance(item, tuple | list)
+            if not (sequence and len(item) == 3 and isinstance(item[2], Definition)):
                 raise ScheduleError(
                     "upsert_many takes (queue, name, Definition) tuples, got "
-                    f"{type(item).__name__}"
-                    + (f" of {len(item)}" if isinstance(item, tuple) else "")
+                    f"{type(item).__name__}" + (f" of {len(item)}" if sequence else "")
                 )
             validate_name(item[0], "queue")
             validate_name(item[1], "registration name")
