@@ -41,6 +41,7 @@ from .entries import (
     convert_entry,
     json_options,
     own_tasks,
+    registry_name,
     zone_name,
 )
 from .fingerprint import app_fingerprint
@@ -350,9 +351,12 @@ def _app_schedule(
 @without_gc
 def decorated_schedule(app: Celery) -> AppSchedule:
     """Validate and convert the app's `@recurring` tasks alone: what a worker syncs (its
-    `beat_schedule` belongs to the beat, so a worker neither converts nor checks it)."""
+    `beat_schedule` belongs to the beat, so a worker converts only the entries whose name
+    one of its tasks takes, to refuse a task the beat would refuse as declared twice)."""
     check = bool(_setting(app, "emq_bridge_check_tasks", True))
-    tasks = tuple(_decorated(app, Entries(app, check)))
+    context = Entries(app, check)
+    tasks = tuple(_decorated(app, context))
+    _check_not_in_beat_schedule(app, tasks, context)
     return AppSchedule(
         _source(app),
         tasks,
@@ -361,6 +365,35 @@ def decorated_schedule(app: Celery) -> AppSchedule:
         tasks=tasks,
         generation=_generation(app),
     )
+
+
+def _check_not_in_beat_schedule(
+    app: Celery, tasks: Sequence[Declaration], context: Entries
+) -> None:
+    """Raise `ConfigError` when a `@recurring` task is the registration of a `beat_schedule`
+    entry too: the beat refuses that app ("declared twice"), and a worker's boot would
+    otherwise rewrite the beat's schedule with its task's before any beat said so."""
+    entries = _beat_entries(app)
+    if not entries or not tasks:
+        return
+    keys: dict[str, list[str]] = {}
+    for key in entries:
+        try:
+            keys.setdefault(registry_name(key), []).append(key)
+        except EmqError:
+            continue  # a bad key is the beat's to refuse
+    for task in tasks:
+        for key in keys.get(task.name, ()):
+            try:
+                entry, _ = convert_entry(app, key, entries[key], context=context)
+            except EmqError:
+                continue
+            if (entry.queue, entry.name) == (task.queue, task.name):
+                raise ConfigError(
+                    f"schedule {task.queue}/{task.name} is declared twice: by beat_schedule "
+                    f"entry {key!r} and by a @recurring task; rename one of them (the beat "
+                    "refuses this app too)"
+                )
 
 
 @without_gc

@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
-from emq_bridge import Repeat
+from emq_bridge import ConfigError, Repeat
 from emq_bridge.celery import RepeatScheduler, recurring
 from emq_bridge.celery.beat import BeatRefused
 from emq_bridge.celery.declare import _DECLARED, _beat_entries
@@ -407,3 +407,32 @@ def test_a_schedule_file_declaring_a_beat_schedule_name_stops_the_boot(
     with pytest.raises(BeatRefused, match=rf"{prefix}-q/a is declared by both celery.app-"):
         boot(app, caplog)
     assert Repeat(redis.Redis.from_url(app.conf.broker_url), prefix).names(f"{prefix}-q") == []
+
+
+def test_a_worker_refuses_a_decorated_task_that_is_a_beat_schedule_entry_too(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    # Before: the worker's boot rewrote the beat's entry "a" with its task's schedule, which
+    # the beat of the same code then refused to start with ("declared twice").
+    from emq_bridge.celery import sync_app
+
+    beat_app = make_app()
+    boot_sync = sync_app(beat_app)
+    assert [d.name for d in boot_sync[0].create] == ["a", "b", "c"]
+    before = Repeat(client, prefix).get(f"{prefix}-q", "a")
+    app = make_app()
+    recurring(every="3m", name="a")(app.tasks["t.other"])
+    try:
+        with pytest.raises(ConfigError, match=f"schedule {prefix}-q/a is declared twice"):
+            sync_app(app, beat=False)
+    finally:
+        del _DECLARED[-1:]
+    assert Repeat(client, prefix).get(f"{prefix}-q", "a") == before
+    # The same name on another queue is another registration: the worker syncs it.
+    other = make_app()
+    recurring(every="3m", name="b", options={"queue": f"{prefix}-else"})(other.tasks["t.other"])
+    try:
+        [plan] = sync_app(other, beat=False)
+    finally:
+        del _DECLARED[-1:]
+    assert [(d.queue, d.name) for d in plan.create] == [(f"{prefix}-else", "b")]
