@@ -24,29 +24,26 @@
 -- Returns 1 run it, 0 another occurrence is in flight or this one already ended (skip it),
 -- -1 no such registration.
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+-- The `inflight` occurrence, those in flight beside it (`inflight_also`, report.lua), and
+-- the newest nominal time the history holds.
+local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due')
 -- The history holds no entry of an occurrence later than its newest (`history_due`): a first
 -- copy, the usual case, is not searched for; a copy is nearly always among the newest.
-local ENDED = {succeeded = true, failed = true, revoked = true}
-local newest = tonumber(redis.call('HGET', KEYS[1], 'history_due'))
-if newest and tonumber(ARGV[6]) <= newest then
-  local prefix = '["' .. ARGV[4] .. '"'
-  local found = false
+local function entry_of(id)
+  local prefix = '["' .. id .. '"'
   for _, range in ipairs({{0, 7}, {8, -1}}) do
     for _, raw in ipairs(redis.call('LRANGE', KEYS[3], range[1], range[2])) do
-      if string.sub(raw, 1, #prefix) == prefix then
-        local entry = cjson.decode(raw)
-        if ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return 0 end
-        found = true
-        break
-      end
+      if string.sub(raw, 1, #prefix) == prefix then return cjson.decode(raw) end
     end
-    if found then break end
   end
+  return nil
 end
+local ENDED = {succeeded = true, failed = true, revoked = true}
+local newest = tonumber(cur[3])
+local entry = newest and tonumber(ARGV[6]) <= newest and entry_of(ARGV[4])
+if entry and ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- The `inflight` occurrence, and those in flight beside it (`inflight_also`, report.lua).
-local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also')
 local others = {cur[1] or nil}  -- (a missing field reads as false)
 for member in string.gmatch(cur[2] or '', '[^\n]+') do others[#others + 1] = member end
 for _, other in ipairs(others) do

@@ -42,18 +42,15 @@ def stopped_90_s_ago(app: Celery) -> int:
     return round(last_run.timestamp() * 1000)
 
 
+def import_args(redis_url: str, app: Celery) -> tuple[str, ...]:
+    return ("import", "redbeat", "--from", redis_url, "--prefix", app.redbeat_conf.key_prefix)
+
+
 def test_a_cut_over_resumes_an_overdue_interval_at_its_next_slot(
     run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
 ) -> None:
     last_run = stopped_90_s_ago(redbeat_app)
-    args = (
-        "import",
-        "redbeat",
-        "--from",
-        redis_url,
-        "--prefix",
-        redbeat_app.redbeat_conf.key_prefix,
-    )
+    args = import_args(redis_url, redbeat_app)
     assert run(*args, "--paused").exit_code == 0
     cut = run(*args, "--resume")
     assert cut.exit_code == 0 and "1 resumed" in cut.stderr, cut.output
@@ -69,14 +66,7 @@ def test_a_direct_import_fires_an_overdue_interval_at_once_on_its_rhythm(
     run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
 ) -> None:
     last_run = stopped_90_s_ago(redbeat_app)
-    args = (
-        "import",
-        "redbeat",
-        "--from",
-        redis_url,
-        "--prefix",
-        redbeat_app.redbeat_conf.key_prefix,
-    )
+    args = import_args(redis_url, redbeat_app)
     assert run(*args).exit_code == 0
     poll = repeat.get("celery", "poll")
     assert poll is not None and poll.next_run_ms is not None
