@@ -41,6 +41,7 @@ __all__ = [
     "Stamp",
     "SyncPlan",
     "apply_plan",
+    "check_not_owned_by",
     "declarations_fingerprint",
     "plan_sync",
     "queues_of",
@@ -163,10 +164,40 @@ def check_one_source(sources: Iterable[tuple[str, Iterable[Declaration]]]) -> No
             key = (declaration.queue, declaration.name)
             other = owners.setdefault(key, source)
             if other != source:
-                raise ConfigError(
-                    f"schedule {key[0]}/{key[1]} is declared by both {other} and {source}: "
-                    "one name belongs to one source; rename or remove one of them"
-                )
+                raise _declared_by_both(key, other, source)
+
+
+def _declared_by_both(key: tuple[str, str], other: str, source: str) -> ConfigError:
+    return ConfigError(
+        f"schedule {key[0]}/{key[1]} is declared by both {other} and {source}: "
+        "one name belongs to one source; rename or remove one of them"
+    )
+
+
+# Names whose owners one `check_not_owned_by` call reads.
+OWNER_CHUNK = 5000
+
+
+def check_not_owned_by(
+    repeat: Repeat, declarations: Sequence[Declaration], source: str, others: Collection[str]
+) -> None:
+    """Raise `ConfigError` when one of `declarations` (of `source`) is a schedule that one of
+    `others` owns in the registry. `others` are sources the same process syncs whose
+    declarations it did not read this time, since their stamp held (an unchanged schedule
+    file): a name such a source owns is one it still declares, so `check_one_source` would
+    have refused the pair. One read of the declared names' owners, before any write."""
+    if not others:
+        return
+    by_queue: dict[str, list[str]] = {}
+    for declaration in declarations:
+        by_queue.setdefault(declaration.queue, []).append(declaration.name)
+    for queue, names in sorted(by_queue.items()):
+        for start in range(0, len(names), OWNER_CHUNK):
+            chunk = names[start : start + OWNER_CHUNK]
+            for name, fields in repeat.load_records(queue, chunk, ("source",)).items():
+                owner = fields.get("source")
+                if owner is not None and owner != source and owner in others:
+                    raise _declared_by_both((queue, name), owner, source)
 
 
 # A declaration's (queue, name), and its name, read in C (a sync may hold a million).
@@ -300,6 +331,7 @@ def sync(
     generation: int | None = None,
     stamp: Stamp | bool | None = None,
     prune_tasks: Collection[str] | None = None,
+    unread_sources: Collection[str] = (),
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
@@ -322,11 +354,16 @@ def sync(
     that stamp: while it holds, the registry is what this sync would leave, so nothing is read
     or written and the plan returned has every declaration unchanged (`by_stamp`). A record
     deleted by hand with `DEL` (not `cancel`) is then not recreated: see `stamped`.
+
+    `unread_sources`: other sources this process syncs whose declarations it skipped, their
+    stamp holding; a declaration naming a schedule one of them owns is refused before any
+    write (`check_not_owned_by`), as `check_one_source` refuses it when both are read.
     """
     if stamp and not prune:
         raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
     wanted = _checked(declarations, source, generation)
     if dry_run:
+        check_not_owned_by(repeat, wanted, source, unread_sources)
         return plan_sync(
             repeat, wanted, source, prune=prune, generation=generation, prune_tasks=prune_tasks
         )
@@ -336,6 +373,7 @@ def sync(
             found = SyncPlan(source, unchanged=wanted, generation=generation, by_stamp=True)
             _log(found, {})
             return found
+    check_not_owned_by(repeat, wanted, source, unread_sources)
     queues = _queues(repeat, wanted, prune)
     applied = SyncPlan(source, generation=generation)
     old: dict[tuple[str, str], dict[str, str]] = {}

@@ -30,7 +30,7 @@ from ..cadence import Anchor, Cadence, Misfire
 from ..calendars import ExcludeItem
 from ..definition import Declaration, Offset, Overlap, Schedule
 from ..errors import ConfigError, EmqError
-from ..file_stamp import FileStamp, file_stamp
+from ..file_stamp import FileStamp, file_fingerprint, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import Stamp, SyncPlan, check_one_source, queues_of, stamped, sync
@@ -426,7 +426,16 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         stamp = None
         if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
             stamp = Stamp.of_queues(fingerprint, plan.declarations)
-        sync(repeat, plan.declarations, source, generation=generation, stamp=stamp)
+        # A schedule file whose stamp held was not read: the app may not take its names.
+        unread = (file.source,) if file is not None and loaded is None else ()
+        sync(
+            repeat,
+            plan.declarations,
+            source,
+            generation=generation,
+            stamp=stamp,
+            unread_sources=unread,
+        )
     else:
         _log_unchanged(source, vouched[1] if vouched else 0)
     extra: tuple[tuple[str, tuple[Declaration, ...]], ...] = ()
@@ -434,7 +443,14 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         declared = tuple(loaded.declarations)
         extra = ((loaded.source, declared),)
         its_stamp = file.stamp_for(loaded) if file else None
-        sync(repeat, declared, loaded.source, generation=generation, stamp=its_stamp)
+        sync(
+            repeat,
+            declared,
+            loaded.source,
+            generation=generation,
+            stamp=its_stamp,
+            unread_sources=(source,) if plan is None else (),  # the app's, when vouched
+        )
         file_queues = _file_queues(extra)
     elif file is not None and file.queues is not None:
         _log_unchanged(file.source, file.declared or 0)
@@ -463,6 +479,14 @@ def _log_unchanged(source: str, count: int) -> None:
         source,
         count,
     )
+
+
+def _file_source(app: Celery) -> tuple[str, ...]:
+    """The source of the app's schedule file (`emq_bridge_schedule_file`), read from its
+    top-level keys alone; none when the app names no file or it cannot be read here."""
+    path = _setting(app, "emq_bridge_schedule_file")
+    found = file_fingerprint(str(path)) if path else None
+    return (found[0],) if found is not None else ()
 
 
 def _file_stamp(repeat: Repeat, path: str, generation: int | None) -> FileStamp | None:
@@ -518,7 +542,18 @@ def sync_app(
     generation = plan.generation
     try:
         if not beat:
-            return [sync(repeat, plan.tasks, plan.source, prune=False, generation=generation)]
+            # The schedule file is the beat's to read; its names are not the tasks' to take.
+            unread = _file_source(app)
+            return [
+                sync(
+                    repeat,
+                    plan.tasks,
+                    plan.source,
+                    prune=False,
+                    generation=generation,
+                    unread_sources=unread,
+                )
+            ]
         plans = [
             sync(repeat, decls, source, generation=generation, stamp=stamp or None)
             for source, decls in ((plan.source, plan.declarations), *plan.extra)

@@ -393,6 +393,8 @@ class RecurringMiddleware(Middleware):
                     generation=self.generation,
                     stamp=stamp,
                     prune_tasks=actors,
+                    # The file's names, when its stamp held: its code may not take them.
+                    unread_sources=(unread.source,) if unread is not None else (),
                 )
                 self.plans.append(plan)
             if unread is not None:

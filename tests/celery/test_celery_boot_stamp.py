@@ -436,3 +436,70 @@ def test_a_worker_refuses_a_decorated_task_that_is_a_beat_schedule_entry_too(
     finally:
         del _DECLARED[-1:]
     assert [(d.queue, d.name) for d in plan.create] == [(f"{prefix}-else", "b")]
+
+
+def file_of(path: Path, prefix: str, name: str, queue: str) -> None:
+    path.write_text(
+        f'source = "{prefix}-file"\nqueue = "{queue}"\n\n'
+        f'[[schedule]]\nname = "{name}"\ntask = "t.record"\nevery = "10s"\n'
+    )
+
+
+def test_an_entry_taking_the_name_of_an_unchanged_files_schedule_stops_the_boot(
+    make_app: Callable[..., Celery], prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The file's stamp holds, so the file is not read: the app's sync checks its names in the
+    # registry before any write (it took "f" from the file, and the next boot, reading the
+    # file again, refused the app: the owner flipped at every other boot).
+    path = tmp_path / "schedules.toml"
+    file_of(path, prefix, "f", f"{prefix}-q")
+    for _ in range(2):  # the second boot stamps the app with the file's queue known
+        scheduler, _ = boot(make_app(emq_bridge_schedule_file=str(path)), caplog)
+        scheduler.close()
+    repeat = Repeat(redis.Redis.from_url(scheduler.app.conf.broker_url), prefix)
+    before = {r.name: r for r in repeat.list(f"{prefix}-q")}
+    entries = {**ENTRIES, "f": {"task": "t.other", "schedule": 60}}
+
+    with pytest.raises(BeatRefused, match=rf"{prefix}-q/f is declared by both {prefix}-file and"):
+        boot(make_app(entries, emq_bridge_schedule_file=str(path)), caplog)
+
+    assert {r.name: r for r in repeat.list(f"{prefix}-q")} == before
+
+
+def test_a_file_taking_the_name_of_an_unchanged_apps_schedule_stops_the_boot(
+    make_app: Callable[..., Celery], prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The app's stamp holds, so its beat_schedule is not converted: the file's sync checks
+    # its names in the registry before any write.
+    path = tmp_path / "schedules.toml"
+    file_of(path, prefix, "f", f"{prefix}-q")
+    for _ in range(2):
+        scheduler, _ = boot(make_app(emq_bridge_schedule_file=str(path)), caplog)
+        scheduler.close()
+    repeat = Repeat(redis.Redis.from_url(scheduler.app.conf.broker_url), prefix)
+    before = {r.name: r for r in repeat.list(f"{prefix}-q")}
+    file_of(path, prefix, "a", f"{prefix}-q")
+
+    with pytest.raises(BeatRefused, match=rf"{prefix}-q/a is declared by both celery.app-"):
+        boot(make_app(emq_bridge_schedule_file=str(path)), caplog)
+
+    assert {r.name: r for r in repeat.list(f"{prefix}-q")} == before
+
+
+def test_a_worker_refuses_a_decorated_task_that_is_a_schedule_files_schedule(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    from emq_bridge.celery import sync_app
+
+    path = tmp_path / "schedules.toml"
+    file_of(path, prefix, "f", f"{prefix}-q")
+    sync_app(make_app(emq_bridge_schedule_file=str(path)))
+    before = Repeat(client, prefix).get(f"{prefix}-q", "f")
+    app = make_app(emq_bridge_schedule_file=str(path))
+    recurring(every="3m", name="f")(app.tasks["t.other"])
+    try:
+        with pytest.raises(ConfigError, match=rf"{prefix}-q/f is declared by both {prefix}-file"):
+            sync_app(app, beat=False)
+    finally:
+        del _DECLARED[-1:]
+    assert Repeat(client, prefix).get(f"{prefix}-q", "f") == before

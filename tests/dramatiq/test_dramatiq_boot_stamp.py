@@ -34,7 +34,9 @@ class Workers:
             f'[[schedule]]\nname = "from-file"\ntask = "tick"\nevery = "{every}"\n'
         )
 
-    def boot(self, actor_queue: str | None = None, **options: Any) -> list[SyncPlan]:
+    def boot(
+        self, actor_queue: str | None = None, schedule: str = "hourly", **options: Any
+    ) -> list[SyncPlan]:
         broker = RedisBroker(url=self.redis_url, namespace=f"d{self.prefix}")
         middleware = RecurringMiddleware(
             prefix=self.prefix, run_pump=False, schedule_file=self.file, **options
@@ -43,7 +45,7 @@ class Workers:
         actor: Any = dramatiq.actor(
             lambda: None, broker=broker, actor_name="tick", queue_name=actor_queue or self.queue
         )
-        recurring(every="1h", name="hourly")(actor)
+        recurring(every="1h", name=schedule)(actor)
         worker = dramatiq.Worker(broker, worker_threads=1)
         worker.start()
         self.started.append((worker, broker))
@@ -128,3 +130,22 @@ def test_a_file_declaring_an_actors_own_schedule_name_stops_the_boot(
     with pytest.raises(BootError, match=r"hourly is declared by both dramatiq and ops-file"):
         workers.boot()
     assert Repeat(client, prefix).names(workers.queue) == []
+
+
+def test_an_actor_taking_the_name_of_an_unchanged_files_schedule_stops_the_boot(
+    workers: Workers, client: redis.Redis, prefix: str
+) -> None:
+    # The file's stamp holds, so the file is not read: its names are checked in the registry
+    # instead, before any write (the actor's sync took "from-file" from the file, and the
+    # next boot, reading the file again, refused the pair).
+    workers.boot()
+    with pytest.raises(BootError, match=r"from-file is declared by both ops-file and dramatiq"):
+        workers.boot(schedule="from-file")
+    repeat = Repeat(client, prefix)
+    assert {r.name: r.source for r in repeat.list(workers.queue)} == {
+        "hourly": "dramatiq",
+        "from-file": "ops-file",
+    }
+    kept = repeat.get(workers.queue, "from-file")
+    assert kept is not None and kept.definition.cadence.describe() == "every 1h"
+    assert by_stamp(workers.boot()) == {"dramatiq": True, "ops-file": True}
