@@ -60,7 +60,7 @@ class PumpTarget:
     workers do it at boot (its generation, its schedule file, its prune setting): the
     command syncs through it rather than `declarations` under `source` alone, so a pump never
     writes what the app itself would not (an older generation's schedules, a file left out).
-    `code` is the declarations' (source, generation), for `Pump(code=...)`.
+    `code` is the declarations' (source, generation or None), for `Pump(code=...)`.
 
     `check`, when set, raises `ConfigError` unless what the application syncs itself and
     the schedule files given as `(path, declarations)` can be synced and sent as its own
@@ -77,7 +77,7 @@ class PumpTarget:
     lease_ms: int | None = None
     max_sleep_s: float | None = None
     sync: Callable[[Repeat], list[SyncPlan]] | None = None
-    code: tuple[str, int] | None = None
+    code: tuple[str, int | None] | None = None
     check: Callable[[Repeat, Sequence[tuple[str, Sequence[Declaration]]]], None] | None = None
 
 

@@ -127,7 +127,7 @@ _UNSENT = _Unsent()
 
 
 class NewerCodeLive(DispatchError):
-    """A send this process's code cannot make, left to the newer generation's pumps."""
+    """A send this process's code cannot make, left to the pumps of newer code."""
 
 
 @dataclass(slots=True)
@@ -177,8 +177,11 @@ class Pump:
     expires after `lease_ms` and any pump re-dispatches the occurrence with the same id.
     What it does is told to `listeners` (`emq_bridge.events.PumpEvents`); its log lines
     are one such listener, always installed. `code` is the (source, generation) of the
-    declarations the process runs, when it has one: a registration it can never send is then
-    not parked while the queue holds a newer generation (see `Repeat.park`).
+    declarations the process runs, when it has one (the generation None without one): a
+    registration it can never send is then not parked while the queue holds a newer
+    generation, nor, with `code_synced_ms` (when those declarations were synced, server ms),
+    while its record is one that source rewrote since: newer code of a rolling deploy wrote
+    it (see `Repeat.park`).
     """
 
     def __init__(
@@ -195,10 +198,12 @@ class Pump:
         listeners: Iterable[PumpEvents] = (),
         start_timeout_ms: int = START_TIMEOUT_MS,
         history_size: int = HISTORY_SIZE,
-        code: tuple[str, int] | None = None,
+        code: tuple[str, int | None] | None = None,
+        code_synced_ms: int | None = None,
     ) -> None:
         self.repeat = repeat
         self.code = code
+        self.code_synced_ms = code_synced_ms
         if isinstance(queues, str | bytes):  # an Iterable[str] too: each letter a queue
             raise TypeError(f"queues must be a list of queue names, not a string: [{queues!r}]")
         self.queues = tuple(validate_name(q, "queue") for q in queues)
@@ -550,6 +555,7 @@ class Pump:
             reason=reason,
             now_ms=now_ms,
             code=self.code,
+            code_synced_ms=self.code_synced_ms,
         )
         tick.failed.extend(o for o, _ in failures)
         if parked == 1:
@@ -566,7 +572,7 @@ class Pump:
         elif parked == -3:  # this is old code of a rolling deploy: a newer pump may send it
             for failed, exc in failures:
                 self.events.on_dispatch_failure(
-                    failed, NewerCodeLive(f"{exc}; not parked: a newer generation is live")
+                    failed, NewerCodeLive(f"{exc}; not parked: newer code of its source is live")
                 )
         # -1: cancelled meanwhile, with its leases; nothing is left to do.
 

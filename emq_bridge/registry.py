@@ -1492,7 +1492,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         template: str,
         reason: str,
         now_ms: int,
-        code: tuple[str, int] | None = None,
+        code: tuple[str, int | None] | None = None,
+        code_synced_ms: int | None = None,
     ) -> int:
         """Stop firing `name` after a permanent dispatch failure; see `lua/park.lua`.
 
@@ -1501,11 +1502,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `template` is the record's `template` field as the pump read it: if it changed since,
         nothing is written. `code` is the (source, generation) the failing process runs: if
         the queue holds a newer generation of that source, nothing is written either (an old
-        worker of a rolling deploy). Returns 1 parked now, 0 parked already (leases dropped
-        only), -1 no such registration, -2 its template changed, -3 a newer generation is live.
+        worker of a rolling deploy); nor, with `code_synced_ms` (when the failing process's
+        declarations were synced), if that source rewrote the record after it (newer code
+        wrote it, when no generation tells). Returns 1 parked now, 0 parked already (leases
+        dropped only), -1 no such registration, -2 its template changed, -3 newer code is live.
         """
         keys = self.keys(queue)
         source, generation = code if code is not None else ("", None)
+        synced = now_arg(code_synced_ms) if code is not None else None
         with redis_errors(f"park {queue}/{name}"):
             return int(
                 self.scripts.park(
@@ -1519,6 +1523,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         keys.wake_channel,
                         source,
                         generation_arg(generation, source or None),
+                        "" if synced is None else synced,
                         *lease_members,
                     ],
                 )

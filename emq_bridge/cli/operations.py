@@ -403,6 +403,8 @@ def pump_command(
             raise click.BadParameter(str(exc), param_hint="'--heartbeat-ttl'") from exc
     if do_sync:  # once every option is known good: a refused command writes nothing
         _sync_sources(repeat, target, schedule_files)
+    # A record the target's source rewrites after this is newer code's: not parked here.
+    pump.code_synced_ms = repeat.server_time_ms() if pump.code is not None else None
     if metrics_port is not None:
         click.echo(f"metrics on {serve_pump_metrics(pump, metrics_host, metrics_port)}", err=True)
     if once:

@@ -203,6 +203,8 @@ class RecurringMiddleware(Middleware):
         self._registry_spec = repeat
         self.repeat: Repeat | None = repeat if isinstance(repeat, Repeat) else None
         self.plans: list[SyncPlan] = []
+        # When this worker's declarations were synced (server ms), set at boot.
+        self.synced_ms: int | None = None
         self.declarations: tuple[Declaration, ...] = ()
         self.pump: Pump | None = None
         self._pump_thread: threading.Thread | None = None
@@ -327,7 +329,11 @@ class RecurringMiddleware(Middleware):
             repeat.server_time_ms()
         except RegistryUnavailable as exc:
             raise RegistryUnavailable(f"{exc} at {_address(repeat.client)}") from exc
-        return self.sync_declared(broker, repeat, apply=self.sync_at_boot)
+        plans = self.sync_declared(broker, repeat, apply=self.sync_at_boot)
+        # What this worker's declarations are as of now: a record its source rewrites later
+        # is newer code's (a rolling deploy), which this worker's pump must not park.
+        self.synced_ms = repeat.server_time_ms()
+        return plans
 
     def sync_declared(
         self, broker: dramatiq.Broker, repeat: Repeat, *, apply: bool = True
@@ -435,7 +441,8 @@ class RecurringMiddleware(Middleware):
             max_sleep_s=self.max_sleep_s,
             history_size=self.history_size,
             listeners=self.listeners,
-            code=None if self.generation is None else (self.source, self.generation),
+            code=(self.source, self.generation),
+            code_synced_ms=self.synced_ms,
         )
         pump.heartbeat.role = "dramatiq-worker"
         self._pump_stop = threading.Event()

@@ -114,7 +114,7 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         max_sleep_s=middleware.max_sleep_s,
         # The workers' own sync: their generation, schedule file and prune setting.
         sync=lambda repeat: middleware.sync_declared(broker, repeat),
-        code=None if generation is None else (middleware.source, generation),
+        code=(middleware.source, generation),
         check=check,
     )
 

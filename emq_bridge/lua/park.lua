@@ -14,7 +14,8 @@
 -- ARGV[6]  wake channel
 -- ARGV[7]  the source of the code the pump runs ('' for none)
 -- ARGV[8]  that code's generation ('' for none)
--- ARGV[9..] lease members of the failed occurrences
+-- ARGV[9]  when that code's declarations were synced, epoch ms ('' for unknown)
+-- ARGV[10..] lease members of the failed occurrences
 --
 -- Parked is paused (score +inf, the next run kept in `paused_next_ms`, so `resume` puts it
 -- back) plus `parked_reason` and `parked_ms`, which `resume` clears. The leases still at
@@ -24,14 +25,21 @@
 -- A pump running an older generation of its source than the queue holds is an old worker of
 -- a rolling deploy: what it cannot send, the new code may (an actor the new version added),
 -- so nothing is parked and the leases stay, for whichever pump re-takes them on expiry.
+-- Without generations, a record its own source rewrote after the pump's code was synced
+-- (`updated_ms` later than ARGV[9]) is newer code's as well: the same.
 -- Returns 1 parked now, 0 parked already (only the leases dropped), -1 no such registration,
--- -2 the template changed (nothing written), -3 a newer generation is live (nothing written).
+-- -2 the template changed (nothing written), -3 newer code is live (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 if ARGV[8] ~= '' then
   local live = tonumber(redis.call('HGET', KEYS[4], ARGV[7]))
   if live and live > tonumber(ARGV[8]) then return -3 end
 end
-local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason', 'template_pieces')
+local cur = redis.call('HMGET', KEYS[2], 'template', 'paused', 'parked_reason', 'template_pieces',
+                       'source', 'updated_ms')
+if ARGV[9] ~= '' and ARGV[7] ~= '' and cur[5] == ARGV[7]
+   and (tonumber(cur[6]) or 0) > tonumber(ARGV[9]) then
+  return -3
+end
 if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): compare it whole
   local parts = {cur[1]}
   -- At most MAX_PIECES (32): a count edited by hand (even 'inf') is no loop.
@@ -41,7 +49,7 @@ if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): 
   cur[1] = table.concat(parts)
 end
 if cur[1] ~= ARGV[3] then return -2 end
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
   if deadline and tonumber(deadline) == tonumber(ARGV[2]) then
     redis.call('ZREM', KEYS[3], ARGV[i])

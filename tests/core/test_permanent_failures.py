@@ -307,3 +307,56 @@ def test_an_old_worker_of_a_rolling_deploy_leaves_what_it_cannot_send_to_the_new
         pump.run_once(now_ms=T0 + 13 * SECOND)
         typo = any_repeat.get("q", name)
         assert typo is not None and typo.parked_reason is not None, code
+
+
+def test_without_generations_a_record_its_source_rewrote_after_the_pumps_sync_is_not_parked(
+    any_repeat: Repeat,
+) -> None:
+    # A rolling deploy with no generation: version 2 of source "app" renamed the actor of
+    # schedule "renamed" and synced after the old worker's boot. The old worker's pump
+    # cannot send it: before, it parked the schedule, which stayed stopped once every worker
+    # ran version 2; now it leaves it to the new code, as with generations.
+    old_synced_ms = any_repeat.server_time_ms() - 1
+    sync(
+        any_repeat,
+        [Declaration("q", "renamed", define(every="1s", template={"task": GHOST}))],
+        "app",
+    )
+    old, new = Broker(), NewBroker()
+    old_pump = Pump(
+        any_repeat,
+        ["q"],
+        old,
+        lease_ms=10 * SECOND,
+        code=("app", None),
+        code_synced_ms=old_synced_ms,
+    )
+    first = old_pump.run_once(now_ms=T0 + SECOND)
+    assert [o.name for o in first.failed] == ["renamed"] and first.parked == []
+    renamed = any_repeat.get("q", "renamed")
+    assert renamed is not None and not renamed.paused and renamed.parked_reason is None
+    [(_, due, _)] = any_repeat.leases("q")
+    Pump(any_repeat, ["q"], new, lease_ms=10 * SECOND, code=("app", None)).run_once(
+        now_ms=T0 + 12 * SECOND
+    )
+    assert [o.id for o in new.sent if o.due_ms == due] == [old.tries[0].id]
+
+    # What the pump's own code synced (before its boot), and what another source wrote
+    # after it (a runtime add of a typo), are still parked.
+    sync(
+        any_repeat, [Declaration("q", "own", define(every="1s", template={"task": GHOST}))], "mine"
+    )
+    mine_synced_ms = any_repeat.server_time_ms()
+    any_repeat.register("q", "typo", every="1s", template={"task": GHOST}, now_ms=T0)
+    pump = Pump(
+        any_repeat,
+        ["q"],
+        old,
+        lease_ms=10 * SECOND,
+        code=("mine", None),
+        code_synced_ms=mine_synced_ms,
+    )
+    pump.run_once(now_ms=T0 + 13 * SECOND)
+    for name in ("own", "typo"):
+        parked = any_repeat.get("q", name)
+        assert parked is not None and parked.parked_reason is not None, name
