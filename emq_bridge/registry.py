@@ -48,6 +48,7 @@ from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, LifecycleMoves
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
 from .overlap import overlapped_calls
+from .pump_options import MAX_BATCH_SIZE
 from .replies import redis_errors, text
 from .scripts import Scripts
 from .stamps import StampMoves
@@ -1241,12 +1242,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     # -- pump-facing moves ----------------------------------------------------------------
 
     def scan(self, queue: str, batch: int, now_ms: int | None = None) -> Scan:
-        """Return what is due in `queue` at `now_ms` (default: the server's clock). No writes."""
+        """Return what is due in `queue` at `now_ms` (default: the server's clock), at most
+        `batch` (1 to `MAX_BATCH_SIZE`) names. No writes."""
         keys = self.keys(queue)
+        now = "" if now_arg(now_ms) is None else now_ms
+        batch = whole_arg(batch, "batch", 1, MAX_BATCH_SIZE)
         with redis_errors(f"scan {queue}"):
             reply = self.scripts.scan(
-                keys=[keys.registry, keys.leases, keys.running],
-                args=["" if now_arg(now_ms) is None else now_ms, batch],
+                keys=[keys.registry, keys.leases, keys.running], args=[now, batch]
             )
         return _scan_reply(reply)
 
@@ -1261,6 +1264,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         cannot be reached.
         """
         now = "" if now_arg(now_ms) is None else now_ms
+        batch = whole_arg(batch, "batch", 1, MAX_BATCH_SIZE)
         calls = [([k.registry, k.leases, k.running], [now, batch]) for k in map(self.keys, queues)]
         replies = self._script_calls(self.scripts.scan, calls, "scan", queues)
         return [r if isinstance(r, RegistryError) else _scan_reply(r) for r in replies]

@@ -77,6 +77,11 @@ def test_resume_refuses_a_catchup_that_is_not_a_bool(repeat: Repeat) -> None:
         (lambda r: r.history("q", "base", n=-1), "n must be a whole number"),
         (lambda r: r.next_runs("q", "base", n=float("nan")), "n must be a whole number"),
         (lambda r: r.next_runs("q", "base", n=10**6), "n must be a whole number"),
+        # A batch of 0 scanned nothing, so a pump given it never fired (a negative one: all).
+        (lambda r: r.scan("q", 0), "batch must be a whole number from 1"),
+        (lambda r: r.scan("q", -1), "batch must be a whole number from 1"),
+        (lambda r: r.scan_many(["q"], 0), "batch must be a whole number from 1"),
+        (lambda r: r.scan_many(["q"], "5"), "batch must be a whole number from 1"),
     ],
 )
 def test_reads_refuse_bad_counts_with_a_config_error(repeat: Repeat, call: Any, match: str) -> None:
@@ -91,6 +96,8 @@ def test_reads_take_their_counts_as_before(repeat: Repeat) -> None:
     assert [r.name for r in repeat.list("q", offset=0, limit=10)] == ["base"]
     assert repeat.history("q", "base", n=0) == []
     assert len(repeat.next_runs("q", "base", n=3)) == 3
+    found = repeat.scan("q", 1, now_ms=repeat.server_time_ms() + 2 * 3600 * 1000)
+    assert [name for name, _ in found.due] == ["base"]
 
 
 @pytest.mark.parametrize(
