@@ -140,7 +140,19 @@ def _when(ms: int) -> str:
 
 
 class LoggingEvents(PumpEvents):
-    """The pump's log lines, under the `emq_bridge.pump` logger."""
+    """The pump's log lines, under the `emq_bridge.pump` logger.
+
+    A failed send is one ERROR line each; the traceback comes with the first failure of
+    each type of error until a tick sends something again, so a broker that refuses every
+    send does not log a traceback per occurrence and per lease.
+    """
+
+    def __init__(self) -> None:
+        self._traced: set[type[BaseException]] = set()
+
+    def on_tick(self, tick: Tick) -> None:
+        if self._traced and tick.dispatched:
+            self._traced.clear()
 
     def on_redispatch(self, occurrence: Occurrence) -> None:
         log.warning(
@@ -153,12 +165,17 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
+        kind = type(error)
+        first = kind not in self._traced
+        if first:
+            self._traced.add(kind)
         log.error(
-            "%s/%s: dispatch of occurrence %s failed; it is retried after the lease",
+            "%s/%s: dispatch of occurrence %s failed; it is retried after the lease%s",
             occurrence.queue,
             occurrence.name,
             occurrence.id,
-            exc_info=error,
+            "" if first else f": {type(error).__name__}: {error} (traceback logged before)",
+            exc_info=error if first else None,
         )
 
     def on_lease_lost(self, occurrence: Occurrence) -> None:

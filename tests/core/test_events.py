@@ -68,6 +68,10 @@ class Refuses:
             raise DispatchError("the broker said no")
         self.sent.append(occurrence)
 
+    @staticmethod
+    def down(occurrence: Occurrence) -> None:
+        raise DispatchError("the broker is down")
+
 
 def test_a_listener_hears_the_claim_each_dispatch_and_the_tick(any_repeat: Repeat) -> None:
     for name in ("a", "b"):
@@ -154,3 +158,33 @@ def test_an_outage_is_one_begin_and_one_end_event(redis_url: str, prefix: str) -
     assert journal.of("outage end") == [True]
     assert journal.of("tick") == [0]
     pump.repeat.close()
+
+
+def test_a_broker_refusing_every_send_logs_one_traceback_until_a_send_goes_through(
+    any_repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: one traceback per failed send, each lease again (960 in 75 s for a refusing
+    # broker); now one line each, the traceback with the first of its error type.
+    for name in ("a", "b", "c"):
+        any_repeat.register("reports", name, every="1m", template=TEMPLATE, now_ms=T0)
+    dispatcher = Refuses("")
+    dispatcher.dispatch = Refuses.down  # type: ignore[method-assign, assignment]
+    pump = Pump(any_repeat, ["reports"], dispatcher, lease_ms=1000)
+
+    def failures(now_ms: int) -> list[logging.LogRecord]:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="emq_bridge.pump"):
+            pump.run_once(now_ms=now_ms)
+        return [r for r in caplog.records if "dispatch of occurrence" in r.getMessage()]
+
+    first = failures(T0 + 60_000)
+    assert len(first) == 3 and [r.exc_info is not None for r in first] == [True, False, False]
+    assert "DispatchError: the broker is down (traceback logged before)" in first[1].getMessage()
+    again = failures(T0 + 61_001)  # the leases expired: re-sent, refused again
+    assert len(again) == 3 and all(r.exc_info is None for r in again)
+
+    dispatcher.dispatch = dispatcher.sent.append  # type: ignore[method-assign, assignment]
+    assert failures(T0 + 62_002) == [] and len(dispatcher.sent) == 3
+    dispatcher.dispatch = Refuses.down  # type: ignore[method-assign, assignment]
+    later = failures(T0 + 120_000)  # down again after a send went through: traced again
+    assert [r.exc_info is not None for r in later] == [True, False, False]
