@@ -25,7 +25,8 @@
 -- On a final status: the occurrence leaves `running`; if it was the registration's
 -- `inflight` one, a `buffered` slot is released (as the pending lease "<name> <due>
 -- buffered", score 0, and is in flight at once); `failed` adds 1 to `failures` (`succeeded`
--- clears it) and pauses the registration once `failures` reaches `pause_after_failures`.
+-- clears it) and pauses the registration once `failures` reaches `pause_after_failures`;
+-- `skipped` adds 1 to the `skipped` count (once per occurrence).
 -- Returns the number of reports applied.
 -- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
 -- (a redelivery after its heartbeats stopped) has it in flight again. A `started` of the
@@ -166,6 +167,7 @@ for i, report in ipairs(reports) do
         -- A folded start counts where a `started` report alone would have applied.
         local take_start = fresh or attempt > old_attempt or old_rank < RANK.running or restarted
         local folded = started_at and started_at ~= '' and take_start
+        local was = fresh and '' or entry[6]
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end
         if redelivered == 1 then entry[8] = 1 end
@@ -245,6 +247,10 @@ for i, report in ipairs(reports) do
             set('failures', failures)
             set('last_error', error)
             set('last_failure_ms', at)
+          elseif status == 'skipped' and was ~= 'skipped' then
+            -- A worker skipped it (its overlap check at start, Dramatiq's SkipMessage or
+            -- AgeLimit, Celery's Ignore): counted as the pump's skips are.
+            redis.pcall('HINCRBY', record, 'skipped', 1)
           end
           -- The occurrences in flight beside it: this one leaves them, and when it was the
           -- `inflight` one, the first of them still live takes its place.

@@ -92,6 +92,22 @@ def test_reports_are_idempotent_per_id_and_attempt(any_repeat: Repeat) -> None:
     assert registration.fired == 1  # reports never count firings
 
 
+def test_a_worker_skip_is_counted_once_as_the_pumps_skips_are(any_repeat: Repeat) -> None:
+    # Before: `skipped` counted the pump's skips only, while `show` and `list` said a worker
+    # skipped the occurrence (Dramatiq's start check, SkipMessage, AgeLimit): "skipped 0".
+    t0 = _start(any_repeat)
+    any_repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
+    first, second = (
+        _fire(Pump(any_repeat, ["q"], RecordingDispatcher()), t0 + k * 1000)[0] for k in (1, 2)
+    )
+    for occurrence in (first, first, second):  # a repeated report changes nothing
+        item = report_of("skipped", occurrence, at_ms=t0 + 2500)
+        any_repeat.report([item])
+    registration = any_repeat.get("q", "job")
+    assert registration is not None and registration.skipped == 2
+    assert [e.status for e in any_repeat.history("q", "job")] == ["skipped", "skipped"]
+
+
 def test_a_report_of_a_registration_gone_creates_nothing(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, now_ms=t0)
