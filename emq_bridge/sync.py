@@ -70,10 +70,17 @@ class SyncPlan:
     counts: dict[str, int] | None = None
     # True when the sync found its stamp holding (`sync(stamp=True)`): nothing was read.
     by_stamp: bool = False
+    # How many unchanged schedules a stamp vouches for when their declarations were not even
+    # read (a schedule file whose stamp held): `unchanged` is then empty.
+    vouched: int | None = None
 
     @property
     def changes(self) -> int:
         return len(self.create) + len(self.update) + len(self.remove)
+
+    @property
+    def unchanged_count(self) -> int:
+        return len(self.unchanged) if self.vouched is None else self.vouched
 
     def lines(self) -> list[str]:
         """Return the plan as a diff: `+` create, `~` update, `-` remove, `=` unchanged."""

@@ -445,7 +445,7 @@ def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[Sch
             continue
         click.echo(
             f"synced {plan.source}: {len(plan.create)} created, {len(plan.update)} updated, "
-            f"{len(plan.remove)} removed, {len(plan.unchanged)} unchanged"
+            f"{len(plan.remove)} removed, {plan.unchanged_count} unchanged"
             + (" (its stamp holds: nothing read)" if plan.by_stamp else ""),
             err=True,
         )

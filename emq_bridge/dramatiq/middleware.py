@@ -361,7 +361,7 @@ class RecurringMiddleware(Middleware):
                     found.source,
                     found.declared,
                 )
-                unread = SyncPlan(found.source, by_stamp=True)
+                unread = SyncPlan(found.source, by_stamp=True, vouched=found.declared)
             else:
                 loaded = load_schedule_file(self.schedule_file)
                 check_actors(broker, loaded.declarations, self.schedule_file)

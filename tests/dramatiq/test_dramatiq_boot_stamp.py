@@ -78,6 +78,9 @@ def test_an_unchanged_worker_boot_reads_no_record_and_not_its_file(
 
     assert by_stamp(plans) == {"dramatiq": True, "ops-file": True}
     assert [d.name for d in plans[0].unchanged] == ["hourly"]
+    # The file's plan has no declarations (it was not read) but says how many it vouches for:
+    # `emq-bridge pump --dramatiq` printed "0 unchanged" for it.
+    assert [plan.unchanged_count for plan in plans] == [1, 1]
     assert "ops-file unchanged since its last sync (1 schedule(s))" in caplog.text
     assert "its stamp holds: nothing read" in caplog.text
     repeat = Repeat(client, prefix)

@@ -156,6 +156,11 @@ def test_the_middlewares_schedule_file_is_synced_under_its_own_source(
     assert sorted(repeat.names(app.queue)) == ["from-file", "kept"]
     assert repeat.get(app.queue, "from-file").source == "ops"
     assert repeat.get(app.queue, "kept").source == "team"
+    # Run again on the same file: its stamp holds, and the count says what it vouches for.
+    again = app.pump_once(APP_FILE=str(schedules))
+    assert "synced ops: 0 created, 0 updated, 0 removed, 1 unchanged (its stamp holds" in (
+        again.stderr
+    ), again.stderr
 
 
 def test_a_file_the_workers_would_refuse_fails_the_command_before_anything_is_written(
