@@ -771,7 +771,7 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     task = str(fields["task"])
     options = declaration.definition.template.get("options") or {}
     overlap = declaration.definition.overlap
-    checked = _check_task(*given[0], task, options, overlap) if given else False
+    checked = _check_task(*given[0], task, queue, options, overlap) if given else False
     repeat = settings.repeat()
     if replace:
         result = repeat.upsert(queue, name, definition=declaration.definition)
@@ -798,14 +798,15 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
 
 
 def _check_task(
-    framework: str, spec: str, task: str, options: Mapping[str, Any], overlap: str
+    framework: str, spec: str, task: str, queue: str, options: Mapping[str, Any], overlap: str
 ) -> bool:
-    """Load the app at `spec` through its adapter and make sure it can send `task` with the
-    sending `options` (`--options`) under the `overlap` policy.
+    """Load the app at `spec` through its adapter and make sure it can send `task` from
+    `queue` with the sending `options` (`--options`) under the `overlap` policy.
 
     Returns False when the adapter's dispatcher cannot tell (it has no `check_task`); exits
-    1 (nothing written) when the app cannot send `task`, cannot route it as `options` say
-    (a dispatcher's `check_options`), or cannot honour `overlap` (`_check_overlap`).
+    1 (nothing written) when the app cannot send `task`, serves it from another queue (a
+    dispatcher's `check_queue`), cannot route it as `options` say (its `check_options`), or
+    cannot honour `overlap` (`_check_overlap`).
     """
     target = load_target(framework, spec)
     try:
@@ -813,8 +814,11 @@ def _check_task(
         check = getattr(target.dispatcher, "check_task", None)
         if check is None:
             return False
+        check_queue = getattr(target.dispatcher, "check_queue", None)
         try:
             check(task)
+            if check_queue is not None:
+                check_queue(task, queue)
         except EmqError as exc:
             raise click.ClickException(
                 f"--task {task!r}: {exc} (nothing written; leave out --{framework} to add it "

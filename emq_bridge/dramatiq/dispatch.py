@@ -130,6 +130,17 @@ class DramatiqDispatcher:
         if task not in self.broker.actors:
             raise PermanentDispatchError(_undeclared(task))
 
+    def check_queue(self, task: str, queue: str) -> None:
+        """Raise `PermanentDispatchError` unless the actor `task` consumes `queue`: a schedule
+        of another queue is pumped by no worker of that actor (the workers' boot refuses such
+        a schedule in a file), and its messages would go to the actor's queue anyway."""
+        actor = self.broker.actors.get(task)
+        if actor is not None and actor.queue_name != queue:
+            raise PermanentDispatchError(
+                f"actor {task!r} consumes queue {actor.queue_name!r}, not {queue!r}; add the "
+                "schedule in that queue"
+            )
+
     def dispatch(self, occurrence: Occurrence) -> None:
         """Enqueue `occurrence`; raise `DispatchError` if the broker fails, and
         `PermanentDispatchError` if its message can never be built."""

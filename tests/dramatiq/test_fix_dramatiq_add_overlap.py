@@ -35,7 +35,7 @@ APP = textwrap.dedent("""
 
 
 def add(
-    tmp_path: Path, redis_url: str, prefix: str, *args: str
+    tmp_path: Path, redis_url: str, prefix: str, *args: str, queue: str = "q"
 ) -> subprocess.CompletedProcess[str]:
     module = f"ov_app_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(APP)
@@ -47,7 +47,7 @@ def add(
         "OV_NAMESPACE": f"ov{uuid.uuid4().hex[:8]}",
     }
     command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
-    command += ["add", "q", "n", "--task", "long_job", "--every", "3s", *args]
+    command += ["add", queue, "n", "--task", "long_job", "--every", "3s", *args]
     return subprocess.run(
         [*command, "--dramatiq", f"{module}:broker"],
         env=env,
@@ -81,6 +81,19 @@ def test_add_with_the_dramatiq_app_takes_the_policies_dramatiq_can_honour(
     assert added.returncode == 0, added.stderr
     registration = Repeat(client, prefix).get("q", "n")
     assert registration is not None and registration.definition.overlap == "skip"
+
+
+def test_add_with_the_dramatiq_app_refuses_a_queue_its_actor_does_not_consume(
+    tmp_path: Path, redis_url: str, client: redis.Redis, prefix: str
+) -> None:
+    # Before: accepted, while the same schedule in a file stops the workers' boot; no worker
+    # of the actor pumps that queue.
+    refused = add(tmp_path, redis_url, prefix, queue="elsewhere")
+    assert refused.returncode == 1, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "actor 'long_job' consumes queue 'q', not 'elsewhere'" in line, line
+    assert "nothing written" in line
+    assert keys(client, prefix) == []
 
 
 def test_add_without_an_app_still_takes_replace(
