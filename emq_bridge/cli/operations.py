@@ -477,7 +477,7 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
         return settings.repeat()
     url_flag, prefix_flag = given_as("redis_url"), given_as("prefix")
     conflicts = []
-    if url_flag is not None and _location(settings.client()) != _location(app.client):
+    if url_flag is not None and not _same_server(settings.client(), app.client):
         conflicts.append(url_flag)
     if prefix_flag is not None and settings.prefix != app.prefix:
         conflicts.append(prefix_flag)
@@ -501,6 +501,22 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
     settings.redis_url, settings.prefix = _address(app.client), app.prefix
     click.get_current_context().call_on_close(app.close)
     return app
+
+
+def _same_server(given: Any, app: Any) -> bool:
+    """Whether two clients reach one server and database: the same location, or another
+    spelling of it (`localhost` and `127.0.0.1`, a socket and a port) that both answer with
+    one server's `run_id`. Asked only when the locations differ; a server that does not
+    answer is taken as another one."""
+    mine, theirs = _location(given), _location(app)
+    if mine == theirs:
+        return True
+    if mine[0] == "client" or theirs[0] == "client" or mine[-1] != theirs[-1]:
+        return False  # a cluster or sentinel pool, or another database
+    try:
+        return bool(given.info("server")["run_id"] == app.info("server")["run_id"])
+    except (redis.RedisError, OSError, KeyError, TypeError):
+        return False
 
 
 def _location(client: Any) -> tuple[object, ...]:

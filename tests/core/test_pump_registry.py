@@ -267,6 +267,25 @@ def test_the_apps_server_and_prefix_given_explicitly_are_no_conflict(
     assert celery_app.repeat(client).names(celery_app.queue) == ["tick"]
 
 
+def test_the_apps_server_under_another_name_is_no_conflict(
+    run: Run, celery_app: App, client: redis.Redis
+) -> None:
+    # Before: `localhost` for the app's `127.0.0.1` exited 2 ("names the registry ... but
+    # the app's ... pump ..."): the same server, asked for its run_id, is no conflict.
+    options = client.connection_pool.connection_kwargs
+    assert options["host"] == "127.0.0.1"
+    result = run(
+        "--redis-url",
+        f"redis://localhost:{options['port']}/0",
+        "pump",
+        "--celery",
+        celery_app.spec,
+        "--once",
+    )
+    assert result.exit_code == 0, result.output
+    assert celery_app.repeat(client).names(celery_app.queue) == ["tick"]
+
+
 # -- Dramatiq -----------------------------------------------------------------------------
 
 
