@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .arguments import whole_arg
 from .errors import EmqError
@@ -37,12 +37,18 @@ __all__ = [
     "GUARDED_MODES",
     "HEARTBEAT_TTL_MS",
     "START_TIMEOUT_MS",
+    "BeginVerdict",
     "LifecycleMoves",
     "checked_name",
     "report_of",
 ]
 
 log = logging.getLogger("emq_bridge.registry")
+
+# What `begin` answers a worker about to run a guarded occurrence (begin.lua's replies:
+# 1 run, -1 no such registration, 0 another occurrence is in flight, -2 a copy of this one).
+BeginVerdict = Literal["run", "skip", "copy"]
+_VERDICTS: dict[int, BeginVerdict] = {1: "run", -1: "run", 0: "skip", -2: "copy"}
 
 # The claim modes of registrations whose overlap policy is not `allow` (claim.lua).
 GUARDED_MODES = frozenset({"skip", "buffer_one", "replace"})
@@ -211,22 +217,37 @@ class LifecycleMoves:
         mark: bool = True,
     ) -> bool:
         """Ask before a worker runs `occurrence` of a guarded registration (`overlap` other
-        than allow): False while another occurrence of it is in flight, or when this attempt
-        of it already ended (a copy the broker delivered twice whose first copy ran), and the
-        worker should skip this one (report it `skipped`); True makes it the one in flight
-        (with `mark`; `mark=False` only asks and writes nothing). See `lua/begin.lua`: it
-        closes what the claim cannot see, a message delivered again after
-        it was marked lost, or a retry that waited in the queue past its hold. One round trip.
-        Never raises: when Redis cannot answer it says True (the claim's guard still holds),
-        with one log line. A trigger is not guarded: True without asking. `occurrence` may
-        also be its `started` report (a worker's reporter has it built already).
+        than allow): True when it may run, False when the worker should not run it. What
+        `begin_verdict` says, as a bool (`"run"`)."""
+        verdict = self.begin_verdict(occurrence, heartbeat_ttl_ms=heartbeat_ttl_ms, mark=mark)
+        return verdict == "run"
+
+    def begin_verdict(
+        self,
+        occurrence: Occurrence | Mapping[str, Any] | Report,
+        *,
+        heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
+        mark: bool = True,
+    ) -> BeginVerdict:
+        """Ask before a worker runs `occurrence` of a guarded registration (`overlap` other
+        than allow) whether it may: `"skip"` while another occurrence of it is in flight (the
+        worker skips this one and reports it `skipped`); `"copy"` when this attempt of it
+        already ended or runs now, heartbeated, elsewhere (a copy the broker delivered twice:
+        the worker drops it and reports nothing, the first copy's reports stand); `"run"`
+        makes it the one in flight (with `mark`; `mark=False` only asks and writes nothing).
+        See `lua/begin.lua`: it closes what the claim cannot see, a message delivered again
+        after it was marked lost, a retry that waited in the queue past its hold, a message
+        redelivered while it runs. One round trip. Never raises: when Redis cannot answer
+        it says `"run"` (the claim's guard still holds), with one log line. A trigger is not
+        guarded: `"run"` without asking. `occurrence` may also be its `started` report (a
+        worker's reporter has it built already).
         """
         try:
             item = (
                 occurrence if isinstance(occurrence, Report) else report_of("started", occurrence)
             )
             if item.triggered:
-                return True
+                return "run"
             keys = self.keys(item.queue)
             with redis_errors(f"begin {item.queue}/{item.name}"):
                 answer = self.scripts.begin(
@@ -240,10 +261,10 @@ class LifecycleMoves:
                         item.due_ms,
                     ],
                 )
-            return int(answer) != 0
+            return _VERDICTS.get(int(answer), "run")
         except (EmqError, ValueError, TypeError) as exc:
             log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
-            return True
+            return "run"
 
     def history(self, queue: str, name: str, n: int = HISTORY_SIZE) -> builtins.list[HistoryEntry]:
         """Return the last `n` occurrences of `name`, newest first (what workers reported and

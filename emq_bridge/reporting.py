@@ -21,7 +21,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
-from .lifecycle import check_history_size
+from .lifecycle import BeginVerdict, check_history_size
 from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report
 from .registry import Repeat
 
@@ -133,20 +133,21 @@ class Reporter:
         lives)."""
         self._running.pop((item.queue, item.id), None)
 
-    def begin(self, item: Report, *, mark: bool = True) -> bool:
-        """Ask, before a worker runs the occurrence `item` starts, whether it may: False
-        while another occurrence of its guarded registration is in flight (`Repeat.begin`,
-        one round trip from the calling thread). True when Redis cannot answer. With
+    def begin(self, item: Report, *, mark: bool = True) -> BeginVerdict:
+        """Ask, before a worker runs the occurrence `item` starts, whether it may
+        (`Repeat.begin_verdict`, one round trip from the calling thread): `"skip"` while
+        another occurrence of its guarded registration is in flight, `"copy"` when this
+        attempt ran or runs elsewhere, `"run"` when it may and when Redis cannot answer. With
         `mark=False` it only asks (writes nothing), and not at all while reports are being
         dropped (Redis down: the calling thread, a worker's consumer, must not wait on it)."""
         if not mark and self._failing:
-            return True
+            return "run"
         try:
             repeat = self._registry()
         except Exception as exc:  # never into the task: run it, the claim's guard holds
             log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
-            return True
-        return repeat.begin(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms, mark=mark)
+            return "run"
+        return repeat.begin_verdict(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms, mark=mark)
 
     def _registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""

@@ -18,7 +18,10 @@ the worker's main process receives it (`task_received`, before it waits for a po
 process): while another occurrence of its registration is in flight it is revoked there, as
 Celery's own `revoke` does (the pool never runs it; `task_revoked` reports it `revoked`).
 That closes what a revoke broadcast cannot reach: a `replace` that revoked an occurrence
-while no worker was listening, a message delivered again after it was marked lost.
+while no worker was listening, a message delivered again after it was marked lost. A copy of
+an occurrence whose attempt ran or runs (heartbeated) elsewhere, as the Redis transport
+redelivers an unacked `acks_late` task once its visibility timeout passes, is revoked there
+too and reports nothing: the first copy's reports stand.
 
 Success is read at `task_postrun`, not `task_success`: Celery sends each signal only while
 it has receivers, and postrun is needed anyway, so a task costs two signals, not three.
@@ -72,6 +75,8 @@ log = logging.getLogger("emq_bridge.celery")
 
 # How long a shutting-down process waits for its pending reports to be sent.
 FLUSH_S = 2.0
+# Copies revoked on receipt whose ids a worker's main process keeps (`_Process.copies`).
+MAX_COPIES = 10_000
 # The reporter's client: short timeouts, since its thread is the only one that waits.
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
@@ -85,6 +90,11 @@ class _Process:
         self.reporters: dict[int, tuple[Celery, Reporter | None]] = {}
         self.used: set[int] = set()
         self.lock = threading.Lock()
+        # Ids of the copies revoked on receipt since their occurrence ran or runs elsewhere
+        # (`_on_received`): their `task_revoked` reports nothing, nor that of a later copy,
+        # which Celery revokes by the same id before any receiver hears of it. The oldest
+        # go past `MAX_COPIES`.
+        self.copies: dict[str, None] = {}
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held) and nothing used;
@@ -344,15 +354,23 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         if occurrence is None:
             return
         attempt = int(fields.get("retries") or 0) + 1
-        if reporter.begin(report_of("started", occurrence, attempt=attempt), mark=False):
+        verdict = reporter.begin(report_of("started", occurrence, attempt=attempt), mark=False)
+        if verdict == "run":
             return
+        if verdict == "copy":  # its first copy's reports stand: this one reports nothing
+            copies = _process.copies
+            copies[request.id] = None
+            if len(copies) > MAX_COPIES:
+                del copies[next(iter(copies))]
         worker_state.revoked.add(request.id)  # what the revoke command does: never run
         log.info(
-            "emq-bridge: task %s (%s/%s) revoked on receipt: another occurrence of its "
-            "schedule is in flight (overlap)",
+            "emq-bridge: task %s (%s/%s) revoked on receipt: %s",
             request.id,
             occurrence["queue"],
             occurrence["name"],
+            "a copy of it runs or ran already (delivered twice)"
+            if verdict == "copy"
+            else "another occurrence of its schedule is in flight (overlap)",
         )
     except Exception as exc:  # never into the worker: the task runs
         log.warning("emq-bridge: the overlap check of a received task failed: %s", exc)
@@ -379,6 +397,8 @@ def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: 
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    if _process.copies and getattr(request, "id", None) in _process.copies:
+        return  # a copy revoked on receipt (or after): not its occurrence's revoke
     _report("revoked", sender, request)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..lifecycle import checked_name
+from ..lifecycle import BeginVerdict, checked_name
 from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
 from .schedule import (
@@ -125,14 +125,20 @@ class MessageOutcomes:
         """`before_process_message`: the occurrence starts (attempt `retries + 1`).
 
         False, reporting nothing, if it is a guarded occurrence (`OPTION_GUARDED`) while
-        another occurrence of its registration is in flight: the middleware skips it. One
-        round trip, for guarded messages only; True on any doubt."""
+        another occurrence of its registration is in flight (`skipped` is reported when the
+        middleware skips it), or a copy of an attempt that ran or runs elsewhere (nothing is
+        reported for it). One round trip, for guarded messages only; True on any doubt."""
         self._local.run = None
         run = self._run_of(message, create=True)
         if run is None:
             return True
-        if message.options.get(OPTION_GUARDED) and not self._may_begin(run):
-            return False
+        if message.options.get(OPTION_GUARDED):
+            verdict = self._begin_verdict(run)
+            if verdict != "run":
+                # A copy of a run that ran or runs elsewhere reports nothing (its `skipped`
+                # would end the first copy's `running` entry); another occurrence's, skipped.
+                run.skipped = verdict == "copy"
+                return False
         run.began = True
         self._queue(run.start)
         return True
@@ -203,12 +209,12 @@ class MessageOutcomes:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _may_begin(self, run: _Run) -> bool:
+    def _begin_verdict(self, run: _Run) -> BeginVerdict:
         try:
             return self.reporter.begin(run.start)
         except Exception as exc:  # a bug: never into the worker, run it
             log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
-            return True
+            return "run"
 
     def _run_of(self, message: Any, *, create: bool = False) -> _Run | None:
         """Return this thread's run of `message`; with `create`, one made from the message

@@ -20,9 +20,14 @@
 -- failed or revoked at that attempt or a later one) is refused too: a message the broker
 -- delivered twice (a send that outlasted its lease, an ack lost with its worker) whose first
 -- copy ran. Marking it in flight would hold the registration with no report to end it (the
--- copy's reports outrank nothing), until the pump marked it lost.
--- Returns 1 run it, 0 another occurrence is in flight or this one already ended (skip it),
--- -1 no such registration.
+-- copy's reports outrank nothing), until the pump marked it lost. So is a copy of an attempt
+-- that runs now, started and still heartbeated (a Celery Redis transport redelivers an
+-- unacked message once its visibility timeout passes, while the first copy still runs): the
+-- two would overlap, which a guarded registration is to prevent. (A worker that died is
+-- heard of no more: once its heartbeats lapse, the copy may start, and so it will when the
+-- broker delivers it after that.)
+-- Returns 1 run it, 0 another occurrence is in flight (skip it, reported skipped), -1 no such
+-- registration, -2 a copy of this attempt ran or runs (drop the copy: report nothing).
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- The `inflight` occurrence, those in flight beside it (`inflight_also`, report.lua), and
 -- the newest nominal time the history holds.
@@ -41,9 +46,13 @@ end
 local ENDED = {succeeded = true, failed = true, revoked = true}
 local newest = tonumber(cur[3])
 local entry = newest and tonumber(ARGV[6]) <= newest and entry_of(ARGV[4])
-if entry and ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return 0 end
+if entry and ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return -2 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if entry and entry[6] == 'running' and tonumber(entry[7]) == tonumber(ARGV[5]) then
+  local live = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if live and tonumber(live) > now then return -2 end
+end
 local others = {cur[1] or nil}  -- (a missing field reads as false)
 for member in string.gmatch(cur[2] or '', '[^\n]+') do others[#others + 1] = member end
 for _, other in ipairs(others) do

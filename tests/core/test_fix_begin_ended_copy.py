@@ -9,6 +9,8 @@ skipped as overlapping until the pump marked the finished occurrence `lost`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from emq_bridge import Occurrence, Pump, Repeat
@@ -81,3 +83,36 @@ def test_a_refused_copy_of_a_lost_occurrence_leaves_it_lost(repeat: Repeat, kind
     assert entry.status == "lost" and entry.finished_ms is None
     registration = repeat.get("q", "job")
     assert registration is not None and registration.last_status == "lost"
+
+
+def test_a_copy_delivered_while_its_attempt_runs_heartbeated_is_a_copy_not_a_second_run(
+    repeat: Repeat,
+) -> None:
+    # A Celery Redis transport redelivers an unacked acks_late task once its visibility
+    # timeout passes, while the first copy still runs: before, the copy ran beside it (a
+    # `skip` schedule's slot ran twice at once) and moved the history entry's start.
+    occurrence, _, _ = first_slot(repeat)
+    assert repeat.begin_verdict(occurrence) == "run"
+    assert repeat.started(occurrence)
+    assert repeat.begin_verdict(occurrence, mark=False) == "copy"  # a Celery worker, on receipt
+    assert repeat.begin_verdict(occurrence) == "copy"  # a Dramatiq worker, at its start
+    assert not repeat.begin(occurrence)
+    (entry,) = repeat.history("q", "job")
+    assert (entry.status, entry.attempt) == ("running", 1)
+
+    # Its worker heard of no more (killed): once its heartbeats lapse, the copy may run.
+    member = f"{occurrence.name} {occurrence.due_ms}"
+    repeat.client.zadd(repeat.keys("q").running, {member: 0})
+    assert repeat.begin_verdict(occurrence) == "run"
+
+
+def test_the_verdict_tells_another_occurrence_in_flight_from_a_copy(repeat: Repeat) -> None:
+    occurrence, _, _ = first_slot(repeat)
+    assert repeat.begin(occurrence) and repeat.started(occurrence)
+    # A later slot delivered while this one runs (a message the claim could not see).
+    later = report_of(
+        "started", replace(occurrence, due_ms=occurrence.due_ms + HOUR_MS, id="the-next-one")
+    )
+    assert repeat.begin_verdict(later, mark=False) == "skip"
+    assert repeat.finished(occurrence, ok=True)
+    assert repeat.begin_verdict(occurrence) == "copy"  # it ended: a copy still

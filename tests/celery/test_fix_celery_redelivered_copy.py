@@ -1,0 +1,145 @@
+"""A guarded task's copy that the broker delivers while its first copy still runs does not
+run beside it, and reports nothing.
+
+Celery's Redis transport delivers an unacked `acks_late` task again once its visibility
+timeout passes, to any worker, while the first copy may still run (a task longer than the
+timeout). Before, with `overlap="skip"`, each copy ran beside the first (one slot ran six
+times in 90 s), and the history entry took the second copy's start with the first copy's
+end. Now the worker's main process revokes such a copy on receipt (its occurrence runs,
+heartbeated, elsewhere), and its revoke is not the occurrence's. A real prefork worker and a
+real Redis broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from emq_bridge import Pump, Repeat
+from emq_bridge.celery import CeleryDispatcher
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+RUN_S = 7
+
+APP = textwrap.dedent(f"""
+    import json
+    import os
+    import time
+
+    import redis
+    from celery import Celery
+
+    env = os.environ
+    app = Celery("rc", broker=env["RC_BROKER"])
+    app.conf.update(
+        emq_bridge_redis_url=env["RC_REDIS"],
+        emq_bridge_prefix=env["RC_PREFIX"],
+        emq_bridge_heartbeat_s=1.0,
+        task_default_queue=env["RC_QUEUE"],
+        result_backend=None,
+        broker_connection_retry_on_startup=True,
+        # Shorter than the task: the transport delivers it again while it runs.
+        broker_transport_options={{
+            "visibility_timeout": 2,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }},
+        imports=["emq_bridge.celery"],
+    )
+    side = redis.Redis.from_url(env["RC_BROKER"])
+
+
+    @app.task(bind=True, name="rc.long", acks_late=True)
+    def long(self):
+        side.rpush(env["RC_NOTES"], json.dumps({{"id": self.request.id, "at": time.time()}}))
+        time.sleep({RUN_S})
+""")
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "rc_app.py").write_text(APP)
+    yield tmp_path
+
+
+def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_nothing(
+    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    notes = f"{prefix}:notes"
+    repeat = Repeat(client, prefix)
+    repeat.register(
+        queue, "nightly", every="1h", overlap="skip", immediately=True, template={"task": "rc.long"}
+    )
+    sender = Celery("rc-sender", broker=redis_url)
+    sender.conf.update(result_backend=None, task_default_queue=queue)
+    [occurrence] = Pump(repeat, [queue], CeleryDispatcher(sender)).run_once().dispatched
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(app_dir), os.environ.get("PYTHONPATH")])),
+        "RC_BROKER": redis_url,
+        "RC_REDIS": redis_url,
+        "RC_PREFIX": prefix,
+        "RC_QUEUE": queue,
+        "RC_NOTES": notes,
+    }
+    log = app_dir / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", "rc_app", "worker", "-Q", queue),
+                *("-c", "3", "-P", "prefork", "-l", "info", "--without-mingle"),
+                "--without-gossip",
+            ],
+            cwd=app_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def ended() -> bool:
+            return [e.status for e in repeat.history(queue, "nightly")] == ["succeeded"]
+
+        assert wait_until(ended, 60), log.read_text(errors="replace")[-3000:]
+        output = log.read_text(errors="replace")
+        assert "a copy of it runs or ran already" in output, output[-3000:]
+        time.sleep(3)  # copies still coming after the end are dropped too
+        ran = [json.loads(raw) for raw in client.lrange(notes, 0, -1)]
+        assert [r["id"] for r in ran] == [occurrence.id], ran
+        [entry] = repeat.history(queue, "nightly")
+        assert (entry.status, entry.attempt) == ("succeeded", 1)
+        # Its start and end are the one run's: it lasted RUN_S seconds.
+        assert entry.started_ms is not None and entry.started_ms <= ran[0]["at"] * 1000 + 50
+        assert entry.duration_ms is not None and entry.duration_ms >= RUN_S * 1000 - 100
+        registration = repeat.get(queue, "nightly")
+        assert registration is not None and registration.skipped == 0
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
