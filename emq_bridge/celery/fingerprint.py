@@ -51,6 +51,23 @@ _SETTINGS = (
     "task_routes",
     "worker_direct",
 )
+# Where an `emq_bridge_*` setting's name starts in a configuration key: Django-style
+# configuration (`config_from_object(..., namespace="CELERY")`) lists it as
+# `CELERY_EMQ_BRIDGE_GENERATION`, which `conf.get("emq_bridge_generation")` reads.
+_EMQ_SETTING = "emq_bridge_"
+
+
+def _emq_settings(conf: Any) -> set[str]:
+    """The `emq_bridge_*` settings `conf` holds, by the names the conversion reads them by."""
+    names = set()
+    for key in conf:
+        low = key.lower() if isinstance(key, str) else ""
+        at = low.find(_EMQ_SETTING)
+        if at >= 0:
+            names.add(low[at:])
+    return names
+
+
 # Schedule values whose pickle is all the conversion reads of them.
 _PLAIN_SCHEDULES = (int, float, timedelta, schedule, crontab)
 # What a `@recurring` declaration holds, read in one C call (a dataclass's own pickle walks
@@ -127,7 +144,7 @@ def app_fingerprint(
         return None
     tasks.update(name for name, _ in decorated)
     settings = [(key, conf.get(key)) for key in _SETTINGS]
-    settings += sorted((key, conf.get(key)) for key in conf if key.startswith("emq_bridge_"))
+    settings += sorted((name, conf.get(name)) for name in _emq_settings(conf))
     state = (
         (FORMAT, *code_versions("emq-bridge", "celery", "kombu")),
         settings,

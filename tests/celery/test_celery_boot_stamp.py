@@ -305,6 +305,23 @@ def test_the_fingerprint_changes_with_what_the_conversion_reads(
     assert fingerprint(make_app(**change)) not in (None, base)
 
 
+def test_the_fingerprint_reads_settings_given_django_style(
+    make_app: Callable[..., Celery],
+) -> None:
+    # Before: `config_from_object(..., namespace="CELERY")` lists the setting as
+    # CELERY_EMQ_BRIDGE_GENERATION, which the fingerprint skipped: a deploy raising only the
+    # generation found its stamp, never wrote the new generation, and an old worker then
+    # reverted a schedule the newer generation should have protected.
+    found = []
+    for generation in (1, 2, 2):
+        app = make_app()
+        settings = type("Settings", (), {"CELERY_EMQ_BRIDGE_GENERATION": generation})
+        app.config_from_object(settings, namespace="CELERY")
+        assert app.conf.get("emq_bridge_generation") == generation
+        found.append(fingerprint(app))
+    assert None not in found and found[0] != found[1] and found[1] == found[2]
+
+
 def test_the_fingerprint_changes_with_a_decorated_tasks_schedule(
     make_app: Callable[..., Celery],
 ) -> None:
