@@ -106,7 +106,8 @@ class CelerySchedule:
     the next check. A class that defines only `remaining_estimate` (Celery's beat cannot run
     it: the `is_due` it inherits raises) is checked as Celery's own schedules check theirs:
     due once the estimate has passed, checked again when the next one falls. The schedule
-    sees the pump's clock as its `now` (its `nowfun`) during a check; times are epoch ms.
+    sees the pump's clock as its `now` (its `nowfun`) during a check, unless it was given a
+    `nowfun` of its own, which Celery's beat would read too; times are epoch ms.
 
     Stored as the placeholder interval plus the schedule's label (`to_fields`): an edit of
     the schedule is a cadence change, so its next check is derived again. A pump without
@@ -174,8 +175,8 @@ def _utc(ms: int) -> datetime:
 @contextlib.contextmanager
 def _clock_pinned(value: Any, now: datetime) -> Iterator[None]:
     """Make `now` the schedule's `now()` for the block: one instant for the whole check."""
-    if not isinstance(value, BaseSchedule):
-        yield  # a duck-typed schedule keeps its own clock
+    if not isinstance(value, BaseSchedule) or value.nowfun is not None:
+        yield  # a duck-typed schedule, or one given a `nowfun`, keeps its own clock
         return
     saved, value.nowfun = value.nowfun, lambda: now
     try:
@@ -314,8 +315,8 @@ def _interval(value: timedelta, label: str) -> Every:
 
 def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     """Return the cadence of a Celery schedule (number, `timedelta`, `schedule`, `crontab`, ...)."""
-    if type(value) is schedule and not value.relative:  # most entries: the checks below pass
-        return _interval(value.run_every, label)
+    if type(value) is schedule and not value.relative and value.nowfun is None:
+        return _interval(value.run_every, label)  # most entries: the checks below pass
     _check_schedule_value(value, label)
     if isinstance(value, (int, float, timedelta)):
         try:
@@ -325,9 +326,16 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     if not (hasattr(value, "is_due") or hasattr(value, "remaining_estimate")):
         raise ConfigError(f"{label}: {value!r} is not a schedule (it has no is_due)")
     value.app = app
-    if _plain(value, schedule, "is_due", "remaining_estimate") and not value.relative:
+    # A schedule with a clock of its own (`nowfun`: a shifted or zoned `now`) is checked as
+    # Celery's beat checks it, by that clock; a cron expression or an interval would drop it.
+    own_clock = getattr(value, "nowfun", None) is not None
+    if (
+        _plain(value, schedule, "is_due", "remaining_estimate")
+        and not value.relative
+        and not own_clock
+    ):
         return _interval(value.run_every, label)
-    if _plain(value, crontab, "is_due", "remaining_estimate", "remaining_delta"):
+    if _plain(value, crontab, "is_due", "remaining_estimate", "remaining_delta") and not own_clock:
         expr, day_and = crontab_expr(value)
         try:
             return Cron(expr, zone_name(value.tz), day_and)

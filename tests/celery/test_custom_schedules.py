@@ -447,3 +447,29 @@ def test_a_check_named_for_an_instant_lands_on_that_ms_at_any_now(by_is_due: boo
     nows = range(last - MS, last)  # a pump whose clock trails the last run's: 1.047..2.047 s
     late = [now for now in nows if cadence.check(last, now)[1] != ms(START) + 4 * MS]
     assert late == []
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda nowfun: crontab(minute="*/2", nowfun=nowfun),
+        lambda nowfun: schedule(timedelta(minutes=2), nowfun=nowfun),
+    ],
+    ids=["crontab", "schedule"],
+)
+def test_a_schedule_with_a_nowfun_of_its_own_is_checked_by_that_clock(make: Any) -> None:
+    # Before: `crontab(..., nowfun=...)` became a plain cron expression and fired on the
+    # pump's clock (a shifted nowfun's odd minutes fired on even ones), as Celery does not.
+    shift = timedelta(minutes=1)
+    clock: dict[str, datetime] = {}
+    value = make(lambda: clock["now"] + shift)
+    app = Celery("x", set_as_current=False, timezone="UTC")
+    cadence = convert_schedule(value, app, "x")
+    assert isinstance(cadence, CelerySchedule)
+    last_run = datetime(2030, 1, 1, 10, 0, tzinfo=timezone.utc)
+    for minutes in (0.5, 1.2, 2.5, 3.5):
+        clock["now"] = last_run + timedelta(minutes=minutes)
+        celery_due = bool(value.is_due(last_run)[0])  # Celery's beat, the same instant
+        ours = cadence.check(ms(last_run), ms(clock["now"]))[0]
+        assert ours == celery_due, minutes
+    assert value.nowfun is not None  # the check left the schedule's own clock in place
