@@ -428,7 +428,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
             stamp = Stamp.of_queues(fingerprint, plan.declarations)
         # A schedule file whose stamp held was not read: the app may not take its names.
         unread = (file.source,) if file is not None and loaded is None else ()
-        sync(
+        applied = sync(
             repeat,
             plan.declarations,
             source,
@@ -436,6 +436,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
             stamp=stamp,
             unread_sources=unread,
         )
+        _warn_removed_elsewhere(applied, plan.queues)
     else:
         _log_unchanged(source, vouched[1] if vouched else 0)
     extra: tuple[tuple[str, tuple[Declaration, ...]], ...] = ()
@@ -470,6 +471,21 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         generation=generation,
         vouched=vouched[1],
     )
+
+
+def _warn_removed_elsewhere(applied: SyncPlan, queues: Sequence[str]) -> None:
+    """Say so when the app's sync removed schedules from queues the app does not use: the
+    schedules an entry moved away from, or another app's that shares the source (two apps
+    both named `Celery("tasks")` on one registry delete each other's at each boot)."""
+    elsewhere = sorted({q for q, _ in applied.remove} - set(queues))
+    if elsewhere:
+        log.warning(
+            "emq-bridge: sync %s removed schedules in queue(s) %s, which this app does not "
+            "pump; if another app shares this registry under the same source, give each app "
+            "its own emq_bridge_source (or emq_bridge_prefix)",
+            applied.source,
+            ", ".join(elsewhere),
+        )
 
 
 def _log_unchanged(source: str, count: int) -> None:
@@ -558,6 +574,7 @@ def sync_app(
             sync(repeat, decls, source, generation=generation, stamp=stamp or None)
             for source, decls in ((plan.source, plan.declarations), *plan.extra)
         ]
+        _warn_removed_elsewhere(plans[0], plan.queues)
     finally:
         if own:
             repeat.close()

@@ -520,3 +520,18 @@ def test_a_worker_refuses_a_decorated_task_that_is_a_schedule_files_schedule(
     finally:
         del _DECLARED[-1:]
     assert Repeat(client, prefix).get(f"{prefix}-q", "f") == before
+
+
+def test_a_sync_that_removes_schedules_in_queues_the_app_does_not_use_says_why(
+    make_app: Callable[..., Celery], prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two services both named `Celery("app-<prefix>")` on one registry share the source
+    # `celery.app-<prefix>`: each beat's sync removes the other's schedules. The log says
+    # so, with the setting that separates them.
+    first, _ = boot(make_app(), caplog)
+    first.close()
+    other = {"digest": {"task": "t.other", "schedule": 60}}
+    second, _ = boot(make_app(other, task_default_queue=f"{prefix}-mail"), caplog)
+    second.close()
+    [line] = [r.getMessage() for r in caplog.records if "does not pump" in r.getMessage()]
+    assert f"queue(s) low, {prefix}-q," in line and "emq_bridge_source" in line
