@@ -535,3 +535,18 @@ def test_a_sync_that_removes_schedules_in_queues_the_app_does_not_use_says_why(
     second.close()
     [line] = [r.getMessage() for r in caplog.records if "does not pump" in r.getMessage()]
     assert f"queue(s) low, {prefix}-q," in line and "emq_bridge_source" in line
+
+
+def test_entry_keys_that_differ_only_by_whitespace_are_one_name_and_refused(
+    make_app: Callable[..., Celery],
+    prefix: str,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entries = {
+        "report daily": {"task": "t.record", "schedule": 60},
+        "report_daily": {"task": "t.other", "schedule": 60},
+    }
+    with pytest.raises(BeatRefused, match=rf"schedule {prefix}-q/report_daily is declared twice"):
+        boot(make_app(entries), caplog)
+    assert Repeat(client, prefix).names(f"{prefix}-q") == []
