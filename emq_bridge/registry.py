@@ -115,7 +115,7 @@ class Registration:
     parked_reason: str | None = None
     parked_ms: int | None = None
     # What the workers reported (outcome.py): the last occurrence's status and times, the
-    # streak of consecutive failures, and the slots the overlap policy skipped.
+    # streak of consecutive failures, and the slots the overlap policy or a worker skipped.
     last_status: str | None = None
     last_error: str | None = None
     last_started_ms: int | None = None

@@ -256,7 +256,8 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     Its cadence, state (for a parked one: since when, and why), next and last run, the last
     outcome workers reported (status, when, how long, the last error) and the failure
     streak, counters (`fired` counts the occurrences a broker accepted, `skipped` the slots
-    the overlap policy skipped, `lost` the occurrences whose worker went silent), what is in
+    the overlap policy skipped and the occurrences a worker skipped, `lost` the occurrences
+    whose worker went silent), what is in
     flight or buffered, its policies, owner and template. `history` lists the occurrences.
 
     \b
