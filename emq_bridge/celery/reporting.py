@@ -11,7 +11,9 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
   pool process died (`WorkerLostError`) or a task hit its hard time limit
   (`TimeLimitExceeded`, Celery 5.7), as Celery records that task's result;
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
-* `task_revoked` (in the main process): `revoked`.
+* `task_revoked` (in the main process): `revoked`;
+* `task_unknown` (in the main process: a task this worker does not know, which Celery
+  rejects and records failed): `failed`, with `NotRegistered`.
 
 A guarded occurrence (`emq_guarded`: overlap skip, buffer_one or replace) is checked when
 the worker's main process receives it (`task_received`, before it waits for a pool
@@ -41,6 +43,7 @@ and never fails because of it. Pending reports are flushed on `worker_process_sh
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import threading
@@ -376,6 +379,31 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         log.warning("emq-bridge: the overlap check of a received task failed: %s", exc)
 
 
+def _on_unknown(
+    sender: Any = None, message: Any = None, name: Any = None, id: Any = None, **_: Any
+) -> None:
+    """`task_unknown`, in the worker's main process: a task this worker does not know, which
+    Celery rejects for good and records failed (`NotRegistered`): `failed`, so that a guarded
+    schedule is not held until its start timeout."""
+    try:
+        headers = getattr(message, "headers", None)
+        app = getattr(sender, "app", None)
+        if not isinstance(headers, dict) or not isinstance(app, Celery) or not id:
+            return
+        reporter = reporter_for(app)
+        if reporter is None:
+            return
+        occurrence = occurrence_of(SimpleNamespace(**{**headers, "id": id}), app)
+        if occurrence is None:
+            return
+        attempt = int(headers.get("retries") or 0) + 1
+        error = f"NotRegistered: {name!r} is not a task of this worker"
+        _process.used.add(builtins.id(reporter))
+        reporter.report(report_of("failed", occurrence, attempt=attempt, error=error))
+    except Exception as exc:  # never into the worker
+        log.warning("emq-bridge: the report of unknown task %s was not sent: %s", id, exc)
+
+
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     task = task or sender
     _report("started", task, getattr(task, "request", None))
@@ -426,6 +454,7 @@ def _on_shutdown(**_: Any) -> None:
 _RECEIVERS = (
     (signals.worker_init, _on_worker_init),
     (signals.task_received, _on_received),
+    (signals.task_unknown, _on_unknown),
     (signals.task_prerun, _on_prerun),
     (signals.task_failure, _on_failure),
     (signals.task_retry, _on_retry),

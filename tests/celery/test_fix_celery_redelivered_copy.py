@@ -1,5 +1,5 @@
 """A guarded task's copy that the broker delivers while its first copy still runs does not
-run beside it, and reports nothing.
+run beside it, and reports nothing; a task the worker does not know is reported failed.
 
 Celery's Redis transport delivers an unacked `acks_late` task again once its visibility
 timeout passes, to any worker, while the first copy may still run (a task longer than the
@@ -84,30 +84,10 @@ def app_dir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_nothing(
-    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
-) -> None:
-    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    notes = f"{prefix}:notes"
-    repeat = Repeat(client, prefix)
-    repeat.register(
-        queue, "nightly", every="1h", overlap="skip", immediately=True, template={"task": "rc.long"}
-    )
-    sender = Celery("rc-sender", broker=redis_url)
-    sender.conf.update(result_backend=None, task_default_queue=queue)
-    [occurrence] = Pump(repeat, [queue], CeleryDispatcher(sender)).run_once().dispatched
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(app_dir), os.environ.get("PYTHONPATH")])),
-        "RC_BROKER": redis_url,
-        "RC_REDIS": redis_url,
-        "RC_PREFIX": prefix,
-        "RC_QUEUE": queue,
-        "RC_NOTES": notes,
-    }
+def start_worker(app_dir: Path, env: dict[str, str], queue: str) -> subprocess.Popen[bytes]:
     log = app_dir / "worker.log"
     with log.open("wb") as out:
-        worker = subprocess.Popen(
+        return subprocess.Popen(
             [
                 *(sys.executable, "-m", "celery", "-A", "rc_app", "worker", "-Q", queue),
                 *("-c", "3", "-P", "prefork", "-l", "info", "--without-mingle"),
@@ -118,6 +98,49 @@ def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.terminate()
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+def environment(app_dir: Path, redis_url: str, prefix: str, queue: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(app_dir), os.environ.get("PYTHONPATH")])),
+        "RC_BROKER": redis_url,
+        "RC_REDIS": redis_url,
+        "RC_PREFIX": prefix,
+        "RC_QUEUE": queue,
+        "RC_NOTES": f"{prefix}:notes",
+    }
+
+
+def send_one(repeat: Repeat, redis_url: str, queue: str, task: str) -> Any:
+    """Register a guarded hourly schedule of `task` due now; send its first slot."""
+    repeat.register(
+        queue, "nightly", every="1h", overlap="skip", immediately=True, template={"task": task}
+    )
+    sender = Celery("rc-sender", broker=redis_url)
+    sender.conf.update(result_backend=None, task_default_queue=queue)
+    [occurrence] = Pump(repeat, [queue], CeleryDispatcher(sender)).run_once().dispatched
+    return occurrence
+
+
+def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_nothing(
+    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    repeat = Repeat(client, prefix)
+    occurrence = send_one(repeat, redis_url, queue, "rc.long")
+    env = environment(app_dir, redis_url, prefix, queue)
+    log = app_dir / "worker.log"
+    worker = start_worker(app_dir, env, queue)
     try:
 
         def ended() -> bool:
@@ -127,7 +150,7 @@ def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_
         output = log.read_text(errors="replace")
         assert "a copy of it runs or ran already" in output, output[-3000:]
         time.sleep(3)  # copies still coming after the end are dropped too
-        ran = [json.loads(raw) for raw in client.lrange(notes, 0, -1)]
+        ran = [json.loads(raw) for raw in client.lrange(env["RC_NOTES"], 0, -1)]
         assert [r["id"] for r in ran] == [occurrence.id], ran
         [entry] = repeat.history(queue, "nightly")
         assert (entry.status, entry.attempt) == ("succeeded", 1)
@@ -137,9 +160,29 @@ def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_
         registration = repeat.get(queue, "nightly")
         assert registration is not None and registration.skipped == 0
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop(worker)
+
+
+def test_a_task_the_worker_does_not_know_is_reported_failed_and_holds_nothing(
+    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # Before: Celery rejected it for good (NotRegistered) and nothing was reported: a guarded
+    # schedule stayed held, every later slot skipped, until its start timeout (10 minutes).
+    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    repeat = Repeat(client, prefix)
+    occurrence = send_one(repeat, redis_url, queue, "rc.ghost")
+    log = app_dir / "worker.log"
+    worker = start_worker(app_dir, environment(app_dir, redis_url, prefix, queue), queue)
+    try:
+
+        def failed() -> bool:
+            return [e.status for e in repeat.history(queue, "nightly")] == ["failed"]
+
+        assert wait_until(failed, 60), log.read_text(errors="replace")[-3000:]
+        [entry] = repeat.history(queue, "nightly")
+        assert entry.id == occurrence.id and "NotRegistered: 'rc.ghost'" in (entry.error or "")
+        registration = repeat.get(queue, "nightly")
+        assert registration is not None and registration.inflight is None
+        assert registration.failures == 1
+    finally:
+        stop(worker)
