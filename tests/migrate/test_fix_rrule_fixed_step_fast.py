@@ -128,3 +128,17 @@ def test_a_cron_like_rrule_of_a_year_ago_is_carried_at_once() -> None:
     carried = carry(value, importer_app(), "r", last_run_ms=None, now_ms=instant_ms(NOW))
     assert time.process_time() - started < 5.0  # over 100 s before; not a speed test
     assert carried.first_run_ms == instant_ms(NOW.replace(second=0, microsecond=0))
+
+
+def test_an_rrule_that_ended_over_a_week_ago_fires_its_last_slot_walked_or_not() -> None:
+    # Hypothesis found it: a weekly rule whose `until` passed two weeks ago, never run. The
+    # walk started a week before now, past its last slot, and gave "now" as the slot to fire
+    # (an off-grid nominal time); the arithmetic gave the last slot, as it should.
+    dtstart = (NOW - timedelta(weeks=2)).replace(microsecond=0)
+    value = rrule("WEEKLY", dtstart=dtstart, until=NOW - timedelta(weeks=2))
+    grid = _fixed_step(value)
+    assert grid is not None
+    now_ms = instant_ms(NOW)
+    walked = _carried(_rrule_walked, value, None, now_ms)
+    assert walked == _carried(_fixed_step_rrule, value, grid, None, now_ms)
+    assert walked is not None and walked[1] == instant_ms(dtstart)

@@ -187,6 +187,9 @@ def _walked_from(value: Any, since: datetime) -> Any:
         return rule
     if not isinstance(dtstart.tzinfo, timezone):
         return rule
+    until = getattr(value, "until", None)
+    if isinstance(until, datetime) and until.tzinfo is not None and until < since:
+        since = until  # no slot after it: the week before it holds the last ones
     weeks = (since - dtstart) // _WEEK - 1
     if weeks <= 0:
         return rule
