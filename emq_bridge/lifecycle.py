@@ -46,9 +46,10 @@ __all__ = [
 log = logging.getLogger("emq_bridge.registry")
 
 # What `begin` answers a worker about to run a guarded occurrence (begin.lua's replies:
-# 1 run, -1 no such registration, 0 another occurrence is in flight, -2 a copy of this one).
-BeginVerdict = Literal["run", "skip", "copy"]
-_VERDICTS: dict[int, BeginVerdict] = {1: "run", -1: "run", 0: "skip", -2: "copy"}
+# 1 run, -1 no such registration, 0 another occurrence is in flight, -2 a copy of this one
+# that ran, -3 a copy of this one that runs now).
+BeginVerdict = Literal["run", "skip", "copy", "running"]
+_VERDICTS: dict[int, BeginVerdict] = {1: "run", -1: "run", 0: "skip", -2: "copy", -3: "running"}
 
 # The claim modes of registrations whose overlap policy is not `allow` (claim.lua).
 GUARDED_MODES = frozenset({"skip", "buffer_one", "replace"})
@@ -232,8 +233,10 @@ class LifecycleMoves:
         """Ask before a worker runs `occurrence` of a guarded registration (`overlap` other
         than allow) whether it may: `"skip"` while another occurrence of it is in flight (the
         worker skips this one and reports it `skipped`); `"copy"` when this attempt of it
-        already ended or runs now, heartbeated, elsewhere (a copy the broker delivered twice:
-        the worker drops it and reports nothing, the first copy's reports stand); `"run"`
+        already ended, `"running"` when it runs now, heartbeated, elsewhere (a copy the
+        broker delivered twice: the worker drops it and reports nothing, the first copy's
+        reports stand; for `"running"` it may instead deliver it again once the first copy's
+        heartbeats would have lapsed, `3 * heartbeat_s`, when it runs if they did); `"run"`
         makes it the one in flight (with `mark`; `mark=False` only asks and writes nothing).
         See `lua/begin.lua`: it closes what the claim cannot see, a message delivered again
         after it was marked lost, a retry that waited in the queue past its hold, a message

@@ -137,7 +137,8 @@ class Reporter:
         """Ask, before a worker runs the occurrence `item` starts, whether it may
         (`Repeat.begin_verdict`, one round trip from the calling thread): `"skip"` while
         another occurrence of its guarded registration is in flight, `"copy"` when this
-        attempt ran or runs elsewhere, `"run"` when it may and when Redis cannot answer. With
+        attempt ran elsewhere, `"running"` when it runs elsewhere now, `"run"` when it may and
+        when Redis cannot answer. With
         `mark=False` it only asks (writes nothing), and not at all while reports are being
         dropped (Redis down: the calling thread, a worker's consumer, must not wait on it)."""
         if not mark and self._failing:

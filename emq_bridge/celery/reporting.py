@@ -360,7 +360,7 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         verdict = reporter.begin(report_of("started", occurrence, attempt=attempt), mark=False)
         if verdict == "run":
             return
-        if verdict == "copy":  # its first copy's reports stand: this one reports nothing
+        if verdict in ("copy", "running"):  # the first copy's reports stand: not this one's
             copies = _process.copies
             copies[request.id] = None
             if len(copies) > MAX_COPIES:
@@ -372,7 +372,7 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             occurrence["queue"],
             occurrence["name"],
             "a copy of it runs or ran already (delivered twice)"
-            if verdict == "copy"
+            if verdict in ("copy", "running")
             else "another occurrence of its schedule is in flight (overlap)",
         )
     except Exception as exc:  # never into the worker: the task runs

@@ -58,6 +58,9 @@ PUMP_RESTART_S = 1.0
 PUMP_JOIN_S = 10.0
 # At shutdown the reports queued so far are sent within this long (then dropped).
 REPORT_FLUSH_S = 5.0
+# A copy of a running occurrence comes back this long after its first copy's heartbeats
+# would have lapsed (a pump marks it lost at its next scan past that deadline).
+REDELIVER_MARGIN_MS = 1000
 
 
 class BootError(EmqError, MiddlewareError):
@@ -234,8 +237,17 @@ class RecurringMiddleware(Middleware):
             # A guarded occurrence the broker delivers while another one runs (a killed
             # worker's message requeued after it was marked lost, a retry that waited past
             # its hold) is skipped: the overlap policy holds at the start, not only the send.
-            if not self.outcomes.started(message):
+            verdict = self.outcomes.started(message)
+            if verdict == "skip":
                 raise SkipMessage("another occurrence of its schedule is in flight (overlap)")
+            if verdict == "copy":
+                raise SkipMessage("a copy of this occurrence ran already (delivered twice)")
+            if verdict == "running":
+                # A copy delivered while its first copy runs elsewhere, heartbeated: not run
+                # beside it, but delivered again once those heartbeats would have lapsed (a
+                # worker killed mid-run, its message handed on at once: it runs then).
+                broker.enqueue(message, delay=self.outcomes.lapse_ms + REDELIVER_MARGIN_MS)
+                raise SkipMessage("a copy of this occurrence runs elsewhere (delivered twice)")
 
     def after_process_message(
         self,

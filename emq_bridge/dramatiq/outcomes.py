@@ -121,27 +121,32 @@ class MessageOutcomes:
 
     # -- the hooks -------------------------------------------------------------------------
 
-    def started(self, message: Any) -> bool:
-        """`before_process_message`: the occurrence starts (attempt `retries + 1`).
+    def started(self, message: Any) -> BeginVerdict:
+        """`before_process_message`: the occurrence starts (attempt `retries + 1`): `"run"`.
 
-        False, reporting nothing, if it is a guarded occurrence (`OPTION_GUARDED`) while
-        another occurrence of its registration is in flight (`skipped` is reported when the
-        middleware skips it), or a copy of an attempt that ran or runs elsewhere (nothing is
-        reported for it). One round trip, for guarded messages only; True on any doubt."""
+        For a guarded occurrence (`OPTION_GUARDED`), what `Repeat.begin_verdict` says when
+        it may not run, reporting nothing: `"skip"` while another occurrence of its
+        registration is in flight (`skipped` is reported when the middleware skips it);
+        `"copy"` or `"running"`, a copy of an attempt that ran or runs elsewhere (nothing is
+        reported for it: its `skipped` would end the first copy's entry). One round trip,
+        for guarded messages only; `"run"` on any doubt."""
         self._local.run = None
         run = self._run_of(message, create=True)
         if run is None:
-            return True
+            return "run"
         if message.options.get(OPTION_GUARDED):
             verdict = self._begin_verdict(run)
             if verdict != "run":
-                # A copy of a run that ran or runs elsewhere reports nothing (its `skipped`
-                # would end the first copy's `running` entry); another occurrence's, skipped.
-                run.skipped = verdict == "copy"
-                return False
+                run.skipped = verdict != "skip"
+                return verdict
         run.began = True
         self._queue(run.start)
-        return True
+        return "run"
+
+    @property
+    def lapse_ms(self) -> int:
+        """How long after now a running occurrence's heartbeats would have lapsed, at most."""
+        return self.reporter.heartbeat_ttl_ms
 
     def processed(self, message: Any, exception: BaseException | None) -> None:
         """`after_process_message`: note when the actor ended and how (decided at the ack).

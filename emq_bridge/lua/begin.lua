@@ -27,7 +27,9 @@
 -- heard of no more: once its heartbeats lapse, the copy may start, and so it will when the
 -- broker delivers it after that.)
 -- Returns 1 run it, 0 another occurrence is in flight (skip it, reported skipped), -1 no such
--- registration, -2 a copy of this attempt ran or runs (drop the copy: report nothing).
+-- registration, -2 a copy of this attempt that ran (drop it: report nothing), -3 a copy of
+-- this attempt that runs now (drop it, or deliver it again once the first copy's heartbeats
+-- would have lapsed: it runs then if they did).
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- The `inflight` occurrence, those in flight beside it (`inflight_also`, report.lua), and
 -- the newest nominal time the history holds.
@@ -51,7 +53,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if entry and entry[6] == 'running' and tonumber(entry[7]) == tonumber(ARGV[5]) then
   local live = redis.call('ZSCORE', KEYS[2], ARGV[1])
-  if live and tonumber(live) > now then return -2 end
+  if live and tonumber(live) > now then return -3 end
 end
 local others = {cur[1] or nil}  -- (a missing field reads as false)
 for member in string.gmatch(cur[2] or '', '[^\n]+') do others[#others + 1] = member end

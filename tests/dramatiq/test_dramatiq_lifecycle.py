@@ -547,6 +547,47 @@ def test_a_guarded_message_delivered_again_while_another_runs_is_skipped_not_run
 
 @slow
 @timeout
+def test_a_guarded_message_delivered_again_while_its_own_run_goes_on_is_not_run_beside_it(
+    outcomes: tuple[App, Repeat, redis.Redis], redis_url: str
+) -> None:
+    # A message the broker delivers twice while its first copy runs (a copy handed on as its
+    # worker dies, or a visibility timeout shorter than the task): before, the copy ran
+    # beside it. Now it is delivered again once the first copy's heartbeats would have
+    # lapsed, and dropped then if the first copy ran (as here), run if its worker died.
+    app, repeat, client = outcomes
+
+    def just_started() -> HistoryEntry | None:
+        now_ms = repeat.server_time_ms()
+        return next(
+            (
+                e
+                for e in repeat.history(app.queue, "slow_skip")
+                if e.status == "running" and now_ms - (e.started_ms or 0) < 500
+            ),
+            None,
+        )
+
+    running = wait_for(just_started, app, what="a run of slow_skip that just started")
+    [seen] = wait_for(
+        lambda: [n for n in notes(client, app, "slow_skip") if n["id"] == running.id], app
+    )
+    enqueue_again(redis_url, app, "slow_skip", seen["options"], running.id)
+
+    def ended() -> bool:
+        return any(
+            e.id == running.id and e.status == "succeeded"
+            for e in repeat.history(app.queue, "slow_skip")
+        )
+
+    wait_for(ended, app, what="the first copy's end")
+    time.sleep(2 * (3 * HEARTBEAT_S + 1) + 1)  # the copy's deliveries are over
+    assert [n["id"] for n in notes(client, app, "slow_skip")].count(running.id) == 1
+    [entry] = [e for e in repeat.history(app.queue, "slow_skip") if e.id == running.id]
+    assert entry.status == "succeeded" and (entry.duration_ms or 0) >= SLOW_S * 1000 - 100
+
+
+@slow
+@timeout
 def test_no_middleware_hook_failed_in_the_three_worker_processes(
     outcomes: tuple[App, Repeat, redis.Redis],
 ) -> None:
