@@ -19,13 +19,14 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from processes import stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
@@ -69,15 +70,6 @@ APP = textwrap.dedent(f"""
 """)
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.fixture
 def app_dir(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "rc_app.py").write_text(APP)
@@ -98,15 +90,6 @@ def start_worker(app_dir: Path, env: dict[str, str], queue: str) -> subprocess.P
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-
-
-def stop(worker: subprocess.Popen[bytes]) -> None:
-    worker.terminate()
-    try:
-        worker.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
 
 
 def environment(app_dir: Path, redis_url: str, prefix: str, queue: str) -> dict[str, str]:
@@ -146,7 +129,7 @@ def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_
         def ended() -> bool:
             return [e.status for e in repeat.history(queue, "nightly")] == ["succeeded"]
 
-        assert wait_until(ended, 60), log.read_text(errors="replace")[-3000:]
+        wait_until(ended, 60, "the run's end", then=lambda: log.read_text(errors="replace")[-3000:])
         output = log.read_text(errors="replace")
         assert "a copy of it runs or ran already" in output, output[-3000:]
         time.sleep(3)  # copies still coming after the end are dropped too
@@ -178,7 +161,7 @@ def test_a_task_the_worker_does_not_know_is_reported_failed_and_holds_nothing(
         def failed() -> bool:
             return [e.status for e in repeat.history(queue, "nightly")] == ["failed"]
 
-        assert wait_until(failed, 60), log.read_text(errors="replace")[-3000:]
+        wait_until(failed, 60, "its failure", then=lambda: log.read_text(errors="replace")[-3000:])
         [entry] = repeat.history(queue, "nightly")
         assert entry.id == occurrence.id and "NotRegistered: 'rc.ghost'" in (entry.error or "")
         registration = repeat.get(queue, "nightly")

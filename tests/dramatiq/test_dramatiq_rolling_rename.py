@@ -12,16 +12,16 @@ queue, against the suite's server under a per-test prefix:
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from processes import stop, wait_until
 
 from emq_bridge import Repeat
 
@@ -64,15 +64,6 @@ else:
 """
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 class Deploy:
     """`dramatiq` commands running the app in either version, one worker process each."""
 
@@ -111,28 +102,19 @@ class Deploy:
             )
         self.running.append(process)
         self.logs.append(log)
-        wait_for(
+        wait_until(
             lambda: "pump started in the worker" in log.read_text(errors="replace"),
             30,
             f"the pump of version {version}",
         )
         return process
 
-    def stop(self, process: subprocess.Popen[bytes]) -> None:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
     def runs(self) -> list[str]:
         return [v.decode() for v in self.client.lrange(self.runs_key, 0, -1)]
 
     def close(self) -> None:
         for process in self.running:
-            self.stop(process)
+            stop(process)
         self.client.delete(self.runs_key)
         self.repeat.close()
 
@@ -150,19 +132,19 @@ def test_an_old_worker_leaves_a_renamed_actors_schedule_to_the_new_one_without_p
     deploy: Deploy,
 ) -> None:
     old = deploy.start("1")
-    wait_for(lambda: "1" in deploy.runs(), 20, "a run of version 1")
+    wait_until(lambda: "1" in deploy.runs(), 20, "a run of version 1")
     deploy.start("2")  # its boot rewrites `tick` for tick_v2
     # Both pumps serve the queue for a while: the old one claims some of the slots, and
     # cannot send them (the actor tick_v2 is not its broker's).
-    wait_for(
+    wait_until(
         lambda: "tick_v2" in deploy.logs[0].read_text(errors="replace"), 30, "an old pump's try"
     )
     time.sleep(3)
-    deploy.stop(old)  # the deploy ends: every worker runs version 2
+    stop(old)  # the deploy ends: every worker runs version 2
     tick = deploy.repeat.get(deploy.queue, "tick")
     assert tick is not None and tick.parked_reason is None and not tick.paused
     count = deploy.runs().count("2")
-    wait_for(lambda: deploy.runs().count("2") >= count + 3, 20, "version 2 running tick")
+    wait_until(lambda: deploy.runs().count("2") >= count + 3, 20, "version 2 running tick")
     old_log = deploy.logs[0].read_text(errors="replace")
     assert "not parked: newer code of its source is live" in old_log
     assert "parked" not in deploy.logs[1].read_text(errors="replace")
