@@ -246,7 +246,10 @@ class RecurringMiddleware(Middleware):
                 # A copy delivered while its first copy runs elsewhere, heartbeated: not run
                 # beside it, but delivered again once those heartbeats would have lapsed (a
                 # worker killed mid-run, its message handed on at once: it runs then).
-                broker.enqueue(message, delay=self.outcomes.lapse_ms + REDELIVER_MARGIN_MS)
+                try:
+                    broker.enqueue(message, delay=self.outcomes.lapse_ms + REDELIVER_MARGIN_MS)
+                except Exception as exc:  # dropped then, as a Celery worker drops it
+                    log.warning("emq-bridge: a copy of %s was dropped: %s", message, exc)
                 raise SkipMessage("a copy of this occurrence runs elsewhere (delivered twice)")
 
     def after_process_message(
