@@ -2,8 +2,9 @@
 
 `check` is what `emq-bridge health` (a Kubernetes probe) asks: every queue checked has a
 live pump (`heartbeat.py`), no active schedule's next run passed more than `max_lag_ms`
-ago on the server's clock, and not every pump of a queue has had every send fail for longer
-than that (a broker refusing them: the heartbeat's `failing_since_ms`). `unserved` is what
+ago on the server's clock, and not every pump of a queue has had every send of that queue
+fail for longer than that (a broker refusing them: the heartbeat's `failing_queues`).
+`unserved` is what
 `list` and `show` flag: a schedule whose next run passed while no live pump serves its
 queue, so nothing will fire it.
 """
@@ -108,7 +109,10 @@ def check(
         # Alive but not firing: every pump of the queue has had every send fail for longer
         # than the bound (a broker refusing them). Its scores move on at each claim, so the
         # earliest next run alone never shows it.
-        failing = [p.failing_since_ms for p in item.pumps]
+        failing = [
+            p.failing_since_ms if p.failing_queues is None else p.failing_queues.get(item.queue)
+            for p in item.pumps
+        ]
         if all(f is not None for f in failing):
             late = now_ms - max(f for f in failing if f is not None)
             if late > max_lag_ms:

@@ -27,6 +27,7 @@ from typing import Any
 
 from .errors import EmqError, RegistryUnavailable
 from .keys import QueueKeys, validate_name
+from .occurrence import Occurrence
 from .replies import redis_errors, text
 from .scripts import Scripts
 from .shown import shown
@@ -97,6 +98,10 @@ class PumpInfo:
     # Since when (server clock, a tick's end) every send it made failed, none accepted; None
     # while its sends work (or it has made none).
     failing_since_ms: int | None = None
+    # The same per queue: the queues whose sends all failed since then, none accepted (a
+    # pump may serve one queue whose broker refuses beside others that work). None from a
+    # heartbeat of a version that did not write it.
+    failing_queues: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +118,7 @@ class PumpInfo:
             "ticks": self.ticks,
             "dispatched": self.dispatched,
             "failing_since_ms": self.failing_since_ms,
+            "failing_queues": self.failing_queues,
         }
 
 
@@ -122,6 +128,7 @@ def _parse(raw: str) -> PumpInfo:
     data = json.loads(body)
     tick = data.get("tick_ms")
     failing = data.get("failing_since_ms")
+    by_queue = data.get("failing_queues")
     return PumpInfo(
         id=str(data["id"]),
         host=str(data["host"]),
@@ -136,6 +143,9 @@ def _parse(raw: str) -> PumpInfo:
         ticks=int(data.get("ticks", 0)),
         dispatched=int(data.get("dispatched", 0)),
         failing_since_ms=None if failing is None else int(failing),
+        failing_queues=None
+        if by_queue is None
+        else {str(q): int(since) for q, since in dict(by_queue).items()},
     )
 
 
@@ -296,6 +306,7 @@ class Heartbeat:
         self._tick_ms: int | None = None
         self._failing = False
         self._failing_since_ms: int | None = None
+        self._failing_queues: dict[str, int] = {}
 
     def info(self) -> dict[str, Any]:
         """Return the JSON object the heartbeat carries."""
@@ -311,19 +322,37 @@ class Heartbeat:
             "ticks": self.ticks,
             "dispatched": self.dispatched,
             "failing_since_ms": self._failing_since_ms,
+            "failing_queues": self._failing_queues,
         }
 
-    def tick(self, repeat: HeartbeatMoves, now_ms: int, dispatched: int, failed: int = 0) -> bool:
-        """Count a tick that ended at `now_ms` (server clock), its sends accepted and failed;
-        write the heartbeat if `interval_s` passed since the last write. Return whether it
-        was written. A send accepted ends a failing spell; a tick whose sends all failed
-        starts one (`failing_since_ms`: what `health` reads of a pump alive but not firing)."""
+    def tick(
+        self,
+        repeat: HeartbeatMoves,
+        now_ms: int,
+        dispatched: int,
+        failed: int = 0,
+        *,
+        sent: Sequence[Occurrence] = (),
+        refused: Sequence[Occurrence] = (),
+    ) -> bool:
+        """Count a tick that ended at `now_ms` (server clock), its sends accepted and failed
+        (`sent` and `refused`, the occurrences, say in which queues); write the heartbeat if
+        `interval_s` passed since the last write. Return whether it was written. A send
+        accepted ends a failing spell; a tick whose sends all failed starts one
+        (`failing_since_ms`: what `health` reads of a pump alive but not firing), and so per
+        queue (`failing_queues`)."""
         self.ticks += 1
         self.dispatched += dispatched
         if dispatched:
             self._failing_since_ms = None
         elif failed and self._failing_since_ms is None:
             self._failing_since_ms = now_ms
+        if refused or self._failing_queues:
+            worked = {o.queue for o in sent}
+            for queue in worked:
+                self._failing_queues.pop(queue, None)
+            for queue in {o.queue for o in refused} - worked:
+                self._failing_queues.setdefault(queue, now_ms)
         self._tick_ms = now_ms
         if self._written_at is not None and time.monotonic() - self._written_at < self.interval_s:
             return False

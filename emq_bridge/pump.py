@@ -923,7 +923,14 @@ class Pump:
             self._outage_since, self._failures = None, 0
         self._broken = self._report_broken(self._broken, errors)
         self.events.on_tick(tick)
-        self.heartbeat.tick(self.repeat, tick.now_ms, len(tick.dispatched), len(tick.failed))
+        self.heartbeat.tick(
+            self.repeat,
+            tick.now_ms,
+            len(tick.dispatched),
+            len(tick.failed),
+            sent=tick.dispatched,
+            refused=tick.failed,
+        )
         delay = self._delay(tick)
         return tick, min(delay, BROKEN_RETRY_S) if errors else delay
 

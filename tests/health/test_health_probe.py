@@ -261,3 +261,40 @@ def test_health_fails_when_a_live_pumps_every_send_fails_and_passes_once_they_wo
     finally:
         process.kill()
         process.wait(TIMEOUT_S)
+
+
+def test_health_of_a_queue_whose_sends_all_fail_fails_though_its_pump_serves_another_well(
+    redis_url: str, prefix: str, repeat: Repeat
+) -> None:
+    # Before: the failing spell was the pump's, so one queue's accepted sends cleared it and
+    # `health --queue bad` said ok while nothing of `bad` was delivered.
+    import threading
+
+    from emq_bridge import Occurrence, Pump
+    from emq_bridge.errors import DispatchError
+    from emq_bridge.heartbeat import Heartbeat
+
+    class RefusesBad:
+        def dispatch(self, occurrence: Occurrence) -> None:
+            if occurrence.queue == "bad":
+                raise DispatchError("the broker refuses queue bad")
+
+    for queue in ("bad", "good"):
+        repeat.register(queue, "fast", every="1s", template={"task": "t"})
+    pump = Pump(repeat, ["bad", "good"], RefusesBad(), max_sleep_s=0.2)
+    pump.heartbeat = Heartbeat(pump.queues, max_sleep_s=0.2, ttl_s=1.5)
+    stop = threading.Event()
+    thread = threading.Thread(target=pump.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+
+        def failing() -> bool:
+            result = run(redis_url, prefix, "health", "--queue", "bad", "--max-lag", "2s")
+            return result.returncode == 4 and "has failed for" in result.stderr
+
+        wait_until(failing, "health of queue bad failing on its refused sends")
+        good = run(redis_url, prefix, "health", "--queue", "good", "--max-lag", "2s")
+        assert good.returncode == 0, good.stderr
+    finally:
+        stop.set()
+        thread.join(TIMEOUT_S)
