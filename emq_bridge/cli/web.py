@@ -15,6 +15,9 @@ __all__ = ["COMMANDS", "parse_bind"]
 
 TOKEN_ENV = "EMQ_BRIDGE_WEB_TOKEN"
 
+# How long a page waits for Redis before it answers 503.
+WEB_TIMEOUT_S = 5.0
+
 
 def parse_bind(value: str) -> tuple[str, int]:
     """Return (host, port) of `HOST:PORT` (`[::1]:8000` for IPv6). ValueError if malformed."""
@@ -113,6 +116,9 @@ def web_command(settings: Settings, bind: tuple[str, int], token_file: Path | No
         raise click.ClickException(
             f"the web view needs its extra: pip install 'emq-bridge[web]' ({exc})"
         ) from exc
+    # A page waits at most this long for a hung Redis (then 503), as `health` and the
+    # metrics do: not the commands' 30 s, while a probe's request and the server's threads pile up.
+    settings.socket_timeout_s = WEB_TIMEOUT_S
     repeat = settings.repeat()
     repeat.server_time_ms()  # fail now, in one line, if Redis cannot be reached
     host, port = bind

@@ -385,15 +385,18 @@ def app(
         return RedirectResponse(target, status_code=303)
 
     async def api_action(request: Request) -> Response:
+        refuse_write(request, None)  # before the body is read: a refused caller costs nothing
         body: dict[str, Any] = {}
         if request.headers.get("content-type", "").startswith("application/json"):
             try:
                 loaded = await request.json()
-            except ValueError:
+            except (ValueError, RecursionError):  # (nested past the parser's depth)
                 raise BadQuery("the body is not JSON") from None
             body = loaded if isinstance(loaded, dict) else {}
-        query = {**request.query_params, **{k: str(v) for k, v in body.items()}}
-        refuse_write(request, None)
+        for key in ("queue", "name"):
+            if key in body and not isinstance(body[key], str):
+                raise BadQuery(f"{key} must be a string")
+        query = {**request.query_params, **{k: v for k, v in body.items() if isinstance(v, str)}}
         verb = request.path_params["action"]
         result = await run_in_threadpool(act, verb, query.get("queue", ""), query.get("name", ""))
         return JSONResponse(result)

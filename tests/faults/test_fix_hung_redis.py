@@ -106,3 +106,43 @@ def test_an_outage_is_counted_from_the_tick_that_hung(hung: EmbeddedServer) -> N
     assert tick is not None and len(outages.ended) == 1
     # About the 3 s it hung (before: from the socket timeout, about 2 s).
     assert outages.ended[0] >= thawed - frozen - 0.05
+
+
+def test_the_web_view_answers_503_within_its_timeout_on_a_hung_server(
+    hung: EmbeddedServer,
+) -> None:
+    # Before: each page waited the commands' 30 s for a hung Redis, past a probe's timeout,
+    # while its requests piled up in the server's threads.
+    import socket
+    import urllib.error
+    import urllib.request
+
+    Repeat.from_url(hung.url).register("reports", "d", every="1h", template={"task": "t"})
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    web = subprocess.Popen(
+        [SCRIPT, "--redis-url", hung.url, "web", "--bind", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/api/schedules"
+        deadline = time.monotonic() + 30
+        while True:  # serving
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "the web view did not start"
+                time.sleep(0.2)
+        freeze(hung)
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(url, timeout=60).read()
+        assert answer.value.code == 503
+        assert time.monotonic() - started < 10  # its 5 s, not 30
+    finally:
+        thaw(hung)
+        web.terminate()
+        web.wait(30)

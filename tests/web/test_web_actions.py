@@ -222,3 +222,26 @@ def test_the_unlock_form_drops_whitespace_around_the_token_as_the_bearer_header_
     unlock(client, token=f"  {TOKEN}\n")  # pasted with a space and a line break
     assert WRITE_COOKIE in client.cookies
     assert 'id="actions"' in client.get(PAGE).text
+
+
+def test_api_bodies_nested_too_deep_or_with_non_string_names_are_refused_with_400(
+    seeded: Repeat, web: Client
+) -> None:
+    # Before: a deeply nested body was a 500 with a RecursionError traceback at every
+    # request, read before the write check (so without the token too); a null or a list as
+    # `queue` was looked up as the text "None" or "['reports']".
+    client = web(token=TOKEN)
+    before = snapshot(seeded)
+    deep = "[" * 100_000 + "]" * 100_000
+    anonymous = client.post(
+        "/api/schedule/pause", content=deep, headers={"content-type": "application/json"}
+    )
+    assert anonymous.status_code == 403  # refused before its body is read
+    bearer = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    reply = client.post("/api/schedule/pause", content=deep, headers=bearer)
+    assert reply.status_code == 400 and "not JSON" in reply.json()["error"]
+    for queue in (None, ["reports"], 5):
+        body = {"queue": queue, "name": "digest"}
+        refused = client.post("/api/schedule/pause", json=body, headers=bearer)
+        assert refused.status_code == 400 and "queue must be a string" in refused.json()["error"]
+    assert snapshot(seeded) == before
