@@ -44,7 +44,8 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6
+        return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         self._server.shutdown()

@@ -130,3 +130,11 @@ def test_a_metrics_port_without_prometheus_client_says_what_to_install(
     assert done.stderr.strip().splitlines() == [
         "Error: --metrics-port needs prometheus_client: pip install 'emq-bridge[metrics]'"
     ]
+
+
+def test_an_ipv6_host_is_bracketed_in_the_url_said() -> None:
+    from emq_bridge.metrics.serve import MetricsServer
+
+    served = MetricsServer("::1", 9470, None, None)  # type: ignore[arg-type]
+    assert served.url == "http://[::1]:9470/metrics"
+    assert MetricsServer("127.0.0.1", 9470, None, None).url == "http://127.0.0.1:9470/metrics"  # type: ignore[arg-type]
