@@ -313,6 +313,25 @@ def test_trigger_prints_a_fresh_occurrence_id_that_a_pump_then_dispatches(
     assert [m["id"] for m in messages] == [occurrence_id]
 
 
+def test_pump_once_sends_every_slot_a_misfire_all_schedule_has_due(
+    run: Run, repeat: Repeat, prefix: str
+) -> None:
+    # Before: one slot a run (`all` sends one slot a claim), so a cron-driven `--once` never
+    # caught up: `dispatched 1`, the next run still "6 s ago".
+    now_ms = repeat.server_time_ms()
+    start = (now_ms // 1000) * 1000 - 6000
+    repeat.register(
+        "reports", "backlog", every="1s", misfire="all", template={"task": "t"}, now_ms=start
+    )
+    pumped = run("pump", "reports", "--list-key", f"{prefix}:out", "--once")
+    assert pumped.exit_code == 0, pumped.output
+    dues = [json.loads(m)["due_ms"] for m in repeat.client.lrange(f"{prefix}:out", 0, -1)]
+    assert len(dues) >= 6 and dues == sorted(set(dues))
+    assert pumped.stdout.startswith(f"dispatched {len(dues)},")
+    registration = repeat.get("reports", "backlog")
+    assert registration is not None and registration.missed == 0
+
+
 # -- sync ---------------------------------------------------------------------------------
 
 
