@@ -97,10 +97,17 @@ def backfill_command(
     zone = zone_of(registration.definition.cadence) if registration else ZoneInfo("UTC")
     verb = "would queue" if dry_run else "queued"
     outside = f", {result.outside} outside its bounds" if result.outside else ""
+    paused = ""
+    if result.ahead and registration is not None and registration.paused:
+        # The live schedule sends nothing while paused: say what does send those slots.
+        paused = (
+            " (it is paused: `resume --catchup` hands them to its misfire policy, or "
+            "backfill them again once it is resumed)"
+        )
     click.echo(
         f"{verb} {len(result.queued)} slot(s) of {queue}/{name}; skipped {result.live} fired "
         f"live, {result.done} backfilled before, {result.ahead} left to the live schedule"
-        f"{outside}"
+        f"{paused}{outside}"
     )
     for ms in result.queued[:SHOWN]:
         click.echo(f"  {absolute(ms, zone)}")

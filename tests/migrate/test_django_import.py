@@ -347,3 +347,35 @@ def test_a_database_that_cannot_be_read_is_a_one_line_error_and_creates_nothing(
         [line] = result.stderr.strip().splitlines()
         assert line.startswith("Error: cannot read django-celery-beat's periodic tasks (")
         assert said in line and "secret" not in line
+
+
+def test_a_reimport_once_a_start_time_passed_changes_nothing(
+    databases: dict[str, str], repeat: Repeat, redis_url: str
+) -> None:
+    # Before: the start bound was carried only while the start_time was ahead, so the first
+    # re-import after it passed was an update, re-seeded from the row's stale last run: the
+    # start slot was sent a second time, with another id.
+    import time
+
+    from django.core.management import call_command
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    minute = IntervalSchedule.objects.using("default").create(every=1, period="minutes")
+    start = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+    PeriodicTask.objects.using("default").create(
+        name="starts-soon", task="proj.tasks.run", interval=minute, start_time=start
+    )
+    options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": "default"}
+    try:
+        call_command("emq_import", stdout=io.StringIO(), stderr=io.StringIO(), **options)
+        state = snapshot(repeat)
+        time.sleep(max(0.0, start.timestamp() - time.time()) + 0.5)  # the start passed
+        err = io.StringIO()
+        call_command("emq_import", stdout=io.StringIO(), stderr=err, **options)
+        assert "0 created, 0 updated, 1 unchanged" in err.getvalue(), err.getvalue()
+        assert snapshot(repeat) == state
+        registration = repeat.get("celery", "starts-soon")
+        assert registration is not None
+        assert registration.definition.bounds.start_ms == pytest.approx(ms(start), abs=1)
+    finally:
+        PeriodicTask.objects.using("default").all().delete()

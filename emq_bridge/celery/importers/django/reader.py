@@ -4,8 +4,8 @@ Each row is carried as django-celery-beat's own scheduler (`ModelEntry`) would r
 the options it sends (queue, exchange, routing_key, priority, expire_seconds, headers with
 `periodic_task_name`), its next slot from `last_run_at` (never run: from `date_changed`;
 with a `start_time`, not before it), `enabled=False` as a paused registration and
-`total_run_count`/`last_run_at` as the registration's counters, a future `start_time` as a
-start bound and `expires` as an end bound (the last millisecond before it). One-offs
+`total_run_count`/`last_run_at` as the registration's counters, a `start_time` as a start
+bound (past or future: a re-import once it passed changes nothing) and `expires` as an end bound (the last millisecond before it). One-offs
 become one-off registrations: a `ClockedSchedule` its instant (`at`), a `one_off` interval
 or crontab its next slot with a limit of one run. Solar schedules, and rows with nothing
 left to run (expired, a one-off that ran), are refused with the reason.
@@ -173,7 +173,9 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
     raw_options["headers"] = {**headers, "periodic_task_name": row.name}
     options = json_options(raw_options, label)
     first_run_ms, start_ms = carried.first_run_ms, None
-    if row.start_time is not None and epoch_ms(row.start_time) > now_ms:
+    if row.start_time is not None:
+        # Kept once it passed too: a bound that went away when the start passed made the next
+        # re-import an update, which fired the start slot a second time.
         start_ms = epoch_ms(row.start_time)
         first_run_ms = max(first_run_ms, start_ms)
     if end_ms is not None and first_run_ms > end_ms:
