@@ -813,10 +813,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             if field not in template
             for part in (field, value)
         ]
-        # An update keeps the cadence's grid and does not fire `immediately` again.
-        first_run = definition.first_run(now, created=False) if seed is None else seed.first_run_ms
+        # An update keeps the cadence's grid and does not fire `immediately` again. A seed
+        # starts a created registration (upsert.lua's item 8); an existing one goes on from
+        # its own runs, as any update (an importer's stale last run would re-seed it).
+        first_run = definition.first_run(now, created=False)
         created_run = None
-        if seed is None and definition.bounds.immediately:  # else created the same way
+        if seed is not None:
+            created_run = str(seed.first_run_ms)
+        elif definition.bounds.immediately:  # else created the same way
             run = definition.first_run(now)
             if run != first_run:
                 created_run = str(run)

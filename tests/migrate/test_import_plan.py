@@ -46,6 +46,25 @@ def test_a_seed_applies_on_create_and_an_update_keeps_the_live_state(repeat: Rep
     assert after.definition.template["task"] == "app.renamed"
 
 
+def test_a_cadence_changed_in_the_old_scheduler_goes_on_from_the_registrations_own_runs(
+    repeat: Repeat,
+) -> None:
+    # Before: an update with a new cadence took the seed's next slot, derived from the old
+    # scheduler's last run (stale once emq-bridge fires it): a 20 s entry fired here at
+    # `fired_ms`, changed to 15 s there, was next due 10 s after that run, not 15.
+    now = repeat.server_time_ms()
+    seed = Seed(now + 5_000, fired=3, last_fired_ms=now - 15_000)
+    apply_import(repeat, ImportPlan("import:old", [imported("a", "20s", seed)]))
+    fired_ms = now - 1_000  # emq-bridge's own run since the import
+    repeat.client.hset(repeat.keys("q").record("a"), "last_fired_ms", fired_ms)
+    repeat.client.hset(repeat.keys("q").record("a"), "last_due_ms", fired_ms)
+    stale = Seed(now - 10_000, fired=3, last_fired_ms=now - 25_000)  # the old one's last run
+    apply_import(repeat, ImportPlan("import:old", [imported("a", "15s", stale)]))
+    after = repeat.get("q", "a")
+    assert after is not None and after.next_run_ms is not None
+    assert after.next_run_ms >= fired_ms + 15_000
+
+
 def test_two_schedules_of_one_registration_are_each_refused_and_the_rest_imported(
     repeat: Repeat,
 ) -> None:
