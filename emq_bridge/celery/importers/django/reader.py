@@ -5,10 +5,11 @@ the options it sends (queue, exchange, routing_key, priority, expire_seconds, he
 `periodic_task_name`), its next slot from `last_run_at` (never run: from `date_changed`;
 with a `start_time`, not before it), `enabled=False` as a paused registration and
 `total_run_count`/`last_run_at` as the registration's counters, a `start_time` as a start
-bound (past or future: a re-import once it passed changes nothing) and `expires` as an end bound (the last millisecond before it). One-offs
-become one-off registrations: a `ClockedSchedule` its instant (`at`), a `one_off` interval
-or crontab its next slot with a limit of one run. Solar schedules, and rows with nothing
-left to run (expired, a one-off that ran), are refused with the reason.
+bound (past or future: a re-import once it passed changes nothing) and `expires` as an end
+bound (the last millisecond before it). One-offs become one-off registrations: a
+`ClockedSchedule` its instant (`at`), a `one_off` interval or crontab its next slot with a
+limit of one run. Solar schedules, and rows with nothing left to run (expired, a one-off
+that ran), are refused with the reason.
 """
 
 from __future__ import annotations
