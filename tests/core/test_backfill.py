@@ -423,3 +423,22 @@ def test_the_cli_refuses_a_bad_rate_as_bad_usage_in_one_line(
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and "--rate" in result.output
     assert repeat.leases("q") == []
+
+
+def test_the_cli_says_what_sends_the_slots_left_to_a_paused_schedule(
+    repeat: Repeat, redis_url: str, prefix: str
+) -> None:
+    # Before: "N left to the live schedule", which a plain resume never sends.
+    import time
+
+    repeat.upsert("q", "p", definition=define(every="1s", template=TEMPLATE))
+    paused_at = datetime.now(UTC)
+    repeat.pause("q", "p")
+    time.sleep(2.5)  # slots pass while it is paused
+    base = ["--redis-url", redis_url, "--prefix", prefix, "backfill", "q", "p"]
+    window = ["--from", paused_at.isoformat(), "--to", datetime.now(UTC).isoformat()]
+    done = CliRunner().invoke(cli, [*base, *window, "--dry-run"])
+    assert done.exit_code == 0, done.output
+    first = done.output.splitlines()[0]
+    assert " 0 left to the live schedule" not in first, first
+    assert "it is paused: `resume --catchup` hands them to its misfire policy" in first, first

@@ -265,3 +265,25 @@ def test_every_of_an_integer_past_any_float_is_a_schedule_error(huge: int, says:
     # It raised OverflowError (int too large to convert to float) from math.isfinite.
     with pytest.raises(ScheduleError, match=says):
         parse_every(huge)
+
+
+def test_hourly_crons_in_a_half_hour_dst_zone_stall_and_double_as_design_md_says() -> None:
+    # Lord Howe moves its clocks by 30 minutes: the every-hour expressions follow wall time.
+    zone = ZoneInfo("Australia/Lord_Howe")
+
+    def runs(expr: str, start: datetime, n: int) -> list[int]:
+        at, out = int(start.timestamp() * 1000), []
+        for _ in range(n):
+            at = Cron(expr, "Australia/Lord_Howe").next_after(at)
+            out.append(at)
+        return out
+
+    spring = runs("0 * * * *", datetime(2026, 10, 4, 0, 30, tzinfo=zone), 2)
+    assert [datetime.fromtimestamp(t / 1000, zone).hour for t in spring] == [1, 3]
+    assert spring[1] - spring[0] == 90 * 60_000
+    fall = runs("30 * * * *", datetime(2026, 4, 5, 1, 0, tzinfo=zone), 2)
+    assert [datetime.fromtimestamp(t / 1000, zone).strftime("%H:%M") for t in fall] == [
+        "01:30",
+        "01:30",
+    ]
+    assert fall[1] - fall[0] == 30 * 60_000
