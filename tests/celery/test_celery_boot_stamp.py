@@ -550,3 +550,24 @@ def test_entry_keys_that_differ_only_by_whitespace_are_one_name_and_refused(
     with pytest.raises(BeatRefused, match=rf"schedule {prefix}-q/report_daily is declared twice"):
         boot(make_app(entries), caplog)
     assert Repeat(client, prefix).names(f"{prefix}-q") == []
+
+
+def test_a_recurring_task_only_the_workers_import_goes_at_each_beat_start(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    # docs/celery.md (who syncs what): the beat owns the app's schedules and removes what it
+    # does not declare, so it must import the modules of the @recurring tasks.
+    from emq_bridge.celery import sync_app
+
+    worker_app = make_app()
+    recurring(every="1h", name="workers-only")(worker_app.tasks["t.other"])
+    try:
+        sync_app(worker_app, beat=False)
+        assert "workers-only" in Repeat(client, prefix).names(f"{prefix}-q")
+        [plan, *_] = sync_app(make_app())  # a beat that does not import it
+        assert (f"{prefix}-q", "workers-only") in plan.remove
+        assert "workers-only" not in Repeat(client, prefix).names(f"{prefix}-q")
+        sync_app(worker_app, beat=False)  # the next worker start writes it back
+        assert "workers-only" in Repeat(client, prefix).names(f"{prefix}-q")
+    finally:
+        del _DECLARED[-1:]
