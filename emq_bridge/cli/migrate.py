@@ -50,6 +50,12 @@ def _apply(
         settings.repeat(), plan, dry_run=dry_run, strict=strict, paused=paused, resume=resume
     )
     note = queues_note(result)
+    if not plan.entries and not plan.refused:
+        # A wrong database or prefix reads as an empty scheduler: not a migration done.
+        found = (
+            "note: the old scheduler holds no schedule here (check its URL, database and prefix)"
+        )
+        note = f"{note}\n{found}" if note else found
     if as_json:
 
         def items(entries: list[Any]) -> list[dict[str, Any]]:

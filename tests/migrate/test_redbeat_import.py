@@ -337,3 +337,11 @@ def test_a_bad_default_queue_is_a_usage_error_and_nothing_is_written(
     assert "Invalid value for '--queue'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert snapshot(repeat) == {}
+
+
+def test_an_import_that_finds_no_schedule_says_so(run: Run, repeat: Repeat, redis_url: str) -> None:
+    # Before: "0 created ... 0 refused" and exit 0, as if a typo'd database were a migration.
+    result = run("import", "redbeat", "--from", redis_url, "--redbeat-prefix", "nothing-here:")
+    assert result.exit_code == 0, result.output
+    assert "note: the old scheduler holds no schedule here" in result.stderr
+    assert snapshot(repeat) == {}
