@@ -94,8 +94,8 @@ def test_a_copy_delivered_while_its_attempt_runs_heartbeated_is_a_copy_not_a_sec
     occurrence, _, _ = first_slot(repeat)
     assert repeat.begin_verdict(occurrence) == "run"
     assert repeat.started(occurrence)
-    assert repeat.begin_verdict(occurrence, mark=False) == "copy"  # a Celery worker, on receipt
-    assert repeat.begin_verdict(occurrence) == "copy"  # a Dramatiq worker, at its start
+    assert repeat.begin_verdict(occurrence, mark=False) == "running"  # a Celery worker's check
+    assert repeat.begin_verdict(occurrence) == "running"  # a Dramatiq worker's, at its start
     assert not repeat.begin(occurrence)
     (entry,) = repeat.history("q", "job")
     assert (entry.status, entry.attempt) == ("running", 1)

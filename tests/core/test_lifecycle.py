@@ -393,7 +393,7 @@ def test_a_lost_occurrence_delivered_again_while_the_next_runs_is_refused_at_its
     [entry] = [e for e in repeat.history("q", "job") if e.id == first.id]
     assert (entry.status, entry.finished_ms, entry.duration_ms) == ("lost", None, None)
     # A copy of the one in flight, delivered while it is heartbeated, is not run beside it.
-    assert repeat.begin_verdict(second) == "copy"
+    assert repeat.begin_verdict(second) == "running"
     trigger = repeat.trigger("q", "job")
     assert trigger is not None
     (triggered,) = _fire(pump, repeat.server_time_ms())
