@@ -4,9 +4,8 @@
 live pump (`heartbeat.py`), no active schedule's next run passed more than `max_lag_ms`
 ago on the server's clock, and not every pump of a queue has had every send of that queue
 fail for longer than that (a broker refusing them: the heartbeat's `failing_queues`).
-`unserved` is what
-`list` and `show` flag: a schedule whose next run passed while no live pump serves its
-queue, so nothing will fire it.
+`unserved` is what `list` and `show` flag: a schedule whose next run passed while no live
+pump serves its queue, so nothing will fire it.
 """
 
 from __future__ import annotations
