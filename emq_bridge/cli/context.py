@@ -26,6 +26,8 @@ __all__ = [
     "Settings",
     "UrlError",
     "UsageLine",
+    "client_address",
+    "client_location",
     "emq_errors",
     "given_as",
     "install_logging",
@@ -235,3 +237,29 @@ def remove_logging(handler: logging.Handler) -> None:
     logger = logging.getLogger("emq_bridge")
     logger.removeHandler(handler)
     logger.setLevel(logging.NOTSET)
+
+
+def client_location(client: Any) -> tuple[object, ...]:
+    """Return what tells two Redis clients' servers apart: socket or host, port, database."""
+    options = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    db = int(options.get("db") or 0)
+    if options.get("path"):
+        return ("unix", str(options["path"]), db)
+    if "host" in options:
+        return ("tcp", str(options["host"]).lower(), int(options.get("port") or 6379), db)
+    return ("client", id(client))  # a cluster, a sentinel pool: only the same client matches
+
+
+def client_address(client: Any) -> str:
+    """Return where a Redis client connects, as a URL without credentials."""
+    pool = getattr(client, "connection_pool", None)
+    location = client_location(client)
+    if location[0] == "unix":
+        return f"unix://{location[1]}" + (f"?db={location[2]}" if location[2] else "")
+    if location[0] == "tcp":
+        tls = isinstance(pool, redis.ConnectionPool) and issubclass(
+            pool.connection_class, redis.SSLConnection
+        )
+        host = f"[{location[1]}]" if ":" in str(location[1]) else location[1]  # IPv6
+        return f"{'rediss' if tls else 'redis'}://{host}:{location[2]}/{location[3]}"
+    return f"the app's {type(client).__name__}"

@@ -26,7 +26,15 @@ from ..pump import Pump
 from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
 from ..sync import SyncPlan, apply_plan, plan_sync, sync
-from .context import FiniteRange, Settings, given_as, pass_settings, redact_url
+from .context import (
+    FiniteRange,
+    Settings,
+    client_address,
+    client_location,
+    given_as,
+    pass_settings,
+    redact_url,
+)
 from .frameworks import framework_options, given_frameworks, load_target
 from .metrics import metrics_options, serve_pump_metrics
 from .render import to_json
@@ -501,7 +509,8 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
     if conflicts:
         app.close()
         named = " and ".join(conflicts)
-        server = redact_url(settings.redis_url) if url_flag is not None else _address(app.client)
+        given = url_flag is not None
+        server = redact_url(settings.redis_url) if given else client_address(app.client)
         prefix = settings.prefix if prefix_flag is not None else app.prefix
         raise RegistryConflict(
             f"{named} {'names' if len(conflicts) == 1 else 'name'} the registry {server} "
@@ -515,7 +524,7 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
         return settings.repeat()
     # The messages and the error boundary quote settings.where: make it the app's registry,
     # shown by its address (no credentials); the client is the app's own.
-    settings.redis_url, settings.prefix = _address(app.client), app.prefix
+    settings.redis_url, settings.prefix = client_address(app.client), app.prefix
     click.get_current_context().call_on_close(app.close)
     return app
 
@@ -525,7 +534,7 @@ def _same_server(given: Any, app: Any) -> bool:
     spelling of it (`localhost` and `127.0.0.1`, a socket and a port) that both answer with
     one server's `run_id`. Asked only when the locations differ; a server that does not
     answer is taken as another one."""
-    mine, theirs = _location(given), _location(app)
+    mine, theirs = client_location(given), client_location(app)
     if mine == theirs:
         return True
     if mine[0] == "client" or theirs[0] == "client" or mine[-1] != theirs[-1]:
@@ -536,34 +545,8 @@ def _same_server(given: Any, app: Any) -> bool:
         return False
 
 
-def _location(client: Any) -> tuple[object, ...]:
-    """Return what tells two Redis clients' servers apart: socket or host, port, database."""
-    options = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    db = int(options.get("db") or 0)
-    if options.get("path"):
-        return ("unix", str(options["path"]), db)
-    if "host" in options:
-        return ("tcp", str(options["host"]).lower(), int(options.get("port") or 6379), db)
-    return ("client", id(client))  # a cluster, a sentinel pool: only the same client matches
-
-
-def _address(client: Any) -> str:
-    """Return where a Redis client connects, as a URL without credentials."""
-    pool = getattr(client, "connection_pool", None)
-    location = _location(client)
-    if location[0] == "unix":
-        return f"unix://{location[1]}" + (f"?db={location[2]}" if location[2] else "")
-    if location[0] == "tcp":
-        tls = isinstance(pool, redis.ConnectionPool) and issubclass(
-            pool.connection_class, redis.SSLConnection
-        )
-        host = f"[{location[1]}]" if ":" in str(location[1]) else location[1]  # IPv6
-        return f"{'rediss' if tls else 'redis'}://{host}:{location[2]}/{location[3]}"
-    return f"the app's {type(client).__name__}"
-
-
 def _where(repeat: Repeat) -> str:
-    return f"{_address(repeat.client)} (prefix {repeat.prefix!r})"
+    return f"{client_address(repeat.client)} (prefix {repeat.prefix!r})"
 
 
 def _app_default(param: str, value: T, app_value: T | None) -> T:

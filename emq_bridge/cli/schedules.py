@@ -33,7 +33,7 @@ from ..strict_json import JsonInputError, read_json
 from ..template import MAX_TEMPLATE_DEPTH
 from ..utf8 import check_pause_texts
 from .calendars import read_calendars, run_notes
-from .context import Settings, pass_settings
+from .context import Settings, client_address, given_as, pass_settings
 from .frameworks import framework_options, framework_params, given_frameworks, load_target
 from .health import UNSERVED_TEXT, flagged_state
 from .render import (
@@ -737,8 +737,9 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     --overlap and --pause-after-failures act on what workers report of each occurrence
     (see `show` and `history`).
 
-    With --celery SPEC or --dramatiq SPEC (any installed adapter's option) the app is loaded
-    and --task must be one of its tasks or actors, and --overlap replace needs an app that
+    With --celery SPEC or --dramatiq SPEC (any installed adapter's option) the app is loaded,
+    the schedule goes to the app's registry (unless --redis-url, $REDIS_URL or --prefix names
+    one), --task must be one of its tasks or actors, and --overlap replace needs an app that
     can revoke an occurrence that runs (a Dramatiq one cannot), else nothing is written
     (exit 1).
     Without one, the name is not checked (a note on stderr says so): a pump that cannot
@@ -772,8 +773,16 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     task = str(fields["task"])
     options = declaration.definition.template.get("options") or {}
     overlap = declaration.definition.overlap
-    checked = _check_task(*given[0], task, queue, options, overlap) if given else False
-    repeat = settings.repeat()
+    target = load_target(*given[0]) if given else None
+    try:
+        checked = False
+        if target is not None:
+            checked = _check_task(given[0][0], target, task, queue, options, overlap)
+        repeat = _app_registry(settings, target)
+    except BaseException:
+        if target is not None and target.repeat is not None:
+            target.repeat.close()
+        raise
     if replace:
         result = repeat.upsert(queue, name, definition=declaration.definition)
         click.echo(f"{result} {queue}/{name}  {declaration.definition.cadence.describe()}")
@@ -798,43 +807,58 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
         )
 
 
+def _app_registry(settings: Settings, target: PumpTarget | None) -> Repeat:
+    """The registry `add` writes to: the app's own (where its beat or workers pump), unless
+    the user named one (`--redis-url`, `$REDIS_URL`, `--prefix`); before, a schedule checked
+    against the app went to the default registry, which no pump of the app reads."""
+    app = target.repeat if target is not None else None
+    if app is None:
+        return settings.repeat()
+    if given_as("redis_url") is not None or given_as("prefix") is not None:
+        app.close()
+        return settings.repeat()
+    # Messages and the error boundary quote settings.where: the app's registry's address.
+    settings.redis_url, settings.prefix = client_address(app.client), app.prefix
+    click.get_current_context().call_on_close(app.close)
+    return app
+
+
 def _check_task(
-    framework: str, spec: str, task: str, queue: str, options: Mapping[str, Any], overlap: str
+    framework: str,
+    target: PumpTarget,
+    task: str,
+    queue: str,
+    options: Mapping[str, Any],
+    overlap: str,
 ) -> bool:
-    """Load the app at `spec` through its adapter and make sure it can send `task` from
-    `queue` with the sending `options` (`--options`) under the `overlap` policy.
+    """Make sure the app `target` (loaded through its adapter) can send `task` from `queue`
+    with the sending `options` (`--options`) under the `overlap` policy.
 
     Returns False when the adapter's dispatcher cannot tell (it has no `check_task`); exits
     1 (nothing written) when the app cannot send `task`, serves it from another queue (a
     dispatcher's `check_queue`), cannot route it as `options` say (its `check_options`), or
     cannot honour `overlap` (`_check_overlap`).
     """
-    target = load_target(framework, spec)
+    _check_overlap(framework, target, overlap)
+    check = getattr(target.dispatcher, "check_task", None)
+    if check is None:
+        return False
+    check_queue = getattr(target.dispatcher, "check_queue", None)
     try:
-        _check_overlap(framework, target, overlap)
-        check = getattr(target.dispatcher, "check_task", None)
-        if check is None:
-            return False
-        check_queue = getattr(target.dispatcher, "check_queue", None)
+        check(task)
+        if check_queue is not None:
+            check_queue(task, queue)
+    except EmqError as exc:
+        raise click.ClickException(
+            f"--task {task!r}: {exc} (nothing written; leave out --{framework} to add it unchecked)"
+        ) from exc
+    check_options = getattr(target.dispatcher, "check_options", None)
+    if check_options is not None:
         try:
-            check(task)
-            if check_queue is not None:
-                check_queue(task, queue)
+            check_options(options)
         except EmqError as exc:
-            raise click.ClickException(
-                f"--task {task!r}: {exc} (nothing written; leave out --{framework} to add it "
-                "unchecked)"
-            ) from exc
-        check_options = getattr(target.dispatcher, "check_options", None)
-        if check_options is not None:
-            try:
-                check_options(options)
-            except EmqError as exc:
-                raise click.ClickException(f"--options: {exc} (nothing written)") from exc
-        return True
-    finally:
-        if target.repeat is not None:
-            target.repeat.close()
+            raise click.ClickException(f"--options: {exc} (nothing written)") from exc
+    return True
 
 
 def _check_overlap(framework: str, target: PumpTarget, overlap: str) -> None:
