@@ -257,8 +257,8 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     outcome workers reported (status, when, how long, the last error) and the failure
     streak, counters (`fired` counts the occurrences a broker accepted, `skipped` the slots
     the overlap policy skipped and the occurrences a worker skipped, `lost` the occurrences
-    whose worker went silent), what is in
-    flight or buffered, its policies, owner and template. `history` lists the occurrences.
+    whose worker went silent), what is in flight or buffered, its policies, owner and
+    template. `history` lists the occurrences.
 
     \b
     Examples:
