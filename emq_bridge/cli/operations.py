@@ -414,12 +414,13 @@ def pump_command(
     if do_sync:  # once every option is known good: a refused command writes nothing
         _sync_sources(repeat, target, schedule_files)
     # A record the target's source rewrites after this is newer code's: not parked here.
-    pump.code_synced_ms = repeat.server_time_ms() if pump.code is not None else None
+    synced_ms = repeat.server_time_ms()
+    pump.code_synced_ms = synced_ms if pump.code is not None else None
     if metrics_port is not None:
         click.echo(f"metrics on {serve_pump_metrics(pump, metrics_host, metrics_port)}", err=True)
     if once:
         pump.check_eviction_policy()
-        dispatched, failed = _fire_due_now(pump, repeat.server_time_ms())
+        dispatched, failed = _fire_due_now(pump, synced_ms)
         click.echo(f"dispatched {dispatched}, failed {failed}")
         if failed:
             raise click.ClickException(

@@ -35,18 +35,27 @@ APP = textwrap.dedent("""
 
 
 def add(
-    tmp_path: Path, redis_url: str, prefix: str, *args: str, queue: str = "q"
+    tmp_path: Path,
+    redis_url: str,
+    prefix: str,
+    *args: str,
+    queue: str = "q",
+    named_registry: bool = True,
 ) -> subprocess.CompletedProcess[str]:
+    """Run `emq-bridge add` with the app; `named_registry=False` names none (no --redis-url,
+    --prefix nor $REDIS_URL): the app's own is then the one written to."""
     module = f"ov_app_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(APP)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if named_registry or k != "REDIS_URL"},
         "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
         "OV_REDIS": redis_url,
         "OV_PREFIX": prefix,
         "OV_NAMESPACE": f"ov{uuid.uuid4().hex[:8]}",
     }
-    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command = [sys.executable, "-m", "emq_bridge"]
+    if named_registry:
+        command += ["--redis-url", redis_url, "--prefix", prefix]
     command += ["add", queue, "n", "--task", "long_job", "--every", "3s", *args]
     return subprocess.run(
         [*command, "--dramatiq", f"{module}:broker"],
@@ -117,23 +126,7 @@ def test_add_with_the_app_writes_to_the_apps_registry_when_none_is_named(
 ) -> None:
     # Before: the schedule checked against the app went to the default registry (REDIS_URL
     # unset: redis://127.0.0.1:6379/0, prefix emq), which none of the app's pumps reads.
-    module = f"ov_app_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(APP)
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-        "OV_REDIS": redis_url,
-        "OV_PREFIX": prefix,
-        "OV_NAMESPACE": f"ov{uuid.uuid4().hex[:8]}",
-    }
-    command = [sys.executable, "-m", "emq_bridge", "add", "q", "n", "--task", "long_job"]
-    done = subprocess.run(
-        [*command, "--every", "3s", "--dramatiq", f"{module}:broker"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = add(tmp_path, redis_url, prefix, named_registry=False)
     assert done.returncode == 0, done.stderr
     registration = Repeat(client, prefix).get("q", "n")  # the middleware's registry and prefix
     assert registration is not None and registration.definition.template["task"] == "long_job"
