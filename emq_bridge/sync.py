@@ -73,6 +73,9 @@ class SyncPlan:
     # How many unchanged schedules a stamp vouches for when their declarations were not even
     # read (a schedule file whose stamp held): `unchanged` is then empty.
     vouched: int | None = None
+    # The source's schedules it no longer declares but left, with their tasks: tasks outside
+    # `prune_tasks`, which this process does not know (another process may declare them).
+    kept: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def changes(self) -> int:
@@ -235,9 +238,12 @@ def _checked(
     return wanted
 
 
-def _queues(repeat: Repeat, wanted: list[Declaration], prune: bool) -> list[str]:
-    """Return the queues a sync reads: the declared ones, and every registry when pruning."""
-    queues = {d.queue for d in wanted}
+def _queues(
+    repeat: Repeat, wanted: list[Declaration], prune: bool, also: Collection[str] = ()
+) -> list[str]:
+    """Return the queues a sync reads: the declared ones, `also`, and every registry when
+    pruning."""
+    queues = {d.queue for d in wanted} | set(also)
     if prune:
         queues.update(repeat.queues())
     return sorted(queues)
@@ -304,17 +310,18 @@ def _plan(
         declared = set(map(_KEY, wanted))
         plan.remove = sorted(key for key in owned if key not in declared)
         if prune_tasks is not None and plan.remove:
-            plan.remove = _of_tasks(repeat, plan.remove, prune_tasks)
+            plan.remove, plan.kept = _of_tasks(repeat, plan.remove, prune_tasks)
     return plan
 
 
 def _of_tasks(
     repeat: Repeat, keys: list[tuple[str, str]], tasks: Collection[str]
-) -> list[tuple[str, str]]:
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
     """The registrations of `keys` whose template names one of `tasks` (read: the few a
-    sync would remove). One whose task cannot be read is left alone: it may be another
-    process's, and the pump parks a record it cannot use."""
-    out = []
+    sync would remove), and the others with their task. One whose task cannot be read is
+    left alone, unlisted: it may be another process's, and the pump parks a record it
+    cannot use."""
+    out, kept = [], []
     for queue in sorted({q for q, _ in keys}):
         names = [n for q, n in keys if q == queue]
         for name, fields in repeat.load_records(queue, names).items():
@@ -324,7 +331,9 @@ def _of_tasks(
                 continue
             if task in tasks:
                 out.append((queue, name))
-    return sorted(out)
+            else:
+                kept.append((queue, name, str(task)))
+    return sorted(out), sorted(kept)
 
 
 @without_gc
@@ -339,6 +348,7 @@ def sync(
     stamp: Stamp | bool | None = None,
     prune_tasks: Collection[str] | None = None,
     unread_sources: Collection[str] = (),
+    read_queues: Collection[str] = (),
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
@@ -365,6 +375,10 @@ def sync(
     `unread_sources`: other sources this process syncs whose declarations it skipped, their
     stamp holding; a declaration naming a schedule one of them owns is refused before any
     write (`check_not_owned_by`), as `check_one_source` refuses it when both are read.
+
+    `read_queues`: queues to read (and stamp) besides the declared ones, whether or not they
+    hold a registry yet: those another sync of the same boot is about to write, so that this
+    sync's stamp covers them (a stamp holds only while it is in every queue there is).
     """
     if stamp and not prune:
         raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
@@ -381,7 +395,7 @@ def sync(
             _log(found, {})
             return found
     check_not_owned_by(repeat, wanted, source, unread_sources)
-    queues = _queues(repeat, wanted, prune)
+    queues = _queues(repeat, wanted, prune, read_queues)
     applied = SyncPlan(source, generation=generation)
     old: dict[tuple[str, str], dict[str, str]] = {}
     try:
@@ -455,6 +469,7 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
         "unchanged": applied.unchanged,
     }
     applied.unchanged.extend(plan.unchanged)  # nothing to send: an upsert would write nothing
+    applied.kept = list(plan.kept)
     # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
     # planned as `create` may come back `unchanged` when another sync got there first.
     todo = [*plan.create, *plan.update]
@@ -616,6 +631,15 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     if log.isEnabledFor(logging.DEBUG):
         for d in applied.unchanged:
             log.debug("sync %s: = %s/%s", source, d.queue, d.name)
+    for queue, name, task in applied.kept:
+        log.info(
+            "sync %s: kept %s/%s: its task %s is not one this process knows, so it cannot "
+            "tell the schedule was dropped (`emq-bridge cancel` removes one whose task is gone)",
+            source,
+            queue,
+            name,
+            task,
+        )
     log.info(
         "sync %s: %d created, %d updated, %d unchanged, %d removed%s",
         source,

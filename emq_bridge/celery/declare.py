@@ -2,13 +2,15 @@
 
 Part of `emq_bridge.celery`, which re-exports the public names.
 
-Ownership: the app's schedules (`beat_schedule`, the `@recurring` tasks) belong to the beat,
-the process that runs them: it syncs them under `celery.<main>` (`emq_bridge_source`), and
-only its sync removes what the app no longer declares. A worker contributes what it
-declares itself: at start it upserts its `@recurring` tasks under that source, never
-`beat_schedule`, and removes nothing. A worker whose config is older, or has no
-`beat_schedule`, cannot delete the beat's schedules or revert its entries; with
-`emq_bridge_generation` an older worker writes nothing at all.
+Ownership: the app's schedules belong to the beat, the process that runs them, and only its
+sync removes what the app no longer declares: `beat_schedule` under `celery.<main>`
+(`emq_bridge_source`), all it no longer declares; the `@recurring` tasks under
+`celery.<main>.recurring`, only those of tasks it knows (a task only the workers import is
+not one it can tell was dropped). A worker contributes what it declares itself: at start it
+upserts its `@recurring` tasks under that second source, never `beat_schedule`, and removes
+nothing. A worker whose config is older, or has no `beat_schedule`, cannot delete the beat's
+schedules or revert its entries; with `emq_bridge_generation` an older worker writes
+nothing at all.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ log = logging.getLogger("emq_bridge.celery")
 
 T = TypeVar("T")
 
+# What `tasks_source` appends to the app's source.
+TASKS_SOURCE_SUFFIX = ".recurring"
+
 # -- settings ---------------------------------------------------------------------------
 
 
@@ -108,9 +113,16 @@ def repeat_for(app: Celery, **options: Any) -> Repeat:
 def _source(app: Celery) -> str:
     source = str(_setting(app, "emq_bridge_source", f"celery.{app.main or 'app'}"))
     try:
+        validate_name(tasks_source(source), "source")  # the longer of the two
         return validate_name(source, "source")
     except EmqError as exc:
         raise ConfigError(f"emq_bridge_source: {exc}; set app.conf.emq_bridge_source") from exc
+
+
+def tasks_source(source: str) -> str:
+    """The source of an app's `@recurring` tasks, beside `source`, its `beat_schedule`'s: the
+    beat prunes the first only of the tasks it knows, the second of all it no longer has."""
+    return f"{source}{TASKS_SOURCE_SUFFIX}"
 
 
 def _generation(app: Celery) -> int | None:
@@ -225,9 +237,9 @@ def _decorated(app: Celery, context: Entries) -> list[Declaration]:
 
 @dataclass(frozen=True, slots=True)
 class AppSchedule:
-    """What an app declares under `source`, at `generation`: `beat_schedule` entries and
-    `@recurring` tasks (`declarations`, what the beat syncs), of which `tasks` are the
-    `@recurring` ones (what a worker syncs)."""
+    """What an app declares, at `generation`: `beat_schedule` entries (`entries`, synced under
+    `source`), then `@recurring` tasks (`tasks`, under `tasks_source`), together
+    `declarations`, what the beat syncs; a worker syncs the `tasks`."""
 
     source: str
     declarations: tuple[Declaration, ...]
@@ -244,6 +256,16 @@ class AppSchedule:
     def count(self) -> int:
         """How many schedules the app declares (a schedule file's not included)."""
         return len(self.declarations) if self.vouched is None else self.vouched
+
+    @property
+    def tasks_source(self) -> str:
+        """The source the `@recurring` tasks are synced under."""
+        return tasks_source(self.source)
+
+    @property
+    def entries(self) -> tuple[Declaration, ...]:
+        """The `beat_schedule` entries: `declarations` but the `tasks`, which come last."""
+        return self.declarations[: len(self.declarations) - len(self.tasks)]
 
     def resolve_cadence(self, queue: str, name: str, stored: Cadence) -> Cadence:
         """Return the live schedule of a custom entry whose record holds its placeholder
@@ -334,11 +356,13 @@ def _app_schedule(
         if live is not None:
             custom[(declaration.queue, declaration.name)] = live
     tasks = _decorated(app, context)
+    _check_not_declared_twice(declarations, tasks)
+    source = _source(app)
+    if extra:  # the app's two sources cannot clash: checked above
+        check_one_source([(source, declarations), (tasks_source(source), tasks), *extra])
     declarations.extend(tasks)
-    if extra:  # one source alone cannot clash with itself
-        check_one_source([(_source(app), declarations), *extra])
     return AppSchedule(
-        _source(app),
+        source,
         tuple(declarations),
         custom,
         tuple(sorted(_app_queues(app, declarations) | _file_queues(extra))),
@@ -346,6 +370,20 @@ def _app_schedule(
         tasks=tuple(tasks),
         generation=_generation(app),
     )
+
+
+def _check_not_declared_twice(entries: Sequence[Declaration], tasks: Sequence[Declaration]) -> None:
+    """Raise `ConfigError` when a `@recurring` task is the registration of a `beat_schedule`
+    entry too (same queue and name): the two sources would take it from each other."""
+    if not entries or not tasks:
+        return
+    keys = {(d.queue, d.name) for d in entries}
+    for task in tasks:
+        if (task.queue, task.name) in keys:
+            raise ConfigError(
+                f"schedule {task.queue}/{task.name} is declared twice: by a beat_schedule "
+                "entry and by a @recurring task; rename one of them"
+            )
 
 
 @without_gc
@@ -399,7 +437,7 @@ def _check_not_in_beat_schedule(
 @without_gc
 def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     """Validate, convert and sync what the app declares, as its beat does when it starts
-    (`sync_app`), stamping each sync: the app's with its fingerprint (`app_fingerprint`),
+    (`sync_app`), stamping each sync: the app's two with its fingerprint (`app_fingerprint`),
     the schedule file's with the file's (`file_stamp`).
 
     A restart whose fingerprint is the one stamped, while nothing else has written those
@@ -421,22 +459,20 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
 
         loaded = load_schedule_file(str(path))
     if plan is not None and loaded is not None:
-        check_one_source([(source, plan.declarations), (loaded.source, loaded.declarations)])
+        check_one_source(
+            [
+                (source, plan.entries),
+                (plan.tasks_source, plan.tasks),
+                (loaded.source, loaded.declarations),
+            ]
+        )
     if plan is not None:
-        stamp = None
+        stamped_by = None
         if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
-            stamp = Stamp.of_queues(fingerprint, plan.declarations)
+            stamped_by = fingerprint
         # A schedule file whose stamp held was not read: the app may not take its names.
         unread = (file.source,) if file is not None and loaded is None else ()
-        applied = sync(
-            repeat,
-            plan.declarations,
-            source,
-            generation=generation,
-            stamp=stamp,
-            unread_sources=unread,
-        )
-        _warn_removed_elsewhere(applied, plan.queues)
+        _sync_own(app, repeat, plan, fingerprint=stamped_by, unread=unread)
     else:
         _log_unchanged(source, vouched[1] if vouched else 0)
     extra: tuple[tuple[str, tuple[Declaration, ...]], ...] = ()
@@ -450,7 +486,8 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
             loaded.source,
             generation=generation,
             stamp=its_stamp,
-            unread_sources=(source,) if plan is None else (),  # the app's, when vouched
+            # the app's, when vouched
+            unread_sources=(source, tasks_source(source)) if plan is None else (),
         )
         file_queues = _file_queues(extra)
     elif file is not None and file.queues is not None:
@@ -471,6 +508,51 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         generation=generation,
         vouched=vouched[1],
     )
+
+
+def _sync_own(
+    app: Celery,
+    repeat: Repeat,
+    plan: AppSchedule,
+    *,
+    fingerprint: str | bool | None,
+    unread: Sequence[str] = (),
+) -> list[SyncPlan]:
+    """The beat's sync of the app's own schedules; return the applied plans, `beat_schedule`'s
+    first. The `@recurring` tasks go first: an older version synced them under `source`, and
+    taking them over keeps their next runs (an owner change is no cadence change), where the
+    `beat_schedule` sync would remove them. Of the tasks' schedules it no longer declares, it
+    removes only those of tasks the app knows: a task only the workers import (`celery worker
+    -I`) may well still be decorated there. `fingerprint` stamps both syncs (a str: the app's,
+    with what the stamp's summary tells a restart; True: `sync(stamp=True)`'s own)."""
+
+    def stamp_of(declarations: Sequence[Declaration]) -> Stamp | bool | None:
+        if isinstance(fingerprint, str):
+            return Stamp.of_queues(fingerprint, declarations)
+        return fingerprint
+
+    generation = plan.generation
+    tasks = sync(
+        repeat,
+        plan.tasks,
+        plan.tasks_source,
+        generation=generation,
+        stamp=stamp_of(plan.tasks),
+        unread_sources=unread,
+        prune_tasks=frozenset(app.tasks),
+        read_queues=plan.queues,  # the entries' too: its stamp must be in every queue
+    )
+    entries = sync(
+        repeat,
+        plan.entries,
+        plan.source,
+        generation=generation,
+        stamp=stamp_of(plan.entries),
+        unread_sources=unread,
+    )
+    for applied in (entries, tasks):
+        _warn_removed_elsewhere(applied, plan.queues)
+    return [entries, tasks]
 
 
 def _warn_removed_elsewhere(applied: SyncPlan, queues: Sequence[str]) -> None:
@@ -518,18 +600,25 @@ def _file_stamp(repeat: Repeat, path: str, generation: int | None) -> FileStamp 
 def _vouched(
     repeat: Repeat, source: str, fingerprint: str | None
 ) -> tuple[tuple[str, ...], int] | None:
-    """The queues and count of the app's schedules when its last stamped sync was of
-    `fingerprint` and still holds; else None (also for a summary this version cannot read,
-    and when the registry cannot say: the full path then reports the declarations' errors
-    first, and the registry's)."""
+    """The queues and count of the app's schedules when its last stamped syncs (of
+    `beat_schedule` under `source`, of the `@recurring` tasks under `tasks_source`) were of
+    `fingerprint` and both still hold; else None (also for a summary this version cannot
+    read, and when the registry cannot say: the full path then reports the declarations'
+    errors first, and the registry's)."""
     if fingerprint is None:
         return None
-    try:
-        summary = stamped(repeat, source, fingerprint)
-    except EmqError as exc:
-        log.debug("emq-bridge: the boot stamp could not be read: %s", exc)
-        return None
-    return queues_of(summary)
+    found = []
+    for each in (source, tasks_source(source)):
+        try:
+            summary = queues_of(stamped(repeat, each, fingerprint))
+        except EmqError as exc:
+            log.debug("emq-bridge: the boot stamp could not be read: %s", exc)
+            return None
+        if summary is None:
+            return None
+        found.append(summary)
+    (entry_queues, entries), (task_queues, tasks) = found
+    return tuple(sorted({*entry_queues, *task_queues})), entries + tasks
 
 
 def sync_app(
@@ -564,17 +653,17 @@ def sync_app(
                 sync(
                     repeat,
                     plan.tasks,
-                    plan.source,
+                    plan.tasks_source,
                     prune=False,
                     generation=generation,
                     unread_sources=unread,
                 )
             ]
-        plans = [
+        plans = _sync_own(app, repeat, plan, fingerprint=stamp or None)
+        plans += [
             sync(repeat, decls, source, generation=generation, stamp=stamp or None)
-            for source, decls in ((plan.source, plan.declarations), *plan.extra)
+            for source, decls in plan.extra
         ]
-        _warn_removed_elsewhere(plans[0], plan.queues)
     finally:
         if own:
             repeat.close()

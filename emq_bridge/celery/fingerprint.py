@@ -2,8 +2,9 @@
 
 Part of `emq_bridge.celery`. `app_fingerprint(app)` digests the app's `beat_schedule`
 entries, its `@recurring` declarations, the settings and task options their conversion
-reads (routing, time zone, emq-bridge's own settings) and the versions of the code that
-converts them, so that two boots with one fingerprint convert to the same declarations. The
+reads (routing, time zone, emq-bridge's own settings), the names of the tasks the app knows
+(the `@recurring` sync prunes only theirs) and the versions of the code that converts them,
+so that two boots with one fingerprint convert to and prune the same declarations. The
 beat stamps its sync with it (`sync.Stamp`), and an unchanged restart, finding the stamp,
 skips the conversion and the sync.
 
@@ -33,7 +34,7 @@ from .entries import own_tasks
 __all__ = ["app_fingerprint"]
 
 # Raised when what the conversion does with the same inputs changes without a release.
-FORMAT = 1
+FORMAT = 2
 # The settings the conversion reads, besides every `emq_bridge_*` one: the time zone, cron
 # deadlines, and what routing reads (Celery's router and its queues).
 _SETTINGS = (
@@ -154,6 +155,7 @@ def app_fingerprint(
         entries,
         _SCHEDULE_FIELDS,
         decorated,
+        sorted(app.tasks),  # what the `@recurring` sync may prune (declare._sync_own)
     )
     try:
         encoded = pickle.dumps(state, protocol=5)

@@ -29,6 +29,7 @@ from emq_bridge.celery import RepeatScheduler, recurring
 from emq_bridge.celery.beat import BeatRefused
 from emq_bridge.celery.declare import _DECLARED, _beat_entries
 from emq_bridge.celery.fingerprint import app_fingerprint
+from emq_bridge.sync import sync
 from emq_bridge.testing import ManualClock
 
 UNCHANGED = "unchanged since its last sync"
@@ -552,22 +553,77 @@ def test_entry_keys_that_differ_only_by_whitespace_are_one_name_and_refused(
     assert Repeat(client, prefix).names(f"{prefix}-q") == []
 
 
-def test_a_recurring_task_only_the_workers_import_goes_at_each_beat_start(
-    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+def test_a_recurring_task_only_the_workers_import_stays_across_beat_starts(
+    make_app: Callable[..., Celery],
+    prefix: str,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # docs/celery.md (who syncs what): the beat owns the app's schedules and removes what it
-    # does not declare, so it must import the modules of the @recurring tasks.
+    # docs/celery.md (who syncs what): the beat prunes the @recurring tasks' schedules only
+    # of tasks it knows; one whose task it does not import is left, and said so.
     from emq_bridge.celery import sync_app
 
     worker_app = make_app()
-    recurring(every="1h", name="workers-only")(worker_app.tasks["t.other"])
+    worker_app.task(name="t.workers_only", shared=False)(record)
+    recurring(every="1h", name="workers-only")(worker_app.tasks["t.workers_only"])
+    repeat = Repeat(client, prefix)
     try:
-        sync_app(worker_app, beat=False)
-        assert "workers-only" in Repeat(client, prefix).names(f"{prefix}-q")
-        [plan, *_] = sync_app(make_app())  # a beat that does not import it
-        assert (f"{prefix}-q", "workers-only") in plan.remove
-        assert "workers-only" not in Repeat(client, prefix).names(f"{prefix}-q")
-        sync_app(worker_app, beat=False)  # the next worker start writes it back
-        assert "workers-only" in Repeat(client, prefix).names(f"{prefix}-q")
+        [created] = sync_app(worker_app, beat=False)
+        assert created.source == f"celery.app-{prefix}.recurring"
+        before = repeat.get(f"{prefix}-q", "workers-only")
+        assert before is not None
+        for _ in range(2):  # a beat that does not import it, started twice
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="emq_bridge"):
+                entries, tasks = sync_app(make_app())
+            assert entries.remove == [] and tasks.remove == []
+            assert tasks.kept == [(f"{prefix}-q", "workers-only", "t.workers_only")]
+            assert f"kept {prefix}-q/workers-only: its task t.workers_only is not" in caplog.text
+            after = repeat.get(f"{prefix}-q", "workers-only")
+            assert after is not None and after.next_run_ms == before.next_run_ms
+        # A beat that knows the task, now without its decorator, removes its schedule.
+        knows_it = make_app()
+        knows_it.task(name="t.workers_only", shared=False)(record)
+        _, tasks = sync_app(knows_it)
+        assert tasks.remove == [(f"{prefix}-q", "workers-only")] and tasks.kept == []
+        assert repeat.get(f"{prefix}-q", "workers-only") is None
     finally:
         del _DECLARED[-1:]
+
+
+def test_a_beat_takes_over_the_recurring_tasks_an_older_version_synced_keeping_their_runs(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    # Before the tasks had a source of their own, the beat synced them under the app's: the
+    # first boot of this version takes them over (an owner change, no cadence change), where
+    # the beat_schedule sync alone would have removed them. A task only the workers import is
+    # not one the beat declares: that first boot removes it, as every boot of the older
+    # version did, and the next start of a worker writes it back for good.
+    from emq_bridge.celery import sync_app
+    from emq_bridge.celery.declare import decorated_schedule
+
+    repeat = Repeat(client, prefix)
+    app = make_app()
+    worker_app = make_app()
+    worker_app.task(name="t.workers_only", shared=False)(record)
+    recurring(every="1h", name="hourly")(app.tasks["t.other"])
+    recurring(every="2h", name="workers-only")(worker_app.tasks["t.workers_only"])
+    try:
+        older = [*decorated_schedule(app).tasks, *decorated_schedule(worker_app).tasks]
+        old_source = f"celery.app-{prefix}"
+        sync(repeat, older, old_source, prune=False)
+        runs = {n: repeat.get(f"{prefix}-q", n).next_run_ms for n in ("hourly", "workers-only")}  # type: ignore[union-attr]
+        entries, tasks = sync_app(app)
+        assert [d.name for d in tasks.update] == ["hourly"] and tasks.remove == []
+        assert entries.remove == [(f"{prefix}-q", "workers-only")]
+        hourly = repeat.get(f"{prefix}-q", "hourly")
+        assert hourly is not None and hourly.next_run_ms == runs["hourly"]
+        assert hourly.source == f"{old_source}.recurring"
+        sync_app(worker_app, beat=False)
+        for _ in range(2):
+            entries, tasks = sync_app(app)
+            assert entries.remove == tasks.remove == [] and entries.changes == tasks.changes == 0
+            found = repeat.get(f"{prefix}-q", "workers-only")
+            assert found is not None and found.source == f"{old_source}.recurring"
+    finally:
+        del _DECLARED[-2:]

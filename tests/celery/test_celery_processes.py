@@ -371,7 +371,7 @@ def test_a_worker_syncs_decorated_schedules_at_boot(fleet: Fleet) -> None:
     stack = fleet.stacks["boot-ok"]
     repeat = Repeat(redis.Redis.from_url(fleet.redis_url), stack.prefix)
     assert wait_until(lambda: repeat.get(stack.queue, "emqt.hourly") is not None, timeout_s=30)
-    assert repeat.get(stack.queue, "emqt.hourly").source == "celery.emqt"  # type: ignore[union-attr]
+    assert repeat.get(stack.queue, "emqt.hourly").source == "celery.emqt.recurring"  # type: ignore[union-attr]
 
 
 def test_a_failed_boot_sync_is_logged_as_an_error_and_the_worker_keeps_serving(

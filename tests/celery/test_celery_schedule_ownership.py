@@ -1,15 +1,16 @@
 """Who owns which schedule, with real `celery beat` and `celery worker` processes.
 
-The app's schedules belong to the beat (source `celery.<main>`), whose sync alone removes
-what the app no longer declares; a worker upserts its `@recurring` tasks and never touches
-`beat_schedule`. With `emq_bridge_generation`, an older version of the app booting during a
-rolling deploy writes nothing. Each test runs one generated app in two versions against the
-suite's server, under its own prefix and queue:
+The app's schedules belong to the beat, whose sync alone removes what the app no longer
+declares (`beat_schedule` under `celery.<main>`, the `@recurring` tasks under
+`celery.<main>.recurring`, of the tasks it knows); a worker upserts its `@recurring` tasks and
+never touches `beat_schedule`. With `emq_bridge_generation`, an older version of the app
+booting during a rolling deploy writes nothing. Each test runs one generated app in two
+versions against the suite's server, under its own prefix and queue:
 
 * version 1: `beat_schedule` x (every 1 s) and y (every 2 s); `@recurring` own.hourly (1 h)
   and own.v1only (1 h);
-* version 2: x removed, y every 3 s; own.hourly every 2 h, own.v1only removed, own.v2only
-  (1 h) added;
+* version 2: x removed, y every 3 s; own.hourly every 2 h, own.v1only's decorator removed (the
+  task kept), own.v2only (1 h) added;
 * version "none": no `beat_schedule` at all (a worker-only config), own.hourly every 2 h.
 """
 
@@ -84,6 +85,10 @@ APP = textwrap.dedent("""
 
     if VERSION == "2":
 
+        @app.task(name="own.v1only")  # its decorator removed, the task kept
+        def v1only():
+            return None
+
         @recurring(every="1h")
         @app.task(name="own.v2only")
         def v2only():
@@ -91,11 +96,12 @@ APP = textwrap.dedent("""
 """)
 
 SOURCE = "celery.own"
+TASKS = "celery.own.recurring"  # the @recurring tasks' source
 # What version 2 declares: name -> (cadence, owner).
 VERSION_2 = {
     "y": ("every 3s", SOURCE),
-    "own.hourly": ("every 2h", SOURCE),
-    "own.v2only": ("every 1h", SOURCE),
+    "own.hourly": ("every 2h", TASKS),
+    "own.v2only": ("every 1h", TASKS),
 }
 
 
@@ -269,24 +275,24 @@ def test_a_worker_logs_what_its_sync_changes_at_warning_once_logging_is_up_and_r
     deploy: Deploy,
 ) -> None:
     first = deploy.boot("worker", "1").stop()
-    assert re.search(rf"INFO/MainProcess\] sync {SOURCE}: \+ {deploy.queue}/own.hourly", first)
+    assert re.search(rf"INFO/MainProcess\] sync {TASKS}: \+ {deploy.queue}/own.hourly", first)
     second = deploy.boot("worker", "2").stop()
     assert re.search(
-        rf"WARNING/MainProcess\] sync {SOURCE}: ~ {deploy.queue}/own.hourly  "
+        rf"WARNING/MainProcess\] sync {TASKS}: ~ {deploy.queue}/own.hourly  "
         r"every 1h -> every 2h",
         second,
     ), second[-3000:]
     # A worker's sync only upserts: own.v1only, gone from version 2, waits for the beat.
-    assert deploy.definitions()["own.v1only"] == ("every 1h", SOURCE)
-    beat = deploy.boot("beat", "2").stop()
+    assert deploy.definitions()["own.v1only"] == ("every 1h", TASKS)
+    beat = deploy.boot("beat", "2").stop()  # it knows own.v1only, undecorated
     assert re.search(
-        rf"WARNING/MainProcess\] sync {SOURCE}: - {deploy.queue}/own.v1only  \(was every 1h\)",
+        rf"WARNING/MainProcess\] sync {TASKS}: - {deploy.queue}/own.v1only  \(was every 1h\)",
         beat,
     ), beat[-3000:]
     # On an unchanged registry: the summary line only (unchanged schedules are DEBUG lines).
     third = deploy.boot("worker", "2").stop()
-    assert f"sync {SOURCE}: 0 created, 0 updated, 2 unchanged, 0 removed" in third
-    assert not re.search(rf"sync {SOURCE}: [-+~=] ", third), third[-3000:]
+    assert f"sync {TASKS}: 0 created, 0 updated, 2 unchanged, 0 removed" in third
+    assert not re.search(rf"sync {TASKS}: [-+~=] ", third), third[-3000:]
 
 
 def test_an_unchanged_beat_restart_skips_its_sync_until_another_process_writes_its_schedules(
@@ -303,14 +309,16 @@ def test_an_unchanged_beat_restart_skips_its_sync_until_another_process_writes_i
     deploy.repeat.cancel(deploy.queue, "y")  # by hand: the next boot syncs in full
     third = deploy.boot("beat", "1").stop()
     assert "unchanged since" not in third
-    assert f"sync {SOURCE}: 1 created, 0 updated, 3 unchanged, 0 removed" in third, third[-3000:]
+    assert f"sync {SOURCE}: 1 created, 0 updated, 1 unchanged, 0 removed" in third, third[-3000:]
     assert deploy.definitions()["y"] == ("every 2s", SOURCE)
 
     # A worker of another version changes a decorated task: the beat's next boot reverts it.
     deploy.boot("worker", "2").stop()
-    assert deploy.definitions()["own.hourly"] == ("every 2h", SOURCE)
+    assert deploy.definitions()["own.hourly"] == ("every 2h", TASKS)
     fourth = deploy.boot("beat", "1").stop()
     assert "unchanged since" not in fourth
-    assert deploy.definitions()["own.hourly"] == ("every 1h", SOURCE)
-    assert "own.v2only" not in deploy.definitions()
+    assert deploy.definitions()["own.hourly"] == ("every 1h", TASKS)
+    # own.v2only's task is not one version 1 knows: its beat cannot tell it was dropped.
+    assert deploy.definitions()["own.v2only"] == ("every 1h", TASKS)
+    assert f"sync {TASKS}: kept {deploy.queue}/own.v2only: its task own.v2only" in fourth
     assert "unchanged since" in deploy.boot("beat", "1").stop()

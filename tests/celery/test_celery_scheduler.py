@@ -535,7 +535,8 @@ def test_a_schedule_file_named_in_the_app_config_is_synced_under_its_own_source(
     )
     app = make_app({"a": {"task": "t.record", "schedule": 5}}, emq_bridge_schedule_file=str(path))
     plans = sync_app(app)
-    assert [p.source for p in plans] == [f"celery.app-{prefix}", f"file-{prefix}"]
+    sources = [f"celery.app-{prefix}", f"celery.app-{prefix}.recurring", f"file-{prefix}"]
+    assert [p.source for p in plans] == sources
     registration = Repeat(client, prefix).get(f"{prefix}-file", "from-file")
     assert registration is not None and registration.source == f"file-{prefix}"
     assert f"{prefix}-file" in app_schedule(app).queues
