@@ -349,6 +349,7 @@ def sync(
     prune_tasks: Collection[str] | None = None,
     unread_sources: Collection[str] = (),
     read_queues: Collection[str] = (),
+    generation_sources: Collection[str] = (),
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
 
@@ -379,6 +380,11 @@ def sync(
     `read_queues`: queues to read (and stamp) besides the declared ones, whether or not they
     hold a registry yet: those another sync of the same boot is about to write, so that this
     sync's stamp covers them (a stamp holds only while it is in every queue there is).
+
+    `generation_sources`: other sources whose declarations are of the same deploy (an app's
+    two: `beat_schedule` and its decorators). With `generation`, the sync raises theirs too
+    in the queues it reads, and is refused when one of them holds a newer one: an older
+    deploy must not write either source once a newer one wrote one of them.
     """
     if stamp and not prune:
         raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
@@ -400,7 +406,8 @@ def sync(
     old: dict[tuple[str, str], dict[str, str]] = {}
     try:
         if generation is not None:
-            repeat.upsert_declared([], source=source, generation=generation, queues=queues)
+            for each in (source, *generation_sources):
+                repeat.upsert_declared([], source=each, generation=generation, queues=queues)
         # Read before the plan: a write after this read moves a count, so the stamp is refused.
         counts = repeat.begin_stamp(source, queues) if isinstance(stamp, Stamp) else {}
         plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
@@ -411,12 +418,13 @@ def sync(
     except StaleGeneration as exc:
         applied.refused_by = exc.live
         log.warning(
-            "sync %s: generation %d refused, a newer generation (%d) of this source is live "
+            "sync %s: generation %d refused, a newer generation (%d) of %s is live "
             "in queue %s; nothing more written (deploy the newer declarations, or raise "
             "the generation)",
             source,
             exc.generation,
             exc.live,
+            "this source" if exc.source == source else exc.source,
             exc.queue,
         )
     _log(applied, old)
@@ -634,7 +642,7 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     for queue, name, task in applied.kept:
         log.info(
             "sync %s: kept %s/%s: its task %s is not one this process knows, so it cannot "
-            "tell the schedule was dropped (`emq-bridge cancel` removes one whose task is gone)",
+            "tell the schedule was dropped (`emq-bridge remove` takes one whose task is gone)",
             source,
             queue,
             name,

@@ -541,6 +541,7 @@ def _sync_own(
         unread_sources=unread,
         prune_tasks=frozenset(app.tasks),
         read_queues=plan.queues,  # the entries' too: its stamp must be in every queue
+        generation_sources=(plan.source,),
     )
     entries = sync(
         repeat,
@@ -549,10 +550,26 @@ def _sync_own(
         generation=generation,
         stamp=stamp_of(plan.entries),
         unread_sources=unread,
+        generation_sources=(plan.tasks_source,),
     )
     for applied in (entries, tasks):
         _warn_removed_elsewhere(applied, plan.queues)
+    _warn_kept_unpumped(tasks, plan.queues)
     return [entries, tasks]
+
+
+def _warn_kept_unpumped(applied: SyncPlan, queues: Sequence[str]) -> None:
+    """Say so when the sync kept `@recurring` schedules (of tasks only the workers import) in
+    queues the beat does not pump: nothing sends their slots until a pump serves them."""
+    unpumped = sorted({queue for queue, _, _ in applied.kept} - set(queues))
+    if unpumped:
+        log.warning(
+            "emq-bridge: sync %s kept schedules in queue(s) %s, which this beat does not "
+            "pump: their tasks are ones only the workers import; add the queues to "
+            "emq_bridge_queues so that the beat sends them",
+            applied.source,
+            ", ".join(unpumped),
+        )
 
 
 def _warn_removed_elsewhere(applied: SyncPlan, queues: Sequence[str]) -> None:
@@ -657,6 +674,8 @@ def sync_app(
                     prune=False,
                     generation=generation,
                     unread_sources=unread,
+                    # An older beat or worker must not write the app's source either.
+                    generation_sources=(plan.source,),
                 )
             ]
         plans = _sync_own(app, repeat, plan, fingerprint=stamp or None)

@@ -472,6 +472,7 @@ def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[Sch
         click.echo(
             f"synced {plan.source}: {len(plan.create)} created, {len(plan.update)} updated, "
             f"{len(plan.remove)} removed, {plan.unchanged_count} unchanged"
+            + (f", {len(plan.kept)} kept (tasks this process does not know)" if plan.kept else "")
             + (" (its stamp holds: nothing read)" if plan.by_stamp else ""),
             err=True,
         )

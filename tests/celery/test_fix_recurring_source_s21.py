@@ -1,0 +1,207 @@
+"""The `@recurring` tasks' own source (`celery.<main>.recurring`) in a rolling deploy.
+
+An app's generation covers both of its sources: workers upgraded before the beat raise the
+app's `beat_schedule` source too, so an older worker or beat can no longer take the decorated
+schedules back under it with their older cadence (and a newer beat would then prune one
+only the workers import). A schedule the beat keeps in a queue it does not pump is said, and
+`emq-bridge pump --celery` counts what it kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from emq_bridge import Repeat
+from emq_bridge.celery import recurring, sync_app
+from emq_bridge.celery.declare import _DECLARED, decorated_schedule
+from emq_bridge.definition import Schedule
+from emq_bridge.sync import sync
+
+
+def record(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def make_app(redis_url: str, prefix: str) -> Iterator[Callable[..., Celery]]:
+    apps: list[Celery] = []
+
+    def build(generation: int | None = None, **conf: Any) -> Celery:
+        app = Celery(f"app-{prefix}", broker=redis_url, set_as_current=False)
+        app.conf.update(
+            timezone="UTC",
+            task_default_queue=f"{prefix}-q",
+            emq_bridge_prefix=prefix,
+            emq_bridge_generation=generation,
+            beat_schedule={"tick": {"task": "t.record", "schedule": 5}},
+            result_backend=None,
+            result_expires=None,
+            **conf,
+        )
+        app.task(name="t.record", shared=False)(record)
+        app.task(name="t.hourly", shared=False)(record)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        app.close()
+
+
+def test_a_worker_upgraded_before_the_beat_keeps_older_processes_from_reverting_its_tasks(
+    make_app: Callable[..., Celery],
+    prefix: str,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    repeat, queue, source = Repeat(client, prefix), f"{prefix}-q", f"celery.app-{prefix}"
+    old = make_app(generation=1)
+    older_tasks = [Schedule(every="1h").bind("t.hourly", queue)]
+    # What the version before the tasks' own source synced: everything under the app's.
+    sync(repeat, [*sync_app_entries(old), *older_tasks], source, generation=1)
+    new_worker = make_app(generation=2)
+    mark = len(_DECLARED)
+    recurring(every="2h")(new_worker.tasks["t.hourly"])
+    try:
+        sync_app(new_worker, beat=False)
+        hourly = repeat.get(queue, "t.hourly")
+        assert hourly is not None and hourly.source == f"{source}.recurring"
+        live = (hourly.definition.cadence.describe(), hourly.updated_ms)
+        assert live[0] == "every 2h"
+        # An older worker's boot, then an older beat's, as the version before synced them.
+        with caplog.at_level(logging.WARNING, logger="emq_bridge"):
+            worker = sync(repeat, older_tasks, source, prune=False, generation=1)
+            beat = sync(repeat, [*sync_app_entries(old), *older_tasks], source, generation=1)
+        assert worker.refused_by == beat.refused_by == 2
+        assert worker.changes == beat.changes == 0
+        assert f"generation 1 refused, a newer generation (2) of {source}.recurring" not in (
+            caplog.text
+        )
+        assert "generation 1 refused, a newer generation (2) of this source" in caplog.text
+        after = repeat.get(queue, "t.hourly")
+        assert after is not None and after.source == f"{source}.recurring"
+        assert (after.definition.cadence.describe(), after.updated_ms) == live
+        # The newer beat then syncs both sources at its generation.
+        new_beat = make_app(generation=2)
+        recurring(every="2h")(new_beat.tasks["t.hourly"])
+        entries, tasks = sync_app(new_beat)
+        assert entries.refused_by is None and tasks.refused_by is None
+        assert [d.name for d in tasks.unchanged] == ["t.hourly"]
+    finally:
+        del _DECLARED[mark:]
+
+
+def sync_app_entries(app: Celery) -> list[Any]:
+    """The app's `beat_schedule` declarations, as its beat converts them."""
+    from emq_bridge.celery import app_schedule
+
+    return list(app_schedule(app).entries)
+
+
+def test_an_older_generation_of_the_apps_source_refuses_the_tasks_sync_before_any_write(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    # The reverse: a newer deploy synced the app's source only; an older worker writes nothing.
+    repeat, queue, source = Repeat(client, prefix), f"{prefix}-q", f"celery.app-{prefix}"
+    sync(repeat, sync_app_entries(make_app(generation=5)), source, generation=5)
+    worker = make_app(generation=4)
+    mark = len(_DECLARED)
+    recurring(every="1h")(worker.tasks["t.hourly"])
+    try:
+        [plan] = sync_app(worker, beat=False)
+    finally:
+        del _DECLARED[mark:]
+    assert plan.refused_by == 5 and plan.changes == 0
+    assert repeat.get(queue, "t.hourly") is None
+
+
+def test_a_beat_says_when_it_keeps_a_schedule_in_a_queue_it_does_not_pump(
+    make_app: Callable[..., Celery],
+    prefix: str,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = make_app()
+    worker.task(name="t.workers_only", shared=False)(record)
+    options = {"queue": f"{prefix}-reports"}
+    mark = len(_DECLARED)
+    recurring(every="1h", options=options)(worker.tasks["t.workers_only"])
+    try:
+        sync_app(worker, beat=False)
+        assert decorated_schedule(worker).tasks[0].queue == f"{prefix}-reports"
+        with caplog.at_level(logging.INFO, logger="emq_bridge"):
+            _, tasks = sync_app(make_app())
+        assert tasks.kept == [(f"{prefix}-reports", "t.workers_only", "t.workers_only")]
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(
+            f"kept schedules in queue(s) {prefix}-reports, which this beat does not pump" in w
+            and "emq_bridge_queues" in w
+            for w in warnings
+        ), warnings
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="emq_bridge"):
+            sync_app(make_app(emq_bridge_queues=[f"{prefix}-reports"]))
+        assert "does not pump" not in caplog.text
+    finally:
+        del _DECLARED[mark:]
+
+
+APP = textwrap.dedent("""
+    import os
+    from celery import Celery
+
+    app = Celery("keptapp", broker=os.environ["KEPT_REDIS"])
+    app.conf.update(
+        emq_bridge_prefix=os.environ["KEPT_PREFIX"],
+        task_default_queue=os.environ["KEPT_QUEUE"],
+        result_backend=None,
+        result_expires=None,
+    )
+
+    @app.task(name="keptapp.record")
+    def record():
+        return None
+""")
+
+
+def test_pump_celery_counts_the_schedules_it_kept(
+    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    (tmp_path / "keptapp.py").write_text(APP)
+    queue = f"{prefix}-q"
+    # A worker that imports another module declared this one; the command's app has no such task.
+    declared = Schedule(every="1h").bind("keptapp.workers_only", queue)
+    sync(Repeat(client, prefix), [declared], "celery.keptapp.recurring", prune=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "KEPT_REDIS": redis_url,
+        "KEPT_PREFIX": prefix,
+        "KEPT_QUEUE": queue,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "emq_bridge", "pump", "--celery", "keptapp", "--once"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "synced celery.keptapp.recurring: 0 created, 0 updated, 0 removed, 0 unchanged, "
+        "1 kept (tasks this process does not know)"
+    ) in done.stderr, done.stderr
+    assert Repeat(client, prefix).get(queue, "keptapp.workers_only") is not None
