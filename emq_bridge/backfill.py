@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .bounds import Instant, epoch_ms
 from .cadence import LATEST_MS, Cadence, now_arg
 from .definition import Definition
-from .errors import RegistryError, ScheduleError
+from .errors import CorruptRecord, RegistryError, ScheduleError
 from .jitter import Jittered, nominal_slot
 from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
@@ -174,7 +174,12 @@ class BackfillMoves:
             fields = {text(k): text(v) for k, v in raw.items()}
             if not fields:
                 raise KeyError(f"no registration {name!r} in queue {queue!r}")
-            definition = Definition.from_fields(fields)
+            try:
+                definition = Definition.from_fields(fields)
+            except ScheduleError as exc:
+                raise CorruptRecord(
+                    f"registration {queue}/{name} is corrupt: {exc} (replace or remove it)"
+                ) from exc
             cadence = definition.cadence
             _check_limit(queue, name, fields)
             if hasattr(cadence, "check"):

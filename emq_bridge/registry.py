@@ -34,7 +34,7 @@ from .definition import (
     definition_or_define,
     shape_key,
 )
-from .errors import ConfigError, RegistryError, RegistryUnavailable, ScheduleError
+from .errors import ConfigError, CorruptRecord, RegistryError, RegistryUnavailable, ScheduleError
 from .heartbeat import HeartbeatMoves
 from .jitter import nominal_slot, pending_slot
 from .keys import (
@@ -58,6 +58,7 @@ from .utf8 import check_pause_texts
 
 __all__ = [
     "EVICTING_POLICIES",
+    "CorruptRecords",
     "Occurrence",  # re-exported from `occurrence`, where it lives
     "Registered",
     "Registration",
@@ -93,6 +94,17 @@ _UPSERT_RESULTS: dict[int, Upserted] = {
 }
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+
+
+class CorruptRecords(CorruptRecord):
+    """A bulk move (`Repeat.resume_all`) changed every registration it could, and left out
+    those whose records are corrupt: `done` holds the names it changed, `corrupt` the names
+    it left out."""
+
+    def __init__(self, message: str, done: Sequence[str], corrupt: Sequence[str]) -> None:
+        super().__init__(message)
+        self.done = list(done)
+        self.corrupt = list(corrupt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -931,8 +943,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         next claim fires and drops them as after an outage (`latest` fires the newest).
         The next run is computed here (cron math is Python's) from the record as read;
         `resume.lua` writes it only if the record is still as read, else it is read again.
-        KeyError if there is no such
-        registration; `RegistryError` if the record kept changing for every attempt.
+        KeyError if there is no such registration, `CorruptRecord` if its record cannot be
+        read (nothing written); `RegistryError` if the record kept changing for every attempt.
 
         `seed` (an importer's cut-over, `emq_bridge.migrate`) resumes it where the scheduler
         it replaces would fire next, `seed.first_run_ms`, instead of the slot it was paused
@@ -1020,15 +1032,47 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     ) -> builtins.list[str]:
         """Resume every paused registration of `queue` (only those `source` owns, if given),
         as `resume` does; return the names resumed. A parked one (a dispatch that can never
-        work, or a failure streak) stays parked: resume it by name once its cause is fixed."""
+        work, or a failure streak) stays parked: resume it by name once its cause is fixed.
+
+        A paused one whose record is corrupt (edited by hand) is left as it is; the others
+        are resumed, then `CorruptRecords` names those left out (and those resumed)."""
         if source is not None:
             validate_name(source, "source")
-        names = [
-            r.name
-            for r in self.iter_list(queue)
-            if r.paused and r.parked_reason is None and (source is None or r.source == source)
-        ]
-        return [n for n in names if self._resume_known(queue, n, catchup, now_ms)]
+        names: builtins.list[str] = []
+        corrupt: dict[str, str] = {}
+        for registration, name, fields, error in self._iter_checked(queue):
+            if registration is not None:
+                paused, parked, owner = (
+                    registration.paused,
+                    registration.parked_reason,
+                    registration.source,
+                )
+            else:  # as its raw fields say: whether this resume would have taken it
+                paused, parked = fields.get("paused") == "1", fields.get("parked_reason") or None
+                owner = fields.get("source") or None
+            if paused and parked is None and (source is None or owner == source):
+                if registration is None:
+                    corrupt[name] = error
+                else:
+                    names.append(name)
+        resumed = []
+        for name in names:
+            try:
+                if self.resume(queue, name, catchup=catchup, now_ms=now_ms):
+                    resumed.append(name)
+            except KeyError:  # removed since it was listed
+                continue
+            except CorruptRecord as exc:  # edited by hand since it was listed
+                corrupt[name] = str(exc.__cause__ or exc)
+        if corrupt:
+            left_out = "; ".join(f"{n}: {why}" for n, why in corrupt.items())
+            raise CorruptRecords(
+                f"resume {queue}: {len(corrupt)} paused registration(s) left paused, their "
+                f"records are corrupt ({left_out}); {len(resumed)} resumed",
+                resumed,
+                builtins.list(corrupt),
+            )
+        return resumed
 
     def _pause_known(
         self, queue: str, name: str, note: str | None, by: str | None, now_ms: int | None
@@ -1038,37 +1082,32 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         except KeyError:  # removed since it was listed
             return False
 
-    def _resume_known(self, queue: str, name: str, catchup: bool, now_ms: int | None) -> bool:
-        try:
-            return self.resume(queue, name, catchup=catchup, now_ms=now_ms)
-        except KeyError:  # removed since it was listed
-            return False
-
     def _read_parked(self, queue: str, name: str) -> tuple[Registration, list[str]] | None:
-        """Read `name` for a resume in one HGETALL: the registration (None if missing or
-        corrupt) and the fields resume.lua checks are unchanged, as read ('' when absent)."""
+        """Read `name` for a resume in one HGETALL: the registration (None if missing) and
+        the fields resume.lua checks are unchanged, as read ('' when absent).
+        `CorruptRecord` if the record cannot be read."""
         validate_name(name, "registration name")
         with redis_errors(f"read {queue}/{name}"):
             raw = self.client.hgetall(self.keys(queue).record(name))
         fields = {text(k): text(v) for k, v in raw.items()}
         if not fields:
             return None
-        try:
-            # The score is not needed: a paused registration's next run is in its record.
-            registration = _registration(queue, name, fields, None)
-        except (ScheduleError, ValueError) as exc:
-            log.error("corrupt registration %s/%s skipped: %s", queue, name, exc)
-            return None
+        # The score is not needed: a paused registration's next run is in its record.
+        registration = _checked(queue, name, fields, None)
         checked = ("paused_next_ms", "cadence_digest", "last_due_ms")
         return registration, [fields.get(field, "") for field in checked]
 
     def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
         """Fire `name` once now, as a fresh occurrence, leaving its cadence alone.
 
-        Returns the occurrence id. KeyError if there is no such registration.
+        Returns the occurrence id. KeyError if there is no such registration, `CorruptRecord`
+        if its record cannot be read (a pump could not send it): nothing is written then.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
+        # Lua cannot decode a definition: the record is checked here, as `read` does
+        # (trigger.lua refuses a record that is not a hash, and one removed since).
+        self.read(queue, name)
         now = self._now(now_ms)
         with redis_errors(f"trigger {queue}/{name}"):
             done = int(
@@ -1087,6 +1126,21 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         validate_name(name, "registration name")
         found: builtins.list[Registration] = self._read(queue, [name])
         return found[0] if found else None
+
+    def read(self, queue: str, name: str) -> Registration:
+        """Return the registration `name`. KeyError if there is none; `CorruptRecord` if its
+        record cannot be read (edited by hand: a field of the wrong type), where `get`
+        returns None and logs it."""
+        validate_name(name, "registration name")
+        keys = self.keys(queue)
+        with redis_errors(f"read {queue}/{name}"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(keys.record(name))
+            pipe.zscore(keys.registry, name)
+            raw, score = pipe.execute()
+        if not raw:
+            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+        return _checked(queue, name, {text(k): text(v) for k, v in raw.items()}, score)
 
     def get_many(self, queue: str, names: Sequence[str]) -> builtins.dict[str, Registration]:
         """Return the registrations of `names` that exist, by name: `READ_CHUNK` a round trip,
@@ -1203,12 +1257,18 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         found[name] = (None, None)
         return found
 
-    def queues(self) -> builtins.list[str]:
-        """Return the queues that have a registry under this prefix (SCAN; an admin read)."""
+    def queues(self, *, broken: bool = False) -> builtins.list[str]:
+        """Return the queues that have a registry under this prefix (SCAN; an admin read).
+
+        With `broken`, also those whose registry key is of another type (edited by hand): a
+        listing of everything (`list`, `export`) reads them and fails (WRONGTYPE) instead of
+        leaving their schedules out. Without it (pumps, syncs, health, metrics, the web
+        view) they are not queues, so one broken key stops none of those."""
         found: set[str] = set()
+        only = {} if broken else {"_type": "zset"}
         with redis_errors("list queues"):
             for key in self.client.scan_iter(
-                match=f"{_glob_escape(self.prefix)}:{{*}}:repeat", count=1000, _type="zset"
+                match=f"{_glob_escape(self.prefix)}:{{*}}:repeat", count=1000, **only
             ):
                 raw = text(key)
                 found.add(raw[len(self.prefix) + 2 : -len("}:repeat")])
@@ -1216,14 +1276,25 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
     def next_runs(self, queue: str, name: str, n: int = 5) -> builtins.list[int]:
         """Return the next `n` runs of `name` in epoch ms (`n` up to `MAX_NEXT_RUNS`).
-        KeyError if unknown."""
+        KeyError if unknown, `CorruptRecord` if its record cannot be read."""
         whole_arg(n, "n", 0, MAX_NEXT_RUNS)
-        registration = self.get(queue, name)
-        if registration is None:
-            raise KeyError(f"no registration {name!r} in queue {queue!r}")
-        return registration.upcoming(n)
+        return self.read(queue, name).upcoming(n)
 
     def _read(self, queue: str, names: Sequence[str]) -> builtins.list[Registration]:
+        """The registrations of `names` that exist; a corrupt one is logged and left out."""
+        found = []
+        for registration, name, _, error in self._read_checked(queue, names):
+            if registration is None:
+                log.error("corrupt registration %s/%s skipped: %s", queue, name, error)
+            else:
+                found.append(registration)
+        return found
+
+    def _read_checked(
+        self, queue: str, names: Sequence[str]
+    ) -> builtins.list[tuple[Registration | None, str, dict[str, str], str]]:
+        """Read the records of `names` that exist, in one pipeline: for each, the
+        registration (None when corrupt), its name, its raw fields, and why it is corrupt."""
         keys = self.keys(queue)
         with redis_errors(f"read {queue}"):
             pipe = self.client.pipeline(transaction=False)
@@ -1231,17 +1302,27 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 pipe.hgetall(keys.record(name))
                 pipe.zscore(keys.registry, name)
             replies = pipe.execute()
-        found = []
+        rows: builtins.list[tuple[Registration | None, str, dict[str, str], str]] = []
         for index, name in enumerate(names):
             raw, score = replies[2 * index], replies[2 * index + 1]
             if not raw:
                 continue
             fields = {text(k): text(v) for k, v in raw.items()}
             try:
-                found.append(_registration(queue, name, fields, score))
+                rows.append((_registration(queue, name, fields, score), name, fields, ""))
             except (ScheduleError, ValueError) as exc:
-                log.error("corrupt registration %s/%s skipped: %s", queue, name, exc)
-        return found
+                rows.append((None, name, fields, str(exc)))
+        return rows
+
+    def _iter_checked(
+        self, queue: str
+    ) -> Iterator[tuple[Registration | None, str, dict[str, str], str]]:
+        """`iter_list`, with the corrupt records too (`_read_checked`'s rows)."""
+        keys = self.keys(queue)
+        with redis_errors(f"list {queue}"):
+            names = [text(n) for n in self.client.zrange(keys.registry, 0, -1)]
+        for start in range(0, len(names), READ_CHUNK):
+            yield from self._read_checked(queue, names[start : start + READ_CHUNK])
 
     # -- pump-facing moves ----------------------------------------------------------------
 
@@ -1701,6 +1782,16 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,
     )
+
+
+def _checked(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
+    """`_registration`, or `CorruptRecord` naming the registration and what is wrong."""
+    try:
+        return _registration(queue, name, fields, score)
+    except (ScheduleError, ValueError) as exc:
+        raise CorruptRecord(
+            f"registration {queue}/{name} is corrupt: {exc} (replace or remove it)"
+        ) from exc
 
 
 def _completed(fields: Mapping[str, str]) -> Completed | None:

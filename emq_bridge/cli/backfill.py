@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from ..backfill import DEFAULT_RATE, check_rate
-from ..errors import ScheduleError
+from ..errors import CorruptRecord, ScheduleError
 from .context import Settings, pass_settings
 from .render import absolute, to_json, zone_of
 
@@ -78,6 +78,8 @@ def backfill_command(
         result = repeat.backfill(queue, name, start, end, rate=rate, dry_run=dry_run)
     except KeyError as exc:
         raise click.ClickException(str(exc.args[0])) from None
+    except CorruptRecord as exc:  # bad input (exit 1), not a server refusing a command
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(
             to_json(

@@ -23,12 +23,12 @@ from ..cadence import (
 from ..config import declaration_from_entry
 from ..definition import MAX_PAUSE_AFTER, OVERLAPS
 from ..dispatch import PumpTarget
-from ..errors import ConfigError, EmqError, ScheduleError
+from ..errors import ConfigError, CorruptRecord, EmqError, ScheduleError
 from ..health import served, unserved
 from ..keys import parse_lease_member
 from ..labels import check_labels, matches, parse_selector
 from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
-from ..registry import Registration, Repeat
+from ..registry import CorruptRecords, Registration, Repeat
 from ..strict_json import JsonInputError, read_json
 from ..template import MAX_TEMPLATE_DEPTH
 from ..utf8 import check_pause_texts
@@ -87,22 +87,23 @@ def _label_filter(
 
 
 def _lifecycle(move: Callable[[], T]) -> T:
-    """Run a registry move that raises KeyError for an unknown name; exit 1 with its reason."""
+    """Run a registry move that raises KeyError for an unknown name; exit 1 with its reason.
+
+    A registration whose record is corrupt (edited by hand) is bad input too: exit 1, in
+    one line that says so (not the exit 3 of a server that refuses a command)."""
     try:
         return move()
     except KeyError as exc:
         raise click.ClickException(
             str(exc.args[0]) if exc.args else "no such registration"
         ) from exc
-    except ScheduleError as exc:  # a bad note, by or source: exit 1, nothing written
+    except (ScheduleError, CorruptRecord) as exc:  # a bad note, by or source: nothing written
         raise click.ClickException(str(exc)) from exc
 
 
 def _require(repeat: Repeat, queue: str, name: str) -> Registration:
-    registration = repeat.get(queue, name)
-    if registration is None:
-        raise click.ClickException(f"no registration {name!r} in queue {queue!r}")
-    return registration
+    """The registration `name`: exit 1 if there is none or its record is corrupt."""
+    return _lifecycle(lambda: repeat.read(queue, name))
 
 
 @click.command("list")
@@ -159,7 +160,7 @@ def list_command(
       emq-bridge list reports --json | jq '.[].next_run'
     """
     repeat = settings.repeat()
-    queues = [queue] if queue is not None else repeat.queues()
+    queues = [queue] if queue is not None else repeat.queues(broken=True)
     now_ms = repeat.server_time_ms()
     pumped = served(repeat, queues)
     if selector:
@@ -962,8 +963,17 @@ def resume_command(
     """
     repeat = settings.repeat()
     if _bulk(name, every_one, source):
-        resumed = _lifecycle(lambda: repeat.resume_all(queue, source=source, catchup=catchup))
+
+        def resume_all() -> tuple[list[str], CorruptRecords | None]:
+            try:
+                return repeat.resume_all(queue, source=source, catchup=catchup), None
+            except CorruptRecords as exc:  # the others were resumed
+                return exc.done, exc
+
+        resumed, failed = _lifecycle(resume_all)
         click.echo(f"resumed {len(resumed)} in {queue}" + "".join(f"\n  {n}" for n in resumed))
+        if failed is not None:  # the others are resumed: exit 1, naming those left paused
+            raise click.ClickException(str(failed))
         return
     assert name is not None  # _bulk checked it
     changed = _lifecycle(lambda: repeat.resume(queue, name, catchup=catchup))

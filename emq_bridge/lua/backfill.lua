@@ -29,6 +29,15 @@
 -- the lease "<name> <slot> backfilled" when it is due: one send, the id of the live slot.
 -- Returns {1, queued slots (JSON), live, done, ahead, outside}; -1 no such registration;
 -- -2 changed; -3 it has a limit.
+-- A key of another type (edited by hand) fails the call before anything is written: a slot
+-- marked in KEYS[4] whose lease KEYS[3] then refused would count as `done` for good and
+-- never be sent.
+for i, wanted in ipairs({'zset', 'hash', 'zset', 'zset'}) do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= wanted and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is a ' .. kind .. ', not a ' .. wanted)
+  end
+end
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local parked = redis.call('HGET', KEYS[2], 'paused_next_ms')

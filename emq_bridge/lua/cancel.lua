@@ -18,6 +18,19 @@
 -- '!' followed by the stored generation when the queue holds a higher generation of the
 -- owner than ARGV[3] (nothing removed: a sync of older declarations must not prune what a
 -- newer one keeps). Otherwise the stored generation is raised to ARGV[3], in this script.
+-- A key this script reads or edits, of another type (edited by hand), fails the call before
+-- anything is removed (KEYS[4] only when it is read: a generation is given); the record may
+-- be of any type (a record that is not a hash is removed, with no owner), and so may the
+-- history and backfill keys (deleted whole).
+local checks = {{1, 'zset'}, {3, 'zset'}, {5, 'zset'}, {8, 'hash'}}
+if ARGV[3] ~= '' then checks[#checks + 1] = {4, 'hash'} end
+for _, check in ipairs(checks) do
+  local key, wanted = KEYS[check[1]], check[2]
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= wanted and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. wanted)
+  end
+end
 if ARGV[3] ~= '' then
   local live = redis.call('HGET', KEYS[4], ARGV[2])
   if live and tonumber(live) > tonumber(ARGV[3]) then return '!' .. live end

@@ -15,6 +15,20 @@
 -- keeps a counter there (upsert.lua).
 -- Returns 1 when registered, 0 when the record exists (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+-- A registry key of another type (edited by hand), or a stamps key of another type for a
+-- record with an owner, fails the call before the record is written: a record without its
+-- registry member would block the name ("exists") and never fire.
+local checks = {{1, 'zset'}}
+for i = 4, #ARGV - 1, 2 do
+  if ARGV[i] == 'source' then checks[2] = {3, 'hash'} end
+end
+for _, check in ipairs(checks) do
+  local key, wanted = KEYS[check[1]], check[2]
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= wanted and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. wanted)
+  end
+end
 redis.call('HSET', KEYS[2], unpack(ARGV, 4))
 local f = redis.call('HMGET', KEYS[2], 'end_ms', 'at', 'limit', 'created_ms')
 if f[3] then redis.call('HSET', KEYS[2], 'remaining', f[3]) end

@@ -10,7 +10,16 @@
 -- the next pump tick finds it among the expired leases. Claim turns it into the lease
 -- "<name> <now_ms> triggered": the first send is not a redelivery, a send after that lease
 -- expired is. (Pumps of an older version read the pending member as they always did.)
--- Returns 1, or 0 if there is no such registration.
+-- Returns 1, or 0 if there is no such registration. A key of another type (edited by hand)
+-- fails the call and writes nothing: a pending member for a record that is not a hash
+-- would only be dropped by the pump. (The caller refuses a hash that is not a valid
+-- record before calling: Lua cannot decode a definition.)
+for i, wanted in ipairs({'hash', 'zset'}) do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= wanted and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is a ' .. kind .. ', not a ' .. wanted)
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('ZADD', KEYS[2], 0, ARGV[1] .. ' ' .. ARGV[2] .. ' manual')
 redis.call('PUBLISH', ARGV[3], ARGV[1])

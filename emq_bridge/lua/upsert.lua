@@ -59,10 +59,18 @@
 local registry = KEYS[1]
 
 -- A registry key of another type fails the call before anything is written (the scores of
--- created records are written last, in one ZADD, so it would fail only after their records).
+-- created records are written last, in one ZADD, so it would fail only after their records);
+-- so do a stamps key of another type (its counters are written last) and a generations key
+-- of another type when a generation is given.
 local registry_type = redis.call('TYPE', registry)['ok']
 if registry_type ~= 'zset' and registry_type ~= 'none' then
   return redis.error_reply('WRONGTYPE ' .. registry .. ' is not a sorted set')
+end
+for i = ARGV[5] ~= '' and 2 or 3, 3 do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is a ' .. kind .. ', not a hash')
+  end
 end
 
 if ARGV[5] ~= '' then

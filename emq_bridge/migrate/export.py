@@ -24,6 +24,7 @@ from ..calendars import Calendar, Excluding
 from ..config import declaration_from_entry
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..jitter import Jittered
+from ..keys import validate_name
 from ..registry import Registration, Repeat, record_digest
 from ..template import TaskTemplate
 
@@ -80,10 +81,13 @@ def export_registry(
     that names those it cannot carry), and an owner merely shared is then not declared (a
     note says so).
     """
+    if source is not None:
+        validate_name(source, "source")  # as `pause --source` checks it
     queues = tuple(queues) if queues is not None else None
     registrations = [
         r
-        for queue in sorted(queues if queues is not None else repeat.queues())
+        # Every queue, a broken one too: its read fails rather than leave its schedules out.
+        for queue in sorted(queues if queues is not None else repeat.queues(broken=True))
         for r in repeat.iter_list(queue)
         if source is None or r.source == source
     ]
