@@ -168,6 +168,7 @@ for i, report in ipairs(reports) do
         local take_start = fresh or attempt > old_attempt or old_rank < RANK.running or restarted
         local folded = started_at and started_at ~= '' and take_start
         local was = fresh and '' or entry[6]
+        if folded then was = 'running' end  -- as after its start, sent alone
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end
         if redelivered == 1 then entry[8] = 1 end
