@@ -9,7 +9,9 @@ importer's source: a created registration starts from its seed, an existing one 
 own score, state and counters, and an unchanged one is not written at all, so running the
 same import again writes nothing. An import never removes anything, and never takes over a
 registration another source owns (a beat's `beat_schedule` entry that celery-redbeat also
-stored, Celery's own `celery.backend_cleanup`): it is listed with `!` and left alone.
+stored, Celery's own `celery.backend_cleanup`): it is listed with `!` and left alone. An
+entry whose last run or next run is no time a run can have (outside 1970 to the end of 9999:
+a last run stored as 9999-12-31 puts the next in year 10000) is refused too, unwritten.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
+from ..cadence import LATEST_MS
 from ..definition import Declaration
 from ..errors import ConfigError
 from ..registry import Repeat, Seed
@@ -123,7 +126,7 @@ def apply_import(
     slot it fired runs again, and none comes early; one already passed is not fired), with
     its run count and last run.
     """
-    plan = _without_collisions(plan)
+    plan = _without_unusable_seeds(_without_collisions(plan))
     if strict and plan.refused:
         _refuse_all(plan.refused)
     by_key = {(e.declaration.queue, e.declaration.name): e for e in plan.entries}
@@ -245,6 +248,37 @@ def _without_collisions(plan: ImportPlan) -> ImportPlan:
     return ImportPlan(plan.source, kept, refused)
 
 
+def _without_unusable_seeds(plan: ImportPlan) -> ImportPlan:
+    """`plan` less the entries whose last run or next run is not epoch ms from 1970 to the end
+    of 9999, as every time the registry keeps is (a last run stored as 9999-12-31 puts the
+    next one in year 10000): each is refused with why, and the rest is imported."""
+    kept: list[Imported] = []
+    refused = list(plan.refused)
+    for entry in plan.entries:
+        reason = _unusable_seed(entry.seed)
+        if reason is None:
+            kept.append(entry)
+        else:
+            refused.append(Refusal(entry.origin, reason))
+    if len(kept) == len(plan.entries):
+        return plan
+    return ImportPlan(plan.source, kept, refused)
+
+
+def _unusable_seed(seed: Seed) -> str | None:
+    """Why `seed` cannot be written (a time outside 1970 to the end of 9999), or None."""
+    last, first = seed.last_fired_ms, seed.first_run_ms
+    if last is not None and not 0 <= last <= LATEST_MS:
+        return f"its last run is {_utc(last)}: correct or clear it in the old scheduler"
+    if not 0 <= first <= LATEST_MS:
+        after = "" if last is None else f" after its last run at {_utc(last)}"
+        return (
+            f"its next run{after} would be {_utc(first)}: "
+            "correct or clear its last run in the old scheduler"
+        )
+    return None
+
+
 def _left(entry: Imported, owners: dict[tuple[str, str], str | None]) -> Refusal:
     d = entry.declaration
     owner = owners.get((d.queue, d.name))
@@ -301,4 +335,8 @@ def queues_note(result: ImportResult) -> str | None:
 
 
 def _utc(ms: int) -> str:
+    """Return epoch ms `ms` as UTC wall time; one no `datetime` holds (past year 9999, a
+    registration an import wrote before such seeds were refused) as its epoch ms."""
+    if not 0 <= ms <= LATEST_MS:
+        return f"epoch ms {ms} ({'before 1970' if ms < 0 else 'past the end of 9999'})"
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

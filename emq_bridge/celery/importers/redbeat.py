@@ -97,7 +97,8 @@ def read_redbeat(
         except RecursionError:
             plan.refused.append(Refusal(origin, "celery-redbeat cannot decode it: nested too deep"))
             continue
-        except (ValueError, TypeError, KeyError, AssertionError) as exc:
+        except (ValueError, TypeError, KeyError, AssertionError, OverflowError) as exc:
+            # OverflowError: a number no timedelta or datetime holds (`"every": 1e300`).
             plan.refused.append(Refusal(origin, f"celery-redbeat cannot decode it: {exc!r}"))
             continue
         if not isinstance(definition, dict) or not isinstance(meta, dict):

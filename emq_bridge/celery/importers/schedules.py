@@ -27,6 +27,7 @@ from itertools import islice
 from typing import Any
 
 from celery import Celery
+from celery.schedules import schedule
 
 from ...bounds import Bounds
 from ...cadence import Cadence, Cron, Every
@@ -83,7 +84,11 @@ def carry(value: Any, app: Celery, label: str, *, last_run_ms: int | None, now_m
     `last_run_ms` is the schedule's last run (None: it never ran, so it fires at once).
     """
     if _is_rrule(value):
+        _check_rrule(value)
         return _rrule(value, last_run_ms, now_ms)
+    if isinstance(value, schedule) and not isinstance(value.run_every, timedelta):
+        # celery-redbeat's decoder passes a non-number `every` through as it is.
+        raise Unrepresentable(f"its interval is {value.run_every!r}, not a number of seconds")
     try:
         cadence = convert_schedule(value, app, label)
     except EmqError as exc:
@@ -115,6 +120,24 @@ def carry(value: Any, app: Celery, label: str, *, last_run_ms: int | None, now_m
 
 def _is_rrule(value: Any) -> bool:
     return type(value).__name__ == "rrule" and hasattr(value, "rrule") and hasattr(value, "freq")
+
+
+def _check_rrule(value: Any) -> None:
+    """Raise `Unrepresentable` for a frequency or weekday dateutil has not (celery-redbeat
+    builds the rrule with it; dateutil fails only while walking it, with a KeyError)."""
+    freq = value.freq
+    if type(freq) is not int or not _YEARLY <= freq <= _SECONDLY:
+        raise Unrepresentable(
+            f"the rrule's freq {freq!r} is not one of dateutil's, 0 (YEARLY) to 6 (SECONDLY)"
+        )
+    raw = value.byweekday
+    items = [] if raw is None else raw if isinstance(raw, (list, tuple)) else [raw]
+    for item in [*items, value.wkst]:
+        number: Any = getattr(item, "weekday", item)
+        if item is not None and (type(number) is not int or not 0 <= number <= 6):
+            raise Unrepresentable(
+                f"the rrule's weekday {number!r} is not one of dateutil's, 0 (MO) to 6 (SU)"
+            )
 
 
 def _fixed_step(value: Any) -> Carried | None:

@@ -76,7 +76,9 @@ def read_periodic_tasks(
             plan.entries.append(_entry(row, apps, now_ms, queue, source))
         except (Unrepresentable, EmqError) as exc:
             plan.refused.append(Refusal(origin, str(exc).removeprefix(f"{origin}: ")))
-        except (ValueError, TypeError) as exc:  # a row Celery refuses (a crontab never due)
+        # A row Celery refuses (a crontab never due), or a number no timedelta holds (an
+        # interval of 2**31 - 1 days: OverflowError).
+        except (ValueError, TypeError, OverflowError) as exc:
             plan.refused.append(Refusal(origin, f"Celery refuses it: {exc}"))
     return plan
 
