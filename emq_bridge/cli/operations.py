@@ -25,6 +25,7 @@ from ..heartbeat import MAX_HEARTBEAT_TTL_S, Heartbeat
 from ..pump import Pump
 from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
+from ..replies import redis_errors, text
 from ..sync import SyncPlan, apply_plan, plan_sync, sync
 from .context import (
     FiniteRange,
@@ -380,6 +381,8 @@ def pump_command(
     repeat = _registry(settings, target, force_registry)
     # Fail fast (exit 3) on a wrong URL or password; outages after this are retried.
     repeat.server_time_ms()
+    if list_key:
+        _check_list_key(settings.client(), str(list_key))
     all_queues = _unique(
         [
             *queues,
@@ -435,6 +438,15 @@ def pump_command(
     with _stop_on_signals(stop):
         pump.run(stop)
     click.echo("pump stopped", err=True)
+
+
+def _check_list_key(client: redis.Redis, key: str) -> None:
+    """`--list-key` must name a list, or no key yet: a push to a key of another type would
+    fail every occurrence (each logged, its lease kept), so refuse it before the first."""
+    with redis_errors(f"check --list-key {key}"):
+        kind = text(client.type(key))
+    if kind not in ("list", "none"):
+        raise click.BadParameter(f"{key!r} holds a {kind}, not a list", param_hint="'--list-key'")
 
 
 def _fire_due_now(pump: Pump, now_ms: int) -> tuple[int, int]:

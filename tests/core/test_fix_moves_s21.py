@@ -265,3 +265,25 @@ def test_the_api_moves_raise_registry_error_on_a_key_of_another_type(
         with pytest.raises(RegistryError, match="WRONGTYPE"):
             move()
     assert snapshot(repeat) == before
+
+
+# -- 4. pump --list-key names a key of another type ------------------------------------------
+
+
+def test_pump_refuses_a_list_key_of_another_type_before_taking_anything(
+    run: Run, repeat: Repeat, client: redis.Redis, prefix: str
+) -> None:
+    hourly(run)
+    assert run("trigger", "reports", "d").exit_code == 0
+    target = f"{prefix}:not-a-list"
+    client.hset(target, "f", "v")
+    before = snapshot(repeat)
+
+    line = one_error_line(run("pump", "reports", "--list-key", target, "--once"), 2)
+
+    assert f"{target!r} holds a hash, not a list" in line
+    assert snapshot(repeat) == before  # the triggered occurrence still waits for a pump
+    client.delete(target)
+    assert run("pump", "reports", "--list-key", target, "--once").exit_code == 0
+    assert client.llen(target) == 1
+    client.delete(target)
