@@ -68,6 +68,7 @@ __all__ = [
     "advance",
     "cadence_from_fields",
     "catch_up",
+    "check_cron_steps",
     "misfire_policy",
     "next_runs",
     "parse_every",
@@ -531,6 +532,31 @@ class Cron:
 
 
 _DST_SPAN = timedelta(hours=3)  # larger than any DST shift (Troll's is 2 h)
+# Each field's name and how many values it has, minute first (5 fields) or second first (6):
+# the largest step a field takes, as `H/n` (hashed.py) is checked.
+_STEP_FIELDS_5 = (
+    ("minute", 60),
+    ("hour", 24),
+    ("day of month", 31),
+    ("month", 12),
+    ("day of week", 7),
+)
+_STEP_FIELDS_6 = (("second", 60), *_STEP_FIELDS_5)
+
+
+def check_cron_steps(fields: list[str]) -> None:
+    """Raise `ScheduleError` if a step (`*/n`, `a-b/n`, `a/n`) is larger than its field has
+    values: cronsim reads `*/61` in the minutes as `0` and takes steps of any length, where
+    `H/61` is refused. A step that is not a number is left to cronsim to refuse."""
+    named = _STEP_FIELDS_6 if len(fields) == 6 else _STEP_FIELDS_5
+    for (what, count), text in zip(named, fields, strict=True):
+        for term in text.split(","):
+            step = term.partition("/")[2]
+            if not (step.isascii() and step.isdigit()):
+                continue
+            digits = step.lstrip("0")  # read as an int only when short: it may be 500 digits
+            if len(digits) > 4 or not 1 <= int(digits or "0") <= count:
+                raise ScheduleError(f"{what} field {shown(term)}: the step must be 1 to {count}")
 
 
 def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
@@ -543,7 +569,9 @@ def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
             f"6 with seconds first, or be one of {sorted(CRON_ALIASES)}"
         )
     try:
-        resolved = " ".join(resolve_hashed(fields, seed or ""))
+        resolved_fields = resolve_hashed(fields, seed or "")
+        check_cron_steps(resolved_fields)
+        resolved = " ".join(resolved_fields)
     except ScheduleError as exc:
         raise ScheduleError(f"invalid cron {expr!r}: {exc}") from None
     _zone(tz)

@@ -29,7 +29,15 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
-from .cadence import LATEST_MS, MAX_CRON_CHARS, NEVER_MS, Cadence, first_instant
+from .cadence import (
+    LATEST_MS,
+    MAX_CRON_CHARS,
+    NEVER_MS,
+    Cadence,
+    Cron,
+    check_cron_steps,
+    first_instant,
+)
 from .errors import ScheduleError
 from .keys import validate_name
 from .millis import instant_ms
@@ -54,6 +62,12 @@ MAX_SKIPS = 20_000
 MAX_RUN_DAYS = 1000
 # What `until` returns for a rule that covers every wall time from then on.
 _FOREVER = datetime.max
+# 400 Gregorian years: 146,097 days, whole weeks, so every date falls on the same weekday
+# again and a cron, or a `cron:` rule, matches the same wall times shifted by this.
+_CYCLE_MS = 146_097 * 86_400_000
+# Excluded slots in a row before the search asks whether the rest repeat what it has seen:
+# ordinary cadences never get there.
+_CYCLE_CHECK_AFTER = 100
 
 _DATE = r"\d{4}-\d{2}-\d{2}"
 _WALL = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2})?"
@@ -231,6 +245,7 @@ def _parse(rule: object) -> _Rule:
             expr = text[5:].strip()
             if len(expr) > MAX_CRON_CHARS or len(expr.split()) not in (5, 6):
                 raise ValueError("a 'cron:' rule takes 5 fields, or 6 with seconds first")
+            check_cron_steps(expr.split())  # a step past its field, as a schedule's cron
             CronSim(expr, datetime(2000, 1, 1))
             return _Matching(expr, len(expr.split()) == 6)
         if _DATE_RE.fullmatch(text):
@@ -300,21 +315,54 @@ class Excluding:
 
     def _admit(self, slot: int, *, to_the_end: bool) -> int:
         """The first slot from `slot` on that no rule excludes, jumping over each excluded
-        span at once. An exclusion lasting past year 9999 leaves `NEVER_MS` (no slot) when
-        `to_the_end`, else is refused (`ScheduleError`): a definition with no run left."""
-        for _ in range(MAX_SKIPS):
+        span at once. An exclusion lasting past year 9999, or excluded slots up to the last
+        one a cron or an interval has (a yearly cron's every 1 January), leave `NEVER_MS`
+        (no slot) when `to_the_end`, else are refused (`ScheduleError`): a definition with
+        no run left. One-off instants (`at`) simply end: past the last, a schedule is
+        completed, as without exclusions."""
+        first, repeats_from = slot, None
+        for skipped in range(MAX_SKIPS):
             end = self.excluded_until(slot)
             if end is None:
-                return slot
+                if slot < NEVER_MS or slot == first or to_the_end or self.kind == "at":
+                    return slot
+                end = NEVER_MS  # the cadence has no slot left: all were excluded
+            if skipped == _CYCLE_CHECK_AFTER:
+                repeats_from = self._repeats_from(first)
+            if repeats_from is not None and slot - _CYCLE_MS >= repeats_from:
+                end = NEVER_MS  # a whole cycle excluded: every later one is too (see below)
             if end >= NEVER_MS:
                 if to_the_end:
                     return NEVER_MS
                 raise ScheduleError(
-                    f"the exclusions cover every run from {_iso(slot)} to the end of year "
+                    f"the exclusions cover every run from {_iso(first)} to the end of year "
                     "9999: the schedule would never run (use end_at to end a schedule)"
                 )
             slot = self.inner.next_after(max(slot, end - 1))
         raise ScheduleError(f"the exclusions skip more than {MAX_SKIPS} runs in a row")
+
+    def _repeats_from(self, first_ms: int) -> int | None:
+        """Where the excluded slots start to repeat every 400 years, if they do: a cron in
+        UTC (no clock change moves a slot off its wall time), once every date and window
+        rule has ended. A slot past that plus `_CYCLE_MS` has a twin 400 years earlier at
+        the same wall time, which the cron matched and a `cron:` rule excluded: a search
+        that excluded every slot of a whole cycle would exclude every slot after it (a
+        yearly cron, a leap day). None when that does not hold: the search goes on."""
+        if self.tz != "UTC" or not isinstance(self.inner, Cron):
+            return None
+        start = first_ms
+        for rule in self._parsed:
+            try:
+                if isinstance(rule, _Days):
+                    ends = datetime.combine(rule.last + timedelta(days=1), time())
+                elif isinstance(rule, _Window):
+                    ends = rule.end
+                else:
+                    continue
+            except OverflowError:  # past year 9999: `excluded_until` says NEVER_MS
+                return None
+            start = max(start, instant_ms(ends.replace(tzinfo=timezone.utc)))
+        return start
 
     def first_run(self, now_ms: int) -> int:
         # A definition being written: one that would never run is refused.

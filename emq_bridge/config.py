@@ -39,9 +39,13 @@ Validation errors are `ConfigError`s naming the file, the entry and the field.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
+import time
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -81,11 +85,13 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "ENTRY_FIELDS",
     "FILE_FIELDS",
+    "MAX_SCHEDULE_FILE_BYTES",
     "ScheduleFile",
     "calendars_from_table",
     "declaration_from_entry",
     "default_source",
     "load_schedule_file",
+    "read_bounded",
     "sync_file",
 ]
 
@@ -93,6 +99,11 @@ FILE_FIELDS = ("source", "queue", "calendars", "schedule")
 """Keys allowed at the top level of a schedule file."""
 MAX_ERRORS_SHOWN = 20
 """A file's errors are one line: the first this many, then how many more."""
+MAX_SCHEDULE_FILE_BYTES = 256 * 2**20
+"""The largest schedule file read, 256 MiB: a file of 1,000,000 plain entries is about 150 MB
+(the bench's). A larger one is refused unread, as is a path that is not a regular file."""
+# A read past a file's stated size (a file of /proc states 0) asks for this much at a time.
+_CHUNK_BYTES = 2**20
 
 ENTRY_FIELDS = (
     "queue",
@@ -155,6 +166,57 @@ class _FieldError(Exception):
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
+def read_bounded(path: str | os.PathLike[str], limit_bytes: int) -> bytes:
+    """Return the bytes of the regular file at `path`, reading at most `limit_bytes` + 1.
+
+    Raise `OSError` whose `strerror` says why when the path is not a regular file (a
+    directory, a FIFO, which is never waited on, a device such as /dev/zero, which would
+    never end), holds more than `limit_bytes`, or cannot be read. The type is checked on the
+    open file, and the bound holds whatever size the file states.
+    """
+    # Non-blocking: opening a FIFO with no writer would otherwise wait for one.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _file_kind(info.st_mode)
+            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", os.fspath(path))
+        chunks: list[bytes] = []
+        total, wanted = 0, info.st_size + 1  # one read, then the end, for a file as stated
+        while total <= limit_bytes:
+            chunk = os.read(fd, min(max(wanted - total, _CHUNK_BYTES), limit_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > limit_bytes:
+        limit = _size(limit_bytes)
+        raise OSError(errno.EFBIG, f"it holds more than {limit}, the limit", os.fspath(path))
+    return b"".join(chunks)  # one chunk (most files): that chunk, not a copy
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _size(count: int) -> str:
+    """A byte count in words: `256 MiB`, `64 KiB`, `1000 bytes`."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale and count % scale == 0:
+            return f"{count // scale} {unit}"
+    return f"{count} bytes"
+
+
 def default_source(path: str | os.PathLike[str]) -> str:
     """Return the ownership tag of a file that sets no `source`: `file:<file name>`.
 
@@ -171,16 +233,16 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     entry (`schedule #2 (reports/digest)`) and the field, and lists every invalid entry.
     Nothing is written anywhere.
     """
+    if not os.fspath(path):  # Path("") is ".", the current directory
+        raise ConfigError("the schedule file's path is empty: give the path of a file")
     file_path = Path(path)
     # The same document as JSON (`emq-bridge export --format json` writes one).
     kind = "JSON" if file_path.suffix == ".json" else "TOML"
     try:
-        with file_path.open("rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise ConfigError(
-            f"{file_path}: cannot read the schedule file: {exc.strerror or exc}"
-        ) from exc
+        raw = read_bounded(file_path, MAX_SCHEDULE_FILE_BYTES)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"{file_path}: cannot read the schedule file: {reason}") from exc
     try:
         if kind == "JSON":
             data = read_json(raw)
@@ -392,7 +454,12 @@ def _shaped(
     try:
         jitter_ms = parse_jitter(value)
         tz = cadence.tz if isinstance(cadence, Cron) else "UTC"
-        return shape(cadence, tz=tz, exclude=rules, calendars=names, jitter_ms=jitter_ms)
+        shaped = shape(cadence, tz=tz, exclude=rules, calendars=names, jitter_ms=jitter_ms)
+        if rules and entry.get("immediately") is not True:
+            # Exclusions that leave no run are refused here, naming the field, as the
+            # registry would refuse them: before a sync writes anything of the file.
+            shaped.first_run(time.time_ns() // 1_000_000)
+        return shaped
     except ScheduleError as exc:
         raise _FieldError("jitter" if "jitter" in str(exc) else "exclude", str(exc)) from exc
 
@@ -425,6 +492,8 @@ def _declaration(
         check_utf8(task, "task")
     except ScheduleError as exc:
         raise _FieldError("task", str(exc)) from exc
+    if not task.isprintable() and any(map(_is_control, task)):  # isprintable: the fast path
+        raise _FieldError("task", f"task {clipped(task)} must not contain control characters")
     cadence = _shaped(entry, _cadence(entry), calendars)
     bounds = _bounds(entry, cadence)
     misfire = entry.get("misfire", "coalesce")
@@ -647,6 +716,11 @@ def _json(entry: Mapping[str, Any], field: str, kind: type) -> Any:
         wanted = "an array" if kind is list else "a table"
         raise _FieldError(field, f"must be {wanted}, got {_kind(value)}")
     return value
+
+
+def _is_control(char: str) -> bool:
+    """A control or format character, or a line break: what names refuse, less spaces."""
+    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")
 
 
 def _check_json(field: str, value: Any) -> None:

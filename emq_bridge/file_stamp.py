@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ScheduleFile, default_source
+from .config import MAX_SCHEDULE_FILE_BYTES, ScheduleFile, default_source, read_bounded
 from .errors import EmqError
 from .keys import validate_name
 from .registry import Repeat
@@ -57,7 +57,7 @@ def file_fingerprint(
     file_path = Path(path)
     is_json = file_path.suffix == ".json"
     try:
-        data = file_path.read_bytes()
+        data = read_bounded(file_path, MAX_SCHEDULE_FILE_BYTES)  # a FIFO, /dev/zero: None
         top = _top_level(data, is_json)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None  # (tomllib's and json's errors are ValueErrors)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from ..cadence import Cadence
 from ..calendars import Calendar, Excluding
-from ..config import calendars_from_table
+from ..config import MAX_SCHEDULE_FILE_BYTES, calendars_from_table, read_bounded
 from ..errors import ConfigError, ScheduleError
 from ..jitter import Jittered
 
@@ -35,8 +34,9 @@ def read_calendars(path: str | None) -> dict[str, Calendar] | None:
     if path is None:
         return None
     try:
-        with Path(path).open("rb") as handle:
-            data = json.load(handle) if path.endswith(".json") else tomllib.load(handle)
+        # Bounded as a schedule file (which is a calendars file too): no FIFO, no /dev/zero.
+        raw = read_bounded(path, MAX_SCHEDULE_FILE_BYTES)
+        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the calendars: {exc.strerror or exc}") from exc
     except (ValueError, tomllib.TOMLDecodeError) as exc:

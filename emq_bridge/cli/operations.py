@@ -146,7 +146,8 @@ def _stamp_of(repeat: Repeat, file: str) -> FileStamp | None:
 
 
 @click.command("sync")
-@click.argument("file", type=click.Path(dir_okay=False))
+# A directory is bad input (exit 1), as any file that cannot be read (read_bounded).
+@click.argument("file", type=click.Path())
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option(
     "--prune/--no-prune",
@@ -269,7 +270,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
     "--file",
     "files",
     multiple=True,
-    type=click.Path(dir_okay=False),
+    type=click.Path(),  # a directory: exit 1, as any file that cannot be read
     help="Sync this schedule file first and pump its queues (repeatable).",
 )
 @click.option(

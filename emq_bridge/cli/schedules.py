@@ -655,7 +655,7 @@ def _json_value(
 @click.option(
     "--calendars",
     "calendars_file",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),  # a directory: exit 1, as any file that cannot be read
     metavar="FILE",
     help="A TOML file whose [calendars] table names the calendars --exclude @NAME uses.",
 )

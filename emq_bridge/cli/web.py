@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from ..config import read_bounded
+from ..shown import clipped
 from ..utf8 import is_utf8
 from .context import Settings, pass_settings
 
@@ -17,26 +19,54 @@ TOKEN_ENV = "EMQ_BRIDGE_WEB_TOKEN"
 
 # How long a page waits for Redis before it answers 503.
 WEB_TIMEOUT_S = 5.0
+# The largest --token-file read: a token is a line, not a file's worth (nor /dev/zero).
+MAX_TOKEN_FILE_BYTES = 64 * 2**10
 
 
 def parse_bind(value: str) -> tuple[str, int]:
     """Return (host, port) of `HOST:PORT` (`[::1]:8000` for IPv6). ValueError if malformed."""
     host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"expected HOST:PORT, such as 127.0.0.1:8000, not {value!r}")
-    port = int(port_text)
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"expected HOST:PORT, such as 127.0.0.1:8000, not {clipped(value)}")
+    digits = port_text.lstrip("0")
+    port = int(digits or "0") if len(digits) <= 5 else 0  # 5000 digits are no int to read
     if not 1 <= port <= 65535:
-        raise ValueError(f"the port must be between 1 and 65535, not {port}")
+        given = port_text if len(port_text) <= 20 else f"a {len(port_text)}-digit number"
+        raise ValueError(f"the port must be between 1 and 65535, not {given}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    try:  # what the socket does with the host: a lone surrogate (invalid UTF-8) cannot be
+        host.encode("idna")  # sent to the resolver, nor a label over 63 characters
+    except UnicodeError:
+        fits = False
+    else:
+        fits = host.isprintable() and not any(char.isspace() for char in host)
+    if fits and host.isascii() and host.replace(".", "").isdigit():  # an IPv4 address:
+        try:  # checked as the resolver reads one (127.1 too), with no name server asked
+            socket.inet_aton(host)
+        except OSError:
+            fits = False
+    if not fits:
+        raise ValueError(f"the host {clipped(host)} is not an IP address or a host name")
     return host, port
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def _bind(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
     try:
-        return parse_bind(value)
+        host, port = parse_bind(value)
+        # Resolved now, as the listening socket will: a host this machine cannot resolve
+        # (`999.0.0.1`) is bad usage, said before Redis is asked.
+        socket.getaddrinfo(host, port, _family(host), socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    except OSError as exc:  # socket.gaierror: its errno is the resolver's, not the system's
+        reason = exc.strerror or str(exc)
+        raise click.BadParameter(f"cannot resolve the host {clipped(host)}: {reason}") from exc
+    return host, port
 
 
 def _read_token(token_file: Path | None) -> str | None:
@@ -48,11 +78,11 @@ def _read_token(token_file: Path | None) -> str | None:
     """
     if token_file is not None:
         hint = "'--token-file'"
-        try:
-            token = token_file.read_text("utf-8").strip()
+        try:  # a regular file of at most MAX_TOKEN_FILE_BYTES: not a FIFO, not /dev/zero
+            token = read_bounded(token_file, MAX_TOKEN_FILE_BYTES).decode("utf-8").strip()
         except OSError as exc:
             raise click.BadParameter(
-                f"cannot read {token_file}: {exc.strerror}", param_hint=hint
+                f"cannot read {token_file}: {exc.strerror or exc}", param_hint=hint
             ) from exc
         except UnicodeDecodeError as exc:
             raise click.BadParameter(f"{token_file} is not UTF-8 text", param_hint=hint) from exc
@@ -124,10 +154,12 @@ def web_command(settings: Settings, bind: tuple[str, int], token_file: Path | No
     host, port = bind
     mode = "writes with the token" if token else "read-only"
     shown = f"[{host}]" if ":" in host else host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:  # listen before saying so: a port in use is one line, exit 1
-        listening = socket.create_server((host, port), family=family)
+        listening = socket.create_server((host, port), family=_family(host))
     except OSError as exc:
+        if isinstance(exc, socket.gaierror):  # its errno is the resolver's, not the system's
+            where = f"cannot resolve the host {clipped(host)}: {exc.strerror or exc}"
+            raise click.BadParameter(where, param_hint="'--bind'") from exc
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise click.ClickException(f"cannot listen on {shown}:{port}: {reason}") from exc
     click.echo(f"serving {settings.where} on http://{shown}:{port}/ ({mode})", err=True)
