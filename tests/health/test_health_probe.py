@@ -234,7 +234,6 @@ def test_health_fails_when_a_live_pumps_every_send_fails_and_passes_once_they_wo
     # A broker refusing every send (the list target is a string here): the claims move the
     # scores on, so nothing is overdue, yet nothing is delivered. Before, `health` said ok.
     repeat.register("reports", "fast", every="1s", template={"task": "t"})
-    repeat.client.set(f"{prefix}:out", "not a list")
     process = subprocess.Popen(
         [
             *(SCRIPT, "--redis-url", redis_url, "--prefix", prefix, "pump", "reports"),
@@ -244,6 +243,10 @@ def test_health_fails_when_a_live_pumps_every_send_fails_and_passes_once_they_wo
         stderr=subprocess.DEVNULL,  # a traceback a failed send: not read here
     )
     try:
+        # The pump refuses a target of another type at start: it turns into one once the
+        # pump delivers (its first send made the list).
+        wait_until(lambda: repeat.client.type(f"{prefix}:out") == b"list", "a first send")
+        repeat.client.set(f"{prefix}:out", "not a list")
 
         def failing() -> bool:
             result = run(redis_url, prefix, "health", "--max-lag", "2s")
