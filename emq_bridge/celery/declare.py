@@ -2,15 +2,13 @@
 
 Part of `emq_bridge.celery`, which re-exports the public names.
 
-Ownership: the app's schedules belong to the beat, the process that runs them, and only its
-sync removes what the app no longer declares: `beat_schedule` under `celery.<main>`
-(`emq_bridge_source`), all it no longer declares; the `@recurring` tasks under
-`celery.<main>.recurring`, only those of tasks it knows (a task only the workers import is
-not one it can tell was dropped). A worker contributes what it declares itself: at start it
-upserts its `@recurring` tasks under that second source, never `beat_schedule`, and removes
-nothing. A worker whose config is older, or has no `beat_schedule`, cannot delete the beat's
-schedules or revert its entries; with `emq_bridge_generation` an older worker writes
-nothing at all.
+Ownership: `beat_schedule` belongs to the beat, the process that runs it, and only its sync
+removes an entry the app no longer declares (under `celery.<main>`, `emq_bridge_source`). The
+`@recurring` tasks go under `celery.<main>.recurring`, which the beat and every worker sync at
+start, each removing the schedules of the tasks it knows and no longer declares (a task it
+does not import is not one it can tell was dropped). A worker never syncs `beat_schedule`, so
+one whose config is older, or has no `beat_schedule`, cannot delete the beat's entries or
+revert them; with `emq_bridge_generation` an older worker or beat writes nothing at all.
 """
 
 from __future__ import annotations
@@ -648,10 +646,12 @@ def sync_app(
 ) -> list[SyncPlan]:
     """Sync the app's declared schedules into the registry; return the applied plans.
 
-    The beat's sync (`beat=True`, the owner's): `beat_schedule` and the `@recurring` tasks
-    under `source`, removing what the app no longer declares, then the schedule file under
-    its own source. A worker's (`beat=False`): its `@recurring` tasks under `source`, upserts
-    only, removing nothing (its `beat_schedule` is not even converted). Every sync carries
+    The beat's sync (`beat=True`, the owner's): the `@recurring` tasks under `tasks_source`
+    and `beat_schedule` under `source`, removing what the app no longer declares (of the
+    tasks' schedules, those of tasks it knows), then the schedule file under its own source.
+    A worker's (`beat=False`): its `@recurring` tasks under `tasks_source`, removing the
+    schedules of the tasks it knows and no longer declares (its `beat_schedule` is not even
+    converted). Every sync carries
     `emq_bridge_generation`. What is synced is validated before the first write. Raises
     `ConfigError` on bad input and `RegistryError` when Redis fails midway (running it again
     converges). The beat itself boots through `boot_schedule`, which stamps its syncs;
@@ -671,7 +671,10 @@ def sync_app(
                     repeat,
                     plan.tasks,
                     plan.tasks_source,
-                    prune=False,
+                    # As the beat: the schedules of the tasks it knows and no longer
+                    # declares (a decorator removed, a queue changed) go, whoever imports
+                    # the task (a task only the workers import has no other pruner).
+                    prune_tasks=frozenset(app.tasks),
                     generation=generation,
                     unread_sources=unread,
                     # An older beat or worker must not write the app's source either.

@@ -271,7 +271,7 @@ def test_versions_booting_in_alternation_with_generations_never_flip_a_schedule(
     assert f"sent {deploy.queue}/x " not in beat.log()
 
 
-def test_a_worker_logs_what_its_sync_changes_at_warning_once_logging_is_up_and_removes_nothing(
+def test_a_worker_logs_what_its_sync_changes_at_warning_once_logging_is_up_and_prunes_its_tasks(
     deploy: Deploy,
 ) -> None:
     first = deploy.boot("worker", "1").stop()
@@ -282,13 +282,15 @@ def test_a_worker_logs_what_its_sync_changes_at_warning_once_logging_is_up_and_r
         r"every 1h -> every 2h",
         second,
     ), second[-3000:]
-    # A worker's sync only upserts: own.v1only, gone from version 2, waits for the beat.
-    assert deploy.definitions()["own.v1only"] == ("every 1h", TASKS)
-    beat = deploy.boot("beat", "2").stop()  # it knows own.v1only, undecorated
+    # Version 2 knows own.v1only without its decorator: its worker removes the schedule.
     assert re.search(
         rf"WARNING/MainProcess\] sync {TASKS}: - {deploy.queue}/own.v1only  \(was every 1h\)",
-        beat,
-    ), beat[-3000:]
+        second,
+    ), second[-3000:]
+    assert "own.v1only" not in deploy.definitions()
+    beat = deploy.boot("beat", "2").stop()  # nothing left for it to remove
+    assert f"sync {TASKS}: 0 created, 0 updated, 2 unchanged, 0 removed" in beat, beat[-3000:]
+    assert f"sync {SOURCE}: 1 created, 0 updated, 0 unchanged, 0 removed" in beat, beat[-3000:]
     # On an unchanged registry: the summary line only (unchanged schedules are DEBUG lines).
     third = deploy.boot("worker", "2").stop()
     assert f"sync {TASKS}: 0 created, 0 updated, 2 unchanged, 0 removed" in third

@@ -1,10 +1,12 @@
 """The `@recurring` tasks' own source (`celery.<main>.recurring`) in a rolling deploy.
 
-An app's generation covers both of its sources: workers upgraded before the beat raise the
-app's `beat_schedule` source too, so an older worker or beat can no longer take the decorated
-schedules back under it with their older cadence (and a newer beat would then prune one
-only the workers import). A schedule the beat keeps in a queue it does not pump is said, and
-`emq-bridge pump --celery` counts what it kept.
+A worker prunes the schedules of the tasks it knows, as the beat does: a task only the
+workers import whose queue changes moves (it was sent twice, from both queues, once the beat
+kept both). An app's generation covers both of its sources: workers upgraded before the beat
+raise the app's `beat_schedule` source too, so an older worker or beat can no longer take
+the decorated schedules back under it with their older cadence (and a newer beat would then
+prune one only the workers import). A schedule the beat keeps in a queue it does not pump
+is said, and `emq-bridge pump --celery` counts what it kept.
 """
 
 from __future__ import annotations
@@ -205,3 +207,47 @@ def test_pump_celery_counts_the_schedules_it_kept(
         "1 kept (tasks this process does not know)"
     ) in done.stderr, done.stderr
     assert Repeat(client, prefix).get(queue, "keptapp.workers_only") is not None
+
+
+def test_a_worker_moves_the_schedule_of_a_task_only_it_imports_when_its_queue_changes(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    repeat, source = Repeat(client, prefix), f"celery.app-{prefix}.recurring"
+    before, after = make_app(), make_app()
+    mark = len(_DECLARED)
+    for app, queue in ((before, f"{prefix}-q"), (after, f"{prefix}-reports")):
+        app.task(name="t.workers_only", shared=False)(record)
+        recurring(every="1h", options={"queue": queue})(app.tasks["t.workers_only"])
+    try:
+        sync_app(before, beat=False)
+        [moved] = sync_app(after, beat=False)
+        assert [(d.queue, d.name) for d in moved.create] == [
+            (f"{prefix}-reports", "t.workers_only")
+        ]
+        assert moved.remove == [(f"{prefix}-q", "t.workers_only")]
+        # The beat, which does not import the task, keeps the one schedule there is.
+        _, tasks = sync_app(make_app(emq_bridge_queues=[f"{prefix}-reports"]))
+        assert tasks.kept == [(f"{prefix}-reports", "t.workers_only", "t.workers_only")]
+        found = {(r.queue, r.name) for q in repeat.queues() for r in repeat.list(q)}
+        assert (f"{prefix}-q", "t.workers_only") not in found
+        owner = repeat.get(f"{prefix}-reports", "t.workers_only")
+        assert owner is not None and owner.source == source
+    finally:
+        del _DECLARED[mark:]
+
+
+def test_a_worker_removes_the_schedule_of_a_task_it_imports_once_its_decorator_is_gone(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    decorated, plain = make_app(), make_app()
+    for app in (decorated, plain):
+        app.task(name="t.workers_only", shared=False)(record)
+    mark = len(_DECLARED)
+    recurring(every="1h")(decorated.tasks["t.workers_only"])
+    try:
+        sync_app(decorated, beat=False)
+        [plan] = sync_app(plain, beat=False)  # the next deploy: the decorator removed
+    finally:
+        del _DECLARED[mark:]
+    assert plan.remove == [(f"{prefix}-q", "t.workers_only")]
+    assert Repeat(client, prefix).get(f"{prefix}-q", "t.workers_only") is None
