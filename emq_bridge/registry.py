@@ -1040,7 +1040,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             validate_name(source, "source")
         names: builtins.list[str] = []
         corrupt: dict[str, str] = {}
-        for registration, name, fields, error in self._iter_checked(queue):
+        for registration, name, fields, error in self.iter_checked(queue):
             if registration is not None:
                 paused, parked, owner = (
                     registration.paused,
@@ -1314,10 +1314,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 rows.append((None, name, fields, str(exc)))
         return rows
 
-    def _iter_checked(
+    def iter_checked(
         self, queue: str
     ) -> Iterator[tuple[Registration | None, str, dict[str, str], str]]:
-        """`iter_list`, with the corrupt records too (`_read_checked`'s rows)."""
+        """`iter_list`, with the corrupt records too: for each, the registration (None when
+        its record cannot be read), its name, its raw fields and why it is corrupt ('')."""
         keys = self.keys(queue)
         with redis_errors(f"list {queue}"):
             names = [text(n) for n in self.client.zrange(keys.registry, 0, -1)]

@@ -84,13 +84,18 @@ def export_registry(
     if source is not None:
         validate_name(source, "source")  # as `pause --source` checks it
     queues = tuple(queues) if queues is not None else None
-    registrations = [
-        r
-        # Every queue, a broken one too: its read fails rather than leave its schedules out.
-        for queue in sorted(queues if queues is not None else repeat.queues(broken=True))
-        for r in repeat.iter_list(queue)
-        if source is None or r.source == source
-    ]
+    registrations: list[Registration] = []
+    corrupt: list[tuple[str, str, str]] = []  # left out, and said so: not silently dropped
+    # Every queue, a broken one too: its read fails rather than leave its schedules out.
+    for queue in sorted(queues if queues is not None else repeat.queues(broken=True)):
+        for found, name, fields, error in repeat.iter_checked(queue):
+            owner = found.source if found is not None else fields.get("source")
+            if source is not None and owner != source:
+                continue
+            if found is None:
+                corrupt.append((queue, name, f"its record is corrupt: {error}"))
+            else:
+                registrations.append(found)
     registrations.sort(key=lambda r: (r.queue, r.name))
     owners = {r.source for r in registrations}
     owner = source if source is not None else (owners.pop() if len(owners) == 1 else None)
@@ -104,6 +109,7 @@ def export_registry(
             out.entries.append(_checked(entry, registration, table, record.get("digest")))
         except _Refused as exc:
             out.refused.append((registration.queue, registration.name, str(exc)))
+    out.refused.extend(corrupt)
     for queue in sorted(set(queues or ())):
         if not any(r.queue == queue for r in registrations):
             out.notes.append(f"note: queue {queue!r} has no schedule to export")

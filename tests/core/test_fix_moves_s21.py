@@ -287,3 +287,19 @@ def test_pump_refuses_a_list_key_of_another_type_before_taking_anything(
     assert run("pump", "reports", "--list-key", target, "--once").exit_code == 0
     assert client.llen(target) == 1
     client.delete(target)
+
+
+def test_export_lists_a_corrupt_record_as_left_out_instead_of_dropping_it(
+    run: Run, client: redis.Redis, repeat: Repeat, tmp_path: Path
+) -> None:
+    hourly(run, "d")
+    hourly(run, "ok")
+    client.hset(repeat.keys("reports").record("d"), "every_ms", "garbage")
+    out = tmp_path / "x.toml"
+
+    result = run("export", "-o", str(out))
+
+    assert result.exit_code == 0, result.output
+    assert "! reports/d: its record is corrupt: every_ms 'garbage'" in result.stderr
+    assert "exported 1 schedule(s), 1 left out" in result.stderr
+    assert 'name = "ok"' in out.read_text() and 'name = "d"' not in out.read_text()
