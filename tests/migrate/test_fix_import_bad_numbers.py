@@ -174,6 +174,8 @@ BAD_SCHEDULES = {
     "every-1e40": '{"__type__": "interval", "every": 1e40, "relative": false}',
     "every-abc": '{"__type__": "interval", "every": "abc", "relative": false}',
     "rrule-freq-99": f'{{"__type__": "rrule", "freq": 99, "dtstart": {DTSTART}, "interval": 1}}',
+    # An interval of 0: dateutil repeats dtstart for ever (it was imported as every 1d).
+    "rrule-interval-0": f'{{"__type__": "rrule", "freq": 3, "dtstart": {DTSTART}, "interval": 0}}',
     "rrule-wkday-99": (
         f'{{"__type__": "rrule", "freq": 1, "dtstart": {DTSTART}, "interval": 1, '
         '"byweekday": [{"__type__": "weekday", "wkday": 99, "n": 2}]}'

@@ -130,6 +130,9 @@ def _check_rrule(value: Any) -> None:
         raise Unrepresentable(
             f"the rrule's freq {freq!r} is not one of dateutil's, 0 (YEARLY) to 6 (SECONDLY)"
         )
+    interval = getattr(value, "interval", 1)
+    if type(interval) is not int or interval < 1:  # 0: dateutil repeats dtstart for ever
+        raise Unrepresentable(f"the rrule's interval {interval!r} is not a whole number from 1")
     raw = value.byweekday
     items = [] if raw is None else raw if isinstance(raw, (list, tuple)) else [raw]
     for item in [*items, value.wkst]:
