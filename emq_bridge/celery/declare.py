@@ -207,9 +207,6 @@ def recurring(
         if not isinstance(task, (Proxy, Task)):
             raise ConfigError("@recurring goes above @app.task: it decorates a task")
         _DECLARED.append((task, schedule))
-        celeryd_after_setup.connect(
-            _sync_on_worker_start, weak=False, dispatch_uid="emq_bridge.celery"
-        )
         return task
 
     return wrap
@@ -695,13 +692,30 @@ def sync_app(
 def _sync_on_worker_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
     """Sync the `@recurring` tasks when a `celery worker` starts (`celeryd_after_setup`).
 
-    That signal comes once logging is set up, so the sync's plan is visible at `-l info`.
-    Celery swallows signal errors, so a failure is logged loudly instead.
+    Every worker that imports `emq_bridge.celery` does, with or without `@recurring` tasks
+    of its own: a worker whose last decorator was removed still prunes that task's schedule
+    (a task only the workers import has no other pruner). An app that names no registry
+    and declares nothing is left alone. That signal comes once logging is set up, so the
+    sync's plan is visible at `-l info`. Celery swallows signal errors, so a failure is
+    logged loudly instead.
     """
     app = getattr(instance, "app", None)
     if app is None:
         return
+    declares = bool(own_tasks(app, _DECLARED))
     try:
+        if not declares:
+            try:
+                registry_url(app)
+            except ConfigError:
+                return  # no registry to prune, nothing to write
         sync_app(app, beat=False)
     except Exception as exc:
-        log.error("emq-bridge: boot-time sync of the schedules FAILED: %s", exc, exc_info=True)
+        if declares:
+            log.error("emq-bridge: boot-time sync of the schedules FAILED: %s", exc, exc_info=True)
+        else:  # only a prune was due: said, without the alarm of a failed sync
+            log.warning("emq-bridge: the worker's @recurring schedules were not checked: %s", exc)
+
+
+# Connected on import: a worker syncs (and prunes) whether or not its code still declares any.
+celeryd_after_setup.connect(_sync_on_worker_start, weak=False, dispatch_uid="emq_bridge.celery")

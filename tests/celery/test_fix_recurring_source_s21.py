@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from processes import stop, wait_until
 
 from emq_bridge import Repeat
 from emq_bridge.celery import recurring, sync_app
@@ -251,3 +252,94 @@ def test_a_worker_removes_the_schedule_of_a_task_it_imports_once_its_decorator_i
         del _DECLARED[mark:]
     assert plan.remove == [(f"{prefix}-q", "t.workers_only")]
     assert Repeat(client, prefix).get(f"{prefix}-q", "t.workers_only") is None
+
+
+def test_a_worker_whose_code_declares_no_recurring_task_any_more_still_prunes_at_start(
+    make_app: Callable[..., Celery],
+    prefix: str,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The last decorator removed: the worker's start (celeryd_after_setup) still syncs.
+    from types import SimpleNamespace
+
+    from celery.signals import celeryd_after_setup
+
+    decorated, plain = make_app(), make_app()
+    for app in (decorated, plain):
+        app.task(name="t.workers_only", shared=False)(record)
+    mark = len(_DECLARED)
+    recurring(every="1h")(decorated.tasks["t.workers_only"])
+    try:
+        sync_app(decorated, beat=False)
+    finally:
+        del _DECLARED[mark:]
+    assert Repeat(client, prefix).get(f"{prefix}-q", "t.workers_only") is not None
+    with caplog.at_level(logging.INFO, logger="emq_bridge"):
+        celeryd_after_setup.send(sender="w@h", instance=SimpleNamespace(app=plain), conf=None)
+    assert Repeat(client, prefix).get(f"{prefix}-q", "t.workers_only") is None
+    assert f"- {prefix}-q/t.workers_only" in caplog.text
+    # An app that names no registry and declares nothing: left alone, no alarm.
+    caplog.clear()
+    elsewhere = Celery("elsewhere", broker="amqp://127.0.0.1:5672//", set_as_current=False)
+    with caplog.at_level(logging.INFO, logger="emq_bridge"):
+        celeryd_after_setup.send(sender="w@h", instance=SimpleNamespace(app=elsewhere), conf=None)
+    elsewhere.close()
+    assert "emq-bridge" not in caplog.text and "sync" not in caplog.text
+
+
+PLAIN_APP = textwrap.dedent("""
+    import os
+
+    import emq_bridge.celery  # for its reports, as docs/celery.md has workers do
+    from celery import Celery
+
+    app = Celery("plainapp", broker=os.environ["PLAIN_REDIS"])
+    app.conf.update(
+        emq_bridge_prefix=os.environ["PLAIN_PREFIX"],
+        task_default_queue=os.environ["PLAIN_QUEUE"],
+        result_backend=None,
+        result_expires=None,
+        broker_connection_retry_on_startup=True,
+    )
+
+
+    @app.task(name="plainapp.job")  # its @recurring removed: the module declares none now
+    def job():
+        return None
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_real_worker_whose_code_lost_its_last_decorator_prunes_the_schedule_at_start(
+    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    (tmp_path / "plainapp.py").write_text(PLAIN_APP)
+    queue, repeat = f"{prefix}-q", Repeat(client, prefix)
+    # What the version with the decorator synced (a worker-only module: no beat prunes it).
+    declared = Schedule(every="1h").bind("plainapp.job", queue)
+    sync(repeat, [declared], "celery.plainapp.recurring", prune=False)
+    log = tmp_path / "worker.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "PLAIN_REDIS": redis_url,
+        "PLAIN_PREFIX": prefix,
+        "PLAIN_QUEUE": queue,
+    }
+    args = ["worker", "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip"]
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "plainapp", *args, "-l", "info"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: "ready." in log.read_text(), 60, "the worker", then=log.read_text)
+        assert repeat.get(queue, "plainapp.job") is None, log.read_text()[-3000:]
+        assert f"sync celery.plainapp.recurring: - {queue}/plainapp.job" in log.read_text()
+    finally:
+        stop(worker)
