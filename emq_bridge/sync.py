@@ -184,6 +184,9 @@ def _declared_by_both(key: tuple[str, str], other: str, source: str) -> ConfigEr
     )
 
 
+# Schedules a sync kept (tasks it does not know) it names at INFO; the rest at DEBUG.
+KEPT_SHOWN = 20
+
 # Names whose owners one `check_not_owned_by` call reads.
 OWNER_CHUNK = 5000
 
@@ -639,8 +642,11 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     if log.isEnabledFor(logging.DEBUG):
         for d in applied.unchanged:
             log.debug("sync %s: = %s/%s", source, d.queue, d.name)
-    for queue, name, task in applied.kept:
-        log.info(
+    # Pools of one source that know other tasks keep each other's at every sync in full:
+    # the first few said at INFO, the rest at DEBUG.
+    for index, (queue, name, task) in enumerate(applied.kept):
+        log.log(
+            logging.INFO if index < KEPT_SHOWN else logging.DEBUG,
             "sync %s: kept %s/%s: its task %s is not one this process knows, so it cannot "
             "tell the schedule was dropped (`emq-bridge remove` takes one whose task is gone)",
             source,
@@ -648,13 +654,16 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
             name,
             task,
         )
+    if len(applied.kept) > KEPT_SHOWN:
+        log.info("sync %s: %d more kept (listed at DEBUG)", source, len(applied.kept) - KEPT_SHOWN)
     log.info(
-        "sync %s: %d created, %d updated, %d unchanged, %d removed%s",
+        "sync %s: %d created, %d updated, %d unchanged, %d removed%s%s",
         source,
         len(applied.create),
         len(applied.update),
         len(applied.unchanged),
         len(applied.remove),
+        f", {len(applied.kept)} kept" if applied.kept else "",
         _generation_note(applied),
     )
 

@@ -343,3 +343,19 @@ def test_a_real_worker_whose_code_lost_its_last_decorator_prunes_the_schedule_at
         assert f"sync celery.plainapp.recurring: - {queue}/plainapp.job" in log.read_text()
     finally:
         stop(worker)
+
+
+def test_a_sync_names_the_first_schedules_it_kept_at_info_and_counts_them_all(
+    prefix: str, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Worker pools of one source that know other tasks keep each other's at each full sync.
+    repeat, queue = Repeat(client, prefix), f"{prefix}-q"
+    others = [Schedule(every="1h").bind(f"t.other{i:02d}", queue) for i in range(25)]
+    sync(repeat, others, "pools", prune=False)
+    with caplog.at_level(logging.INFO, logger="emq_bridge"):
+        plan = sync(repeat, [], "pools", prune_tasks={"t.mine"})
+    assert len(plan.kept) == 25 and plan.remove == []
+    named = [r for r in caplog.records if ": kept " in r.getMessage()]
+    assert len(named) == 20
+    assert "sync pools: 5 more kept (listed at DEBUG)" in caplog.text
+    assert "sync pools: 0 created, 0 updated, 0 unchanged, 0 removed, 25 kept" in caplog.text
