@@ -67,7 +67,7 @@ from .common import (
     name_of,
 )
 from .output import REPO, RESULTS_DIR, describe_server, output_paths, portable_arg
-from .run import Results, log, machine, step
+from .run import Results, log, machine, publish, step
 
 PREFIX = "lc"
 HOUR_MS = 3_600_000
@@ -852,10 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         results.meta["seconds"] = round(time.time() - started, 1)
         results.meta["load_average_at_end"] = os.getloadavg()
         results.save()
-    table = render(results.meta, results.medians())
-    table_path.write_text(table)
-    print(table)
-    log(f"done in {time.time() - started:.0f}s; figures in {figures_path}, table in {table_path}")
+    publish(render(results.meta, results.medians()), table_path, figures_path, started)
     return 0
 
 

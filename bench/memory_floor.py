@@ -43,7 +43,7 @@ from .common import QUEUE, Server, name_of, poll_until
 from .output import describe_server, output_paths, portable_command
 from .realistic_report import Medians, _fmt, _table
 from .realistic_workload import SOURCE, declarations, redbeat_app, template_bytes
-from .run import Results, log, machine, step
+from .run import Results, log, machine, publish, step
 from .systems import EMQ_PREFIX, REDBEAT_PREFIX, Emq
 
 SCENARIO = "memory-floor"
@@ -602,10 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             emq.close()
         results.meta["seconds"] = round(time.time() - started, 1)
         results.save()
-    table = render(results.meta, results.medians())
-    table_path.write_text(table)
-    print(table)
-    log(f"done in {time.time() - started:.0f}s; figures in {figures_path}, table in {table_path}")
+    publish(render(results.meta, results.medians()), table_path, figures_path, started)
     return 0
 
 

@@ -31,7 +31,7 @@ from . import realistic_scenarios as sc
 from .common import Server, count_client_traffic
 from .output import describe_server, output_paths, portable_command
 from .realistic_report import aims, render, sustained_label
-from .run import Results, log, machine, step
+from .run import Results, log, machine, publish, step
 from .systems import Emq, RedBeat
 
 DEFAULT = "emq drop-in, default"
@@ -387,10 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             {**vars(aim), "status": aim.status()} for aim in aims(results.medians(), plan.quick)
         ]
         results.save()
-    table = render(results.meta, results.medians())
-    table_path.write_text(table)
-    print(table)
-    log(f"done in {time.time() - started:.0f}s; figures in {figures_path}, table in {table_path}")
+    publish(render(results.meta, results.medians()), table_path, figures_path, started)
     return 0
 
 

@@ -173,6 +173,13 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def publish(table: str, table_path: Path, figures_path: Path, started: float) -> None:
+    """Write a run's table, print it, and say where it and its figures are."""
+    table_path.write_text(table)
+    print(table)
+    log(f"done in {time.time() - started:.0f}s; figures in {figures_path}, table in {table_path}")
+
+
 def step(
     results: Results, scenario: str, system: str, n: int, action: Callable[[], dict[str, Any]]
 ) -> None:
@@ -417,8 +424,5 @@ def main(argv: list[str] | None = None) -> int:
         run(plan, results, server, paths)
         results.meta["seconds"] = round(time.time() - started, 1)
         results.save()
-    table = render(results.meta, results.medians())
-    table_path.write_text(table)
-    print(table)
-    log(f"done in {time.time() - started:.0f}s; figures in {figures_path}, table in {table_path}")
+    publish(render(results.meta, results.medians()), table_path, figures_path, started)
     return 0

@@ -160,39 +160,51 @@ def test_a_beat_says_when_it_keeps_a_schedule_in_a_queue_it_does_not_pump(
         del _DECLARED[mark:]
 
 
-APP = textwrap.dedent("""
+APP_MODULE = textwrap.dedent("""
     import os
+
+    import emq_bridge.celery  # for its reports, as docs/celery.md has workers do
     from celery import Celery
 
-    app = Celery("keptapp", broker=os.environ["KEPT_REDIS"])
+    app = Celery("{name}", broker=os.environ["APP_REDIS"])
     app.conf.update(
-        emq_bridge_prefix=os.environ["KEPT_PREFIX"],
-        task_default_queue=os.environ["KEPT_QUEUE"],
+        emq_bridge_prefix=os.environ["APP_PREFIX"],
+        task_default_queue=os.environ["APP_QUEUE"],
         result_backend=None,
         result_expires=None,
+        broker_connection_retry_on_startup=True,
     )
 
-    @app.task(name="keptapp.record")
-    def record():
+
+    @app.task(name="{task}")  # no @recurring: the module declares none
+    def job():
         return None
 """)
+
+
+def app_module(
+    tmp_path: Path, name: str, task: str, redis_url: str, prefix: str, queue: str
+) -> dict[str, str]:
+    """Write module `name`, an app of one task and no `@recurring`, in `tmp_path`; return
+    the environment a process of it runs with (the module importable, the app's settings)."""
+    (tmp_path / f"{name}.py").write_text(APP_MODULE.format(name=name, task=task))
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "APP_REDIS": redis_url,
+        "APP_PREFIX": prefix,
+        "APP_QUEUE": queue,
+    }
 
 
 def test_pump_celery_counts_the_schedules_it_kept(
     tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
 ) -> None:
-    (tmp_path / "keptapp.py").write_text(APP)
     queue = f"{prefix}-q"
+    env = app_module(tmp_path, "keptapp", "keptapp.record", redis_url, prefix, queue)
     # A worker that imports another module declared this one; the command's app has no such task.
     declared = Schedule(every="1h").bind("keptapp.workers_only", queue)
     sync(Repeat(client, prefix), [declared], "celery.keptapp.recurring", prune=False)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        "KEPT_REDIS": redis_url,
-        "KEPT_PREFIX": prefix,
-        "KEPT_QUEUE": queue,
-    }
     done = subprocess.run(
         [sys.executable, "-m", "emq_bridge", "pump", "--celery", "keptapp", "--once"],
         cwd=tmp_path,
@@ -288,46 +300,18 @@ def test_a_worker_whose_code_declares_no_recurring_task_any_more_still_prunes_at
     assert "emq-bridge" not in caplog.text and "sync" not in caplog.text
 
 
-PLAIN_APP = textwrap.dedent("""
-    import os
-
-    import emq_bridge.celery  # for its reports, as docs/celery.md has workers do
-    from celery import Celery
-
-    app = Celery("plainapp", broker=os.environ["PLAIN_REDIS"])
-    app.conf.update(
-        emq_bridge_prefix=os.environ["PLAIN_PREFIX"],
-        task_default_queue=os.environ["PLAIN_QUEUE"],
-        result_backend=None,
-        result_expires=None,
-        broker_connection_retry_on_startup=True,
-    )
-
-
-    @app.task(name="plainapp.job")  # its @recurring removed: the module declares none now
-    def job():
-        return None
-""")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_real_worker_whose_code_lost_its_last_decorator_prunes_the_schedule_at_start(
     tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
 ) -> None:
-    (tmp_path / "plainapp.py").write_text(PLAIN_APP)
     queue, repeat = f"{prefix}-q", Repeat(client, prefix)
+    # Its @recurring removed: the module declares none now.
+    env = app_module(tmp_path, "plainapp", "plainapp.job", redis_url, prefix, queue)
     # What the version with the decorator synced (a worker-only module: no beat prunes it).
     declared = Schedule(every="1h").bind("plainapp.job", queue)
     sync(repeat, [declared], "celery.plainapp.recurring", prune=False)
     log = tmp_path / "worker.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        "PLAIN_REDIS": redis_url,
-        "PLAIN_PREFIX": prefix,
-        "PLAIN_QUEUE": queue,
-    }
     args = ["worker", "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip"]
     with log.open("wb") as out:
         worker = subprocess.Popen(

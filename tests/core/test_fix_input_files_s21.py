@@ -18,13 +18,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import redis
-from click.testing import CliRunner, Result
+from cli_runs import Run, cli_runner, key_count, one_error_line
+from click.testing import CliRunner
 
 from emq_bridge import ConfigError, ScheduleError, config
 from emq_bridge.cadence import NEVER_MS, Cron
@@ -33,8 +33,6 @@ from emq_bridge.cli import cli
 from emq_bridge.config import declaration_from_entry, load_schedule_file
 from emq_bridge.millis import instant_ms
 
-Run = Callable[..., Result]
-
 HANG_S = 30  # far more than any of these refusals takes; a read of /dev/zero never ends
 NOW_MS = 1_798_761_600_000  # 2027-01-01T00:00:00Z
 UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens: a command that got that far exits 3
@@ -42,26 +40,7 @@ UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens: a command that got tha
 
 @pytest.fixture
 def run(redis_url: str, prefix: str) -> Run:
-    """Invoke the CLI on the test server under the test's own prefix; a traceback fails."""
-
-    def invoke(*args: str) -> Result:
-        return CliRunner().invoke(
-            cli, ["--redis-url", redis_url, "--prefix", prefix, *args], catch_exceptions=False
-        )
-
-    return invoke
-
-
-def key_count(client: redis.Redis, prefix: str) -> int:
-    return sum(1 for _ in client.scan_iter(match=f"{prefix}:*", count=1000))
-
-
-def one_error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.output
-    assert lines[0].startswith("Error: "), lines
-    return lines[0]
+    return cli_runner(redis_url, prefix)
 
 
 def process(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -13,40 +13,21 @@ instead of leaving that queue out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
-from click.testing import CliRunner, Result
+from cli_runs import Run, cli_runner, one_error_line
 from registry_state import snapshot
 
 from emq_bridge import CorruptRecord, RegistryError, Repeat
-from emq_bridge.cli import cli
-
-Run = Callable[..., Result]
 
 FROM, TO = "2026-01-01T00:00Z", "2026-01-01T05:00Z"  # six hourly slots, long past
 
 
 @pytest.fixture
 def run(redis_url: str, prefix: str) -> Run:
-    """Invoke the CLI on the test server under the test's own prefix; a traceback fails."""
-
-    def invoke(*args: str) -> Result:
-        return CliRunner().invoke(
-            cli, ["--redis-url", redis_url, "--prefix", prefix, *args], catch_exceptions=False
-        )
-
-    return invoke
-
-
-def one_error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.output
-    assert lines[0].startswith("Error: "), lines
-    return lines[0]
+    return cli_runner(redis_url, prefix)
 
 
 def hourly(run: Run, name: str = "d") -> None:
