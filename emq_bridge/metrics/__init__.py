@@ -91,6 +91,7 @@ def install(
     `registry`, except in multiprocess mode, where only the exposition's registry can hold
     it (`exposition_registry([RegistrationsCollector(...)])`).
     """
+    registry = _unless_default(registry)  # REGISTRY named or not: one listener for it
     for listener in pump.events.listeners:  # installed already: counted once
         if isinstance(listener, MetricsEvents) and listener.registry is registry:
             return listener

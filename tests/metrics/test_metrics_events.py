@@ -191,6 +191,14 @@ def test_install_outcomes_twice_adds_one_listener(registry: CollectorRegistry) -
     assert len(outcome_listeners.listeners) == before
 
 
+def test_install_on_the_default_registry_named_or_not_adds_one_listener(repeat: Repeat) -> None:
+    pump = Pump(repeat, ["mq"], RecordingDispatcher())
+    first = install(pump, outcomes=False, registrations=False)
+    assert install(pump, REGISTRY, outcomes=False, registrations=False) is first
+    assert install(pump, outcomes=False, registrations=False) is first
+    assert sum(isinstance(each, MetricsEvents) for each in pump.events.listeners) == 1
+
+
 def test_registrations_are_counted_by_state_on_each_scrape(
     repeat: Repeat, registry: CollectorRegistry
 ) -> None:
