@@ -392,11 +392,14 @@ def app(
                 loaded = await request.json()
             except (ValueError, RecursionError):  # (nested past the parser's depth)
                 raise BadQuery("the body is not JSON") from None
-            body = loaded if isinstance(loaded, dict) else {}
-        for key in ("queue", "name"):
-            if key in body and not isinstance(body[key], str):
-                raise BadQuery(f"{key} must be a string")
-        query = {**request.query_params, **{k: v for k, v in body.items() if isinstance(v, str)}}
+            if not isinstance(loaded, dict):
+                raise BadQuery("the body must be a JSON object of strings")
+            body = loaded
+        for key, value in body.items():
+            if not isinstance(value, str):
+                named = key if key in ("queue", "name") else "every value of the body"
+                raise BadQuery(f"{named} must be a string")
+        query = {**request.query_params, **body}
         verb = request.path_params["action"]
         result = await run_in_threadpool(act, verb, query.get("queue", ""), query.get("name", ""))
         return JSONResponse(result)

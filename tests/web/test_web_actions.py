@@ -4,6 +4,7 @@ every refusal leaves the registry exactly as it was."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -244,4 +245,13 @@ def test_api_bodies_nested_too_deep_or_with_non_string_names_are_refused_with_40
         body = {"queue": queue, "name": "digest"}
         refused = client.post("/api/schedule/pause", json=body, headers=bearer)
         assert refused.status_code == 400 and "queue must be a string" in refused.json()["error"]
+    # Before: a body that is not an object was taken as {} and a value that is not a string
+    # was left out, so the change was made from the query's queue and name (200).
+    query = {"queue": "reports", "name": "digest"}
+    for body in ([1, 2], None, "text", {"x": 1}, {**query, "extra": {"a": 1}}):
+        sent = json.dumps(body)
+        refused = client.post("/api/schedule/pause", params=query, content=sent, headers=bearer)
+        assert refused.status_code == 400, body
+        error = refused.json()["error"]
+        assert "JSON object of strings" in error or "must be a string" in error
     assert snapshot(seeded) == before
