@@ -30,6 +30,7 @@ __all__ = [
     "decode_labels",
     "encode_labels",
     "matches",
+    "parse_filter",
     "parse_selector",
 ]
 
@@ -120,6 +121,13 @@ def parse_selector(items: Iterable[str], what: str = "label") -> dict[str, str]:
     if len(out) > MAX_LABELS:  # a selector is bounded like the labels it matches
         raise ScheduleError(f"{what}: {len(out)} given; the limit is {MAX_LABELS}")
     return out
+
+
+def parse_filter(items: Iterable[str], what: str = "label") -> dict[str, str]:
+    """`parse_selector`, its pairs held to the rules of labels too (`check_labels`): a filter
+    naming a key no schedule can have (empty, with whitespace) is a mistake, not a filter
+    that matches nothing. `ScheduleError` saying which rule it breaks."""
+    return check_labels(parse_selector(items, what))
 
 
 def matches(labels: Labels, selector: Labels) -> bool:

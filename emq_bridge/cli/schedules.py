@@ -26,7 +26,7 @@ from ..dispatch import PumpTarget
 from ..errors import ConfigError, CorruptRecord, EmqError, ScheduleError
 from ..health import served, unserved
 from ..keys import parse_lease_member
-from ..labels import check_labels, matches, parse_selector
+from ..labels import matches, parse_filter, parse_selector
 from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
 from ..registry import CorruptRecords, Registration, Repeat
 from ..strict_json import JsonInputError, read_json
@@ -76,14 +76,12 @@ def _selector(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 def _label_filter(
     ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 ) -> dict[str, str]:
-    """`_selector`, its pairs held to the rules of labels too: a key no schedule can have
-    (empty, with whitespace) is bad usage, not a filter that matches nothing."""
-    selector = _selector(ctx, param, value)
+    """`--label` filters (`labels.parse_filter`): a key no schedule can have (empty, with
+    whitespace) is bad usage, not a filter that matches nothing."""
     try:
-        check_labels(selector)
+        return parse_filter(value, "--label")
     except ScheduleError as exc:
         raise click.BadParameter(str(exc)) from exc
-    return selector
 
 
 def _lifecycle(move: Callable[[], T]) -> T:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..cli.render import computed_by, registration_json
 from ..errors import ScheduleError
-from ..labels import decode_labels, matches, parse_selector
+from ..labels import decode_labels, matches, parse_filter
 from ..outcome import HistoryEntry
 from ..registry import READ_CHUNK, Registration, Repeat
 
@@ -110,7 +110,7 @@ class Filters:
         given = getlist("label") if callable(getlist) else [query.get("label") or ""]
         pairs = label_pairs(given)
         try:
-            selector = parse_selector(pairs, "label")
+            selector = parse_filter(pairs, "label")
         except ScheduleError as exc:
             raise BadQuery(f"{exc} (e.g. label=team=billing,tier=gold)") from None
         return cls(

@@ -206,6 +206,12 @@ def test_the_label_filter_keeps_what_holds_every_pair_in_the_table_and_the_api(
         assert [item["name"] for item in api.json()["items"]] == wanted, selector
     bad = client.get("/", params={"label": "team"})
     assert bad.status_code == 400 and "label 'team' must be KEY=VALUE" in html.unescape(bad.text)
+    # Before: a key no schedule can have was a filter matching nothing (200, no items),
+    # where `emq-bridge list --label` refuses it (the same rules now).
+    for selector in ("=b", "a\x01=b", "a b=c"):
+        api = client.get("/api/schedules", params={"label": selector})
+        assert api.status_code == 400, selector
+        assert "label key" in api.json()["error"], api.text
 
 
 def test_a_filtered_page_stops_reading_at_its_budget_and_offers_to_read_on(
