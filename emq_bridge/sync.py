@@ -76,6 +76,9 @@ class SyncPlan:
     # The source's schedules it no longer declares but left, with their tasks: tasks outside
     # `prune_tasks`, which this process does not know (another process may declare them).
     kept: list[tuple[str, str, str]] = field(default_factory=list)
+    # Created declarations that take over an import's registration of the same schedule in
+    # another queue (`_imported_elsewhere`): (queue, name) -> (the import's queue, its owner).
+    adopted: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     @property
     def changes(self) -> int:
@@ -87,11 +90,20 @@ class SyncPlan:
 
     def lines(self) -> list[str]:
         """Return the plan as a diff: `+` create, `~` update, `-` remove, `=` unchanged."""
-        out = [f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}" for d in self.create]
+        out = [
+            f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}{self._adopts(d)}"
+            for d in self.create
+        ]
         out += [f"~ {d.queue}/{d.name}  {d.definition.cadence.describe()}" for d in self.update]
         out += [f"- {q}/{n}" for q, n in self.remove]
         out += [f"= {d.queue}/{d.name}" for d in self.unchanged]
         return out
+
+    def _adopts(self, declaration: Declaration) -> str:
+        found = self.adopted.get((declaration.queue, declaration.name))
+        if found is None:
+            return ""
+        return f"  (takes over {found[0]}/{declaration.name} of {found[1]})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +320,8 @@ def _plan(
                 plan.unchanged.append(declaration)
             else:
                 plan.update.append(declaration)
+    if plan.create and current:
+        plan.adopted = _imported_elsewhere(repeat, plan.create, current, set(map(_KEY, wanted)))
     owned = [key for key, (_, owner) in current.items() if owner == source] if prune else []
     if owned:
         declared = set(map(_KEY, wanted))
@@ -315,6 +329,107 @@ def _plan(
         if prune_tasks is not None and plan.remove:
             plan.remove, plan.kept = _of_tasks(repeat, plan.remove, prune_tasks)
     return plan
+
+
+# The sources the importers write under (`import:redbeat`, `import:django-celery-beat`).
+IMPORT_SOURCE_PREFIX = "import:"
+
+
+def _imported_elsewhere(
+    repeat: Repeat,
+    created: list[Declaration],
+    current: Mapping[tuple[str, str], tuple[str | None, str | None]],
+    declared: set[tuple[str, str]],
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """Return, per declaration to create, the import's registration of the same schedule in
+    another queue: the same name and task, owned by an `import:` source, in a queue this sync
+    read and does not declare it in, the only such one. An importer cannot know the app: it
+    puts an entry that names no queue in its `--queue` (`celery`), where the app routes it to
+    its own default queue; left there, both would fire every slot once the import's queue is
+    pumped. Taken over, it is one schedule, as an import in the declared queue is."""
+    imported: dict[str, list[tuple[str, str]]] = {}
+    for (queue, name), (_, owner) in current.items():
+        if owner and owner.startswith(IMPORT_SOURCE_PREFIX) and (queue, name) not in declared:
+            imported.setdefault(name, []).append((queue, owner))
+    if not imported:
+        return {}
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for declaration in created:
+        there = imported.get(declaration.name, [])
+        if len(there) == 1:  # two imports of one name elsewhere: which is it? left alone
+            found[(declaration.queue, declaration.name)] = there[0]
+    tasks = {
+        (queue, name): task
+        for queue, name, task in _tasks_of(repeat, [(q, n) for (_, n), (q, _) in found.items()])
+    }
+    adopted: dict[tuple[str, str], tuple[str, str]] = {}
+    for declaration in created:  # another task under the same name is another schedule
+        key = (declaration.queue, declaration.name)
+        copy = found.get(key)
+        task = declaration.definition.template.get("task")
+        if copy is not None and task is not None and tasks.get((copy[0], key[1])) == task:
+            adopted[key] = copy
+    return adopted
+
+
+def _tasks_of(repeat: Repeat, keys: list[tuple[str, str]]) -> list[tuple[str, str, object]]:
+    """The task each registration of `keys` names (those whose record cannot be read are
+    left out)."""
+    out = []
+    for queue in sorted({q for q, _ in keys}):
+        names = [n for q, n in keys if q == queue]
+        for name, fields in repeat.load_records(queue, names).items():
+            try:
+                out.append((queue, name, Definition.from_fields(fields).template.get("task")))
+            except EmqError:
+                continue
+    return out
+
+
+def _relocate(repeat: Repeat, declaration: Declaration, imported: tuple[str, str]) -> bool:
+    """Move the import's registration `imported` (its queue, its owner) of `declaration`'s
+    schedule to the declared queue, as it is (owner, next run, pause, counters), so that the
+    upsert that follows takes it over there as it would have in its own queue: the not-sooner
+    rule of an interval whose phase changes, the next run of an unchanged cadence. Created
+    first, then cancelled: a crash between leaves both until the next sync ends the move. False
+    (nothing moved) when it changed since the plan read it."""
+    queue, owner = imported
+    name = declaration.name
+    try:
+        found = repeat.read(queue, name)
+    except (KeyError, EmqError):  # gone, or corrupt, since the plan: nothing to take over
+        return False
+    if found.source != owner or found.completed:
+        return False
+    raw = repeat.load_records(queue, [name], (*_CARRIED, "paused_next_ms", "last_due_ms"))
+    fields = raw.get(name, {})
+    first = fields.get("paused_next_ms", "") if found.paused else str(found.next_run_ms or "")
+    if not first.isdigit():
+        return False
+    seed = Seed(
+        first_run_ms=int(first),
+        paused=found.paused,
+        fired=found.fired,
+        last_fired_ms=found.last_fired_ms,
+        carried={k: fields[k] for k in (*_CARRIED, "last_due_ms") if k in fields},
+    )
+    moved = Declaration(declaration.queue, name, found.definition)
+    result = repeat.upsert_many(
+        [(moved.queue, name, moved.definition)], source=owner, seeds=[seed], keep_owners=True
+    )
+    if result != ["created"]:  # the declared queue has it already: not this move's to make
+        return False
+    repeat.cancel(queue, name, if_source=owner)
+    log.info(
+        "sync: %s/%s takes over %s/%s of %s: the same schedule, imported into queue %r",
+        declaration.queue,
+        name,
+        queue,
+        name,
+        owner,
+        queue,
+    )
+    return True
 
 
 def _of_tasks(
@@ -325,17 +440,11 @@ def _of_tasks(
     left alone, unlisted: it may be another process's, and the pump parks a record it
     cannot use."""
     out, kept = [], []
-    for queue in sorted({q for q, _ in keys}):
-        names = [n for q, n in keys if q == queue]
-        for name, fields in repeat.load_records(queue, names).items():
-            try:
-                task = Definition.from_fields(fields).template.get("task")
-            except EmqError:
-                continue
-            if task in tasks:
-                out.append((queue, name))
-            else:
-                kept.append((queue, name, str(task)))
+    for queue, name, task in _tasks_of(repeat, keys):
+        if task in tasks:
+            out.append((queue, name))
+        else:
+            kept.append((queue, name, str(task)))
     return sorted(out), sorted(kept)
 
 
@@ -483,6 +592,10 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
     applied.kept = list(plan.kept)
     # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
     # planned as `create` may come back `unchanged` when another sync got there first.
+    for declaration in plan.create:
+        imported = plan.adopted.get((declaration.queue, declaration.name))
+        if imported is not None and _relocate(repeat, declaration, imported):
+            applied.adopted[(declaration.queue, declaration.name)] = imported
     todo = [*plan.create, *plan.update]
     seeds = _moved_pauses(repeat, plan)
     results = repeat.upsert_declared(
@@ -563,11 +676,16 @@ def _old_records(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], dict[s
     for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
         by_queue.setdefault(queue, []).append(name)
     fields = (*DEFINITION_FIELDS, "source")
-    return {
+    old = {
         (queue, name): record
         for queue, names in by_queue.items()
         for name, record in repeat.load_records(queue, names, fields).items()
     }
+    for (queue, name), (imported_queue, _) in plan.adopted.items():  # read where it is now
+        record = repeat.load_records(imported_queue, [name], fields).get(name)
+        if record:
+            old[(queue, name)] = record
+    return old
 
 
 _CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "offset_ms", "at")

@@ -1,0 +1,131 @@
+"""A `beat_schedule` entry that celery-redbeat stored too, imported into the import's queue
+(`--queue`, `celery` by default) while the app sends its tasks to another default queue, is
+taken over by the beat's own declaration as it is in the same queue: one schedule, sent
+once a slot. Before, the import's copy stayed in `celery`; once that queue was pumped (the
+import's `note:` line and docs/migration.md say to list it in `emq_bridge_queues`), both
+fired every slot with different ids and the worker ran the task twice (found by a probe of
+the cut-over with real beats)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.schedules import schedule
+from cli_run import Run
+from redbeat import RedBeatSchedulerEntry
+from registry_state import snapshot
+
+from emq_bridge import Declaration, Repeat, define
+from emq_bridge.celery import RepeatScheduler
+from emq_bridge.sync import apply_plan, plan_sync
+from emq_bridge.testing import ManualClock
+
+
+@pytest.fixture
+def redbeat_app(redis_url: str) -> Iterator[Celery]:
+    app = Celery("rbt", broker=redis_url, set_as_current=False)
+    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
+    yield app
+
+
+def sent_schedules(client: redis.Redis, queue: str) -> Counter[str]:
+    """How many task messages wait in a Redis-broker queue, per `emq_schedule` header."""
+    found: Counter[str] = Counter()
+    for key in [queue, *(f"{queue}\x06\x16{n}" for n in range(10))]:
+        for raw in client.lrange(key, 0, -1):
+            message: dict[str, Any] = json.loads(raw)
+            found[message["headers"]["emq_schedule"]] += 1
+    return found
+
+
+def test_the_beat_takes_over_an_entry_redbeat_stored_that_was_imported_into_another_queue(
+    run: Run, client: redis.Redis, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery
+) -> None:
+    main, imported_into = f"{prefix}-main", f"{prefix}-celery"
+    every = schedule(timedelta(seconds=1))
+    # What redbeat's beat stores of the app's beat_schedule, and a schedule of its own that
+    # shares a name with nothing the app declares, and one that shares a name but not a task.
+    RedBeatSchedulerEntry("static", "app.t", every, args=[7], app=redbeat_app).save()
+    RedBeatSchedulerEntry("dynamic", "app.t", every, app=redbeat_app).save()
+    RedBeatSchedulerEntry("other-task", "app.u", every, app=redbeat_app).save()
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    imported = run(*args, "--queue", imported_into)
+    assert imported.exit_code == 0, imported.output
+    assert "3 created" in imported.stderr
+
+    app = Celery(f"beatt-{prefix}", broker=redis_url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=main,
+        emq_bridge_prefix=prefix,
+        # As the note says: the queue the import wrote to is listed, so its schedules run.
+        emq_bridge_queues=[imported_into],
+        beat_schedule={
+            "static": {"task": "app.t", "schedule": timedelta(seconds=1), "args": [7]},
+            "other-task": {"task": "app.t", "schedule": timedelta(seconds=1)},
+        },
+        emq_bridge_check_tasks=False,  # the tasks are sent by name
+        result_backend=None,
+        result_expires=None,
+    )
+    scheduler = RepeatScheduler(app)
+    ticks = 4
+    try:
+        assert scheduler.pump is not None
+        clock = ManualClock(scheduler.pump.repeat.server_time_ms())
+        scheduler.pump.clock = clock
+        for _ in range(ticks):
+            clock.advance(1000)
+            scheduler.tick()
+    finally:
+        scheduler.close()
+        app.close()
+
+    owners = {
+        (r.queue, r.name): r.source for q in (main, imported_into) for r in repeat.iter_list(q)
+    }
+    source = f"celery.beatt-{prefix}"
+    assert owners == {
+        (main, "static"): source,  # taken over, out of the import's queue
+        (imported_into, "dynamic"): "import:redbeat",  # the app declares no such schedule
+        (main, "other-task"): source,
+        (imported_into, "other-task"): "import:redbeat",  # another task: another schedule
+    }
+    sent = sent_schedules(client, main) + sent_schedules(client, imported_into)
+    assert sent[f"{imported_into}/static"] == 0
+    assert 1 <= sent[f"{main}/static"] <= ticks  # one schedule, at most one send a slot
+    assert sent[f"{imported_into}/dynamic"] >= 1
+    assert sent[f"{imported_into}/other-task"] >= 1 and sent[f"{main}/other-task"] >= 1
+
+
+def test_a_dry_run_says_what_it_would_take_over_and_writes_nothing(
+    run: Run, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery
+) -> None:
+    main, imported_into = f"{prefix}-main", f"{prefix}-celery"
+    every = schedule(timedelta(minutes=5))
+    RedBeatSchedulerEntry("static", "app.t", every, app=redbeat_app).save()
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    assert run(*args, "--queue", imported_into).exit_code == 0
+    before = snapshot(repeat)
+    declared = [Declaration(main, "static", define(every="5m", template={"task": "app.t"}))]
+    plan = plan_sync(repeat, declared, "app")
+    assert plan.adopted == {(main, "static"): (imported_into, "import:redbeat")}
+    assert plan.lines() == [
+        f"+ {main}/static  every 5m  (takes over {imported_into}/static of import:redbeat)"
+    ]
+    assert snapshot(repeat) == before
+    applied = apply_plan(repeat, plan)
+    assert [(d.queue, d.name) for d in applied.update] == [(main, "static")]  # taken over
+    assert [(r.queue, r.name, r.source) for r in repeat.iter_list(main)] == [
+        (main, "static", "app")
+    ]
+    assert list(repeat.iter_list(imported_into)) == []
