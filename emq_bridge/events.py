@@ -139,12 +139,30 @@ def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _cause(error: BaseException) -> str:
+    """Return `Type: message` of `error`, plus each error of its `__cause__` chain whose
+    message the line does not tell yet (kombu's `BatchPublishError` says the batch failed,
+    and only its cause, a connection error, says why)."""
+    text = f"{type(error).__name__}: {error}"
+    link, seen = error.__cause__, {id(error)}
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        told = str(link) in text or (
+            isinstance(link, OSError) and bool(link.strerror) and str(link.strerror) in text
+        )
+        if not told:
+            text += f" (caused by {type(link).__name__}: {link})"
+        link = link.__cause__
+    return text
+
+
 class LoggingEvents(PumpEvents):
     """The pump's log lines, under the `emq_bridge.pump` logger.
 
-    A failed send is one ERROR line each; the traceback comes with the first failure of
-    each type of error until a tick sends something again, so a broker that refuses every
-    send does not log a traceback per occurrence and per lease.
+    A failed send is one ERROR line each, with its cause. Its traceback (the broker's error
+    chained under a `DispatchError`, often 70 lines and more) is logged at DEBUG only, with
+    the first failure of each type of error until a tick sends something again, so a broker
+    that refuses every send does not log a traceback per occurrence and per lease.
     """
 
     def __init__(self) -> None:
@@ -165,18 +183,23 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
-        kind = type(error)
-        first = kind not in self._traced
-        if first:
-            self._traced.add(kind)
         log.error(
-            "%s/%s: dispatch of occurrence %s failed; it is retried after the lease%s",
+            "%s/%s: dispatch of occurrence %s failed; it is retried after the lease: %s",
             occurrence.queue,
             occurrence.name,
             occurrence.id,
-            "" if first else f": {type(error).__name__}: {error} (traceback logged before)",
-            exc_info=error if first else None,
+            _cause(error),
         )
+        kind = type(error)
+        if kind not in self._traced and log.isEnabledFor(logging.DEBUG):
+            self._traced.add(kind)
+            log.debug(
+                "%s/%s: traceback of the failed dispatch of occurrence %s",
+                occurrence.queue,
+                occurrence.name,
+                occurrence.id,
+                exc_info=error,
+            )
 
     def on_lease_lost(self, occurrence: Occurrence) -> None:
         log.warning(

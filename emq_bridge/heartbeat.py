@@ -191,13 +191,16 @@ class HeartbeatMoves:
             if isinstance(reply, EmqError):
                 raise reply  # the first queue whose write failed; the others are written
 
-    def pumps(self, queues: Iterable[str] | None = None) -> builtins.list[PumpInfo]:
+    def pumps(
+        self, queues: Iterable[str] | None = None, *, broken: bool = False
+    ) -> builtins.list[PumpInfo]:
         """Return the live pumps serving any of `queues` (default: every queue with a pump
         table under this prefix, found by SCAN), by id; a pump serving several queues once.
 
-        Alive means its heartbeat has not expired on the server's clock.
+        Alive means its heartbeat has not expired on the server's clock. `broken` is
+        `pump_queues`': with it, a pump table of another type fails the read (WRONGTYPE).
         """
-        names = self.pump_queues() if queues is None else builtins.list(queues)
+        names = self.pump_queues(broken=broken) if queues is None else builtins.list(queues)
         found: dict[str, PumpInfo] = {}
         for infos in self.pumps_by_queue(names).values():
             for info in infos:
@@ -232,14 +235,18 @@ class HeartbeatMoves:
                     live.append(info)
         return out
 
-    def pump_queues(self) -> builtins.list[str]:
-        """Return the queues that have a pump table under this prefix (SCAN; an admin read)."""
+    def pump_queues(self, *, broken: bool = False) -> builtins.list[str]:
+        """Return the queues that have a pump table under this prefix (SCAN; an admin read).
+
+        With `broken`, also those whose pump table is of another type (edited by hand), as
+        `Repeat.queues(broken=True)` does for registries: a listing of every pump (`emq-bridge
+        pumps`) reads them and fails (WRONGTYPE) instead of saying that no pump runs, as
+        `health` and `pumps QUEUE` do."""
         found: set[str] = set()
         pattern = "".join("\\" + c if c in "*?[]\\" else c for c in self.prefix)  # glob-escaped
+        only = {} if broken else {"_type": "hash"}
         with redis_errors("list pump tables"):
-            for key in self.client.scan_iter(
-                match=f"{pattern}:{{*}}:pumps", count=1000, _type="hash"
-            ):
+            for key in self.client.scan_iter(match=f"{pattern}:{{*}}:pumps", count=1000, **only):
                 raw = text(key)
                 found.add(raw[len(self.prefix) + 2 : -len("}:pumps")])
         return sorted(found)

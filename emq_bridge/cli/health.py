@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import IO, Any
 
 import click
@@ -29,14 +30,32 @@ class Unhealthy(click.ClickException):
         click.echo(f"unhealthy: {self.format_message()}", err=True)
 
 
+# A duration that is zero: "0", "0.0", "0s", "0h 0m" (refused as not positive, not as no
+# duration at all).
+_ZERO = re.compile(r"(?:0+(?:\.0+)?\s*(?:ms|s|m|h|d|w)?\s*)+", re.ASCII | re.IGNORECASE)
+
+
 def _lag(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    """Return a duration in ms: seconds (`90`) or a string like `60s`, `5m`, `1h`."""
+    """Return a positive duration in ms: seconds (`90`) or a string like `60s`, `5m`, `1h`."""
+    text = value.strip()
+    unsigned = text.removeprefix("-").strip()  # "-5": a duration, but not a positive one
+    if _ZERO.fullmatch(unsigned):
+        raise click.BadParameter(f"must be positive, got {value!r}")
     try:
-        return parse_every(value)
+        lag_ms = parse_every(unsigned)
     except ScheduleError as exc:
+        # A duration out of range ("0.0001": under 1 ms) says its bound, as `every` does.
+        reason = str(exc).removeprefix("every ")
+        if reason.startswith("must be "):
+            if unsigned != text:
+                reason = f"must be positive, got {value!r}"
+            raise click.BadParameter(reason) from exc
         raise click.BadParameter(
             f"{value!r} is not a duration: give seconds, or a string like 30s, 5m, 1h"
         ) from exc
+    if unsigned != text:
+        raise click.BadParameter(f"must be positive, got {value!r}")
+    return lag_ms
 
 
 UNSERVED = "unserved"
@@ -140,7 +159,9 @@ def pumps_command(settings: Settings, queue: str | None, as_json: bool) -> None:
       emq-bridge pumps reports --json
     """
     repeat = settings.repeat()
-    pumps = repeat.pumps([queue] if queue is not None else None)
+    # `broken`: a pump table of another type fails (exit 3, as in `health` and `list`)
+    # rather than being left out, which would say that no pump runs.
+    pumps = repeat.pumps([queue] if queue is not None else None, broken=True)
     if as_json:
         click.echo(to_json([p.to_dict() for p in pumps]))
         return

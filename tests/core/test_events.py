@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 import pytest
 import redis
+from celery import Celery
 
 from emq_bridge import Occurrence, Pump, PumpEvents, Repeat, Tick
+from emq_bridge.celery import CeleryDispatcher
+from emq_bridge.embedded import EmbeddedServer
 from emq_bridge.errors import DispatchError
 from emq_bridge.testing import RecordingDispatcher
 
@@ -160,31 +164,70 @@ def test_an_outage_is_one_begin_and_one_end_event(redis_url: str, prefix: str) -
     pump.repeat.close()
 
 
-def test_a_broker_refusing_every_send_logs_one_traceback_until_a_send_goes_through(
+def test_a_broker_refusing_every_send_logs_one_line_each_and_one_debug_traceback(
     any_repeat: Repeat, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Before: one traceback per failed send, each lease again (960 in 75 s for a refusing
-    # broker); now one line each, the traceback with the first of its error type.
+    # broker); then the first failure of each error type came with a traceback at ERROR and
+    # no cause on its line. Now every failure is one ERROR line with its cause, and the
+    # traceback of the first of its type goes to DEBUG, until a send goes through.
     for name in ("a", "b", "c"):
         any_repeat.register("reports", name, every="1m", template=TEMPLATE, now_ms=T0)
     dispatcher = Refuses("")
     dispatcher.dispatch = Refuses.down  # type: ignore[method-assign, assignment]
     pump = Pump(any_repeat, ["reports"], dispatcher, lease_ms=1000)
 
-    def failures(now_ms: int) -> list[logging.LogRecord]:
+    def failures(now_ms: int) -> tuple[list[logging.LogRecord], list[logging.LogRecord]]:
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="emq_bridge.pump"):
+        with caplog.at_level(logging.DEBUG, logger="emq_bridge.pump"):
             pump.run_once(now_ms=now_ms)
-        return [r for r in caplog.records if "dispatch of occurrence" in r.getMessage()]
+        mine = [r for r in caplog.records if "dispatch of occurrence" in r.getMessage()]
+        errors = [r for r in mine if r.levelno == logging.ERROR]
+        assert all(r.exc_info is None for r in errors)
+        assert all(
+            r.getMessage().endswith("retried after the lease: DispatchError: the broker is down")
+            for r in errors
+        )
+        return errors, [r for r in mine if r.levelno == logging.DEBUG and r.exc_info]
 
-    first = failures(T0 + 60_000)
-    assert len(first) == 3 and [r.exc_info is not None for r in first] == [True, False, False]
-    assert "DispatchError: the broker is down (traceback logged before)" in first[1].getMessage()
-    again = failures(T0 + 61_001)  # the leases expired: re-sent, refused again
-    assert len(again) == 3 and all(r.exc_info is None for r in again)
+    errors, traced = failures(T0 + 60_000)
+    assert len(errors) == 3 and len(traced) == 1
+    errors, traced = failures(T0 + 61_001)  # the leases expired: re-sent, refused again
+    assert len(errors) == 3 and traced == []
 
     dispatcher.dispatch = dispatcher.sent.append  # type: ignore[method-assign, assignment]
-    assert failures(T0 + 62_002) == [] and len(dispatcher.sent) == 3
+    assert failures(T0 + 62_002) == ([], []) and len(dispatcher.sent) == 3
     dispatcher.dispatch = Refuses.down  # type: ignore[method-assign, assignment]
-    later = failures(T0 + 120_000)  # down again after a send went through: traced again
-    assert [r.exc_info is not None for r in later] == [True, False, False]
+    errors, traced = failures(T0 + 120_000)  # down again after a send went through: traced
+    assert len(errors) == 3 and len(traced) == 1
+
+
+def test_a_celery_broker_that_goes_down_logs_its_first_failed_send_in_one_line(
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: `celery beat -S emq` whose broker went down logged the first failed send with
+    # no cause on its line and ~75 lines of chained traceback (redis ConnectionError ->
+    # kombu BatchPublishError -> DispatchError) at ERROR; only the later ones were one line.
+    repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
+    repeat.register("reports", "digest", every="1m", template=TEMPLATE, now_ms=T0)
+    with EmbeddedServer() as broker:
+        app = Celery(f"{prefix}-down", broker=broker.url)
+        app.conf.update(result_backend=None, broker_connection_retry=False)
+        pump = Pump(repeat, ["reports"], CeleryDispatcher(app), lease_ms=1000)
+        assert len(pump.run_once(now_ms=T0 + 60_000).dispatched) == 1  # the broker is up
+    with caplog.at_level(logging.INFO, logger="emq_bridge.pump"):
+        first = pump.run_once(now_ms=T0 + 120_000)  # the broker is down
+        again = pump.run_once(now_ms=T0 + 121_001)  # its lease expired: re-sent, refused
+    app.close()
+    repeat.close()
+    assert len(first.failed) == 1 and len(again.failed) == 1
+    lines = [r for r in caplog.records if "dispatch of occurrence" in r.getMessage()]
+    assert [r.levelname for r in lines] == ["ERROR", "ERROR"]
+    assert all(r.exc_info is None for r in lines)
+    for record in lines:
+        line = record.getMessage()
+        assert "\n" not in line
+        assert re.search(
+            r"retried after the lease: DispatchError: .*(ConnectionError|Error 111)", line
+        )
+    assert "Traceback" not in caplog.text

@@ -192,6 +192,11 @@ def test_health_fails_on_a_schedule_overdue_beyond_the_bound_though_a_pump_lives
         (("health", "--queue", "nobody"), 4, "unhealthy: no live pump serves queue 'nobody'"),
         (("health", "--queue", "a b"), 1, "Error: queue 'a b' must not contain whitespace"),
         (("health", "--max-lag", "soon"), 2, "'soon' is not a duration"),
+        # 0 and -5 are durations, just not positive ones (they were "not a duration").
+        (("health", "--max-lag", "0"), 2, "'--max-lag': must be positive, got '0'"),
+        (("health", "--max-lag", "-5"), 2, "'--max-lag': must be positive, got '-5'"),
+        (("health", "--max-lag", "0s"), 2, "'--max-lag': must be positive, got '0s'"),
+        (("health", "--max-lag", "0.0001"), 2, "must be at least 1 ms, got '0.0001' seconds"),
         (("pumps", "a{b"), 1, "Error: queue 'a{b' must not contain"),
     ],
 )
