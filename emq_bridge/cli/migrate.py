@@ -224,12 +224,22 @@ def import_redbeat(
     "default: the project of $DJANGO_SETTINGS_MODULE.",
 )
 @click.option("--source", default="import:django-celery-beat", show_default=True, help="Owner tag.")
+@click.option(
+    "--stored-timezone",
+    default="UTC",
+    show_default=True,
+    metavar="ZONE",
+    callback=_zone,
+    help="With a SQLite or MySQL --database-url: the zone its times are stored in (UTC for "
+    "a project with USE_TZ = True, else its TIME_ZONE).",
+)
 @_common
 @pass_settings
 def import_django(
     settings: Settings,
     database_url: str | None,
     source: str,
+    stored_timezone: str,
     queue: str,
     timezone: str,
     dry_run: bool,
@@ -250,7 +260,7 @@ def import_django(
     """
     standalone = _celery_side("emq_bridge.celery.importers.django.standalone")
     if database_url is not None:
-        standalone.setup(database_url, timezone)
+        standalone.setup(database_url, timezone, stored_timezone)
     elif os.environ.get("DJANGO_SETTINGS_MODULE"):
         importlib.import_module("django").setup()
     else:

@@ -379,3 +379,71 @@ def test_a_reimport_once_a_start_time_passed_changes_nothing(
         assert registration.definition.bounds.start_ms == pytest.approx(ms(start), abs=1)
     finally:
         PeriodicTask.objects.using("default").all().delete()
+
+
+def test_a_one_off_django_celery_beat_ran_is_refused_by_both_imports(
+    databases: dict[str, str], repeat: Repeat, redis_url: str
+) -> None:
+    # Before: once its beat ran a one-off, the row is disabled with no run count and no last
+    # run (its save() clears last_run_at): it was imported paused with 1 run remaining, and a
+    # `resume --source import:django-celery-beat` sent it a second time.
+    from celery import Celery
+    from django.core.management import call_command
+    from django_celery_beat.models import ClockedSchedule, IntervalSchedule, PeriodicTask
+    from django_celery_beat.schedulers import ModelEntry
+
+    db = PeriodicTask.objects.using("default")
+    now = datetime.now(timezone.utc)
+    second = IntervalSchedule.objects.using("default").create(every=1, period="seconds")
+    clocks = ClockedSchedule.objects.using("default")
+    passed = clocks.create(clocked_time=now - timedelta(seconds=1))
+    ahead = clocks.create(clocked_time=now + timedelta(hours=1))
+    db.create(name="ran-iv", task="proj.tasks.run", interval=second, one_off=True)
+    db.create(name="ran-clocked", task="proj.tasks.run", clocked=passed, one_off=True)
+    db.create(name="ran-bulk", task="proj.tasks.run", interval=second, one_off=True)
+    db.create(name="held", task="proj.tasks.run", clocked=ahead, one_off=True, enabled=False)
+    db.create(name="todo", task="proj.tasks.run", interval=second, one_off=True)
+    app = Celery("dcb", set_as_current=False)
+    for name in ("ran-iv", "ran-clocked", "ran-bulk"):
+        # What its beat does with a due one-off: send it (next: last_run_at, a run counted),
+        # save it at the sync, then disable it at its next check.
+        sent = next(ModelEntry(db.get(name=name), app=app))
+        sent.save()
+        if name != "ran-bulk":
+            assert not sent.is_due().is_due
+    # The row as a bulk update leaves it (the admin's "toggle" action): only its last run.
+    db.filter(name="ran-bulk").update(enabled=False, total_run_count=0)
+    rows = {r.name: (r.enabled, r.total_run_count, r.last_run_at is None) for r in db.all()}
+    assert rows["ran-iv"] == rows["ran-clocked"] == (False, 0, True)
+    assert rows["ran-bulk"] == (False, 0, False)
+
+    options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": "default"}
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        call_command("emq_import", stdout=out, stderr=err, **options)
+        assert "2 created, 0 updated, 0 unchanged, 3 refused" in err.getvalue(), err.getvalue()
+        refused = [line for line in out.getvalue().splitlines() if line.startswith("!")]
+        assert sorted(line.split(":", 1)[0] for line in refused) == [
+            f"! periodic task {n!r}" for n in ("ran-bulk", "ran-clocked", "ran-iv")
+        ]
+        assert all(len(line.split("\n")) == 1 for line in refused)
+        assert "a one-off that already ran (last at " in "".join(refused)
+        assert "a disabled one-off: django-celery-beat disables a one-off once it ran" in (
+            "".join(refused)
+        )
+        for name in ("ran-iv", "ran-clocked", "ran-bulk"):
+            assert repeat.get("celery", name) is None  # nothing a resume could send again
+        held = repeat.get("celery", "held")  # disabled, its clock still ahead: it has not run
+        assert held is not None and held.paused
+        todo = repeat.get("celery", "todo")
+        assert todo is not None and not todo.paused and todo.remaining == 1
+
+        # The command line reads the same rows the same way.
+        cli = _import_from(databases["default"], redis_url, repeat.prefix)
+        assert cli.returncode == 0, cli.stderr
+        assert "0 created, 0 updated, 2 unchanged, 3 refused" in cli.stderr
+        assert (
+            sum(line.startswith("! periodic task 'ran-") for line in cli.stdout.splitlines()) == 3
+        )
+    finally:
+        db.all().delete()

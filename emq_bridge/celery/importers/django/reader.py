@@ -9,13 +9,17 @@ bound (past or future: a re-import once it passed changes nothing) and `expires`
 bound (the last millisecond before it). One-offs become one-off registrations: a
 `ClockedSchedule` its instant (`at`), a `one_off` interval or crontab its next slot with a
 limit of one run. Solar schedules, and rows with nothing left to run (expired, a one-off
-that ran), are refused with the reason.
+that ran, a disabled one-off: django-celery-beat disables a one-off once it ran and clears its
+counters, so whether it ran is lost), are refused with the reason.
+
+A naive datetime (a project with `USE_TZ = False` stores them) is read as django-celery-beat
+reads it (its `utils.make_aware`): in the project's `TIME_ZONE`, or in UTC with `USE_TZ`.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery import Celery
@@ -123,13 +127,10 @@ def _carried(
 ) -> tuple[Carried, Celery]:
     """Return the row's schedule carried over: a ClockedSchedule as a one-off instant, a
     one-off interval or crontab as its next slot with a limit of one run."""
-    if row.one_off and row.enabled and row.total_run_count:
-        raise Unrepresentable(
-            "a one-off that already ran (django-celery-beat disables it at its next check): "
-            "nothing left to fire"
-        )
+    if row.one_off:
+        _refuse_if_ran(row, now_ms)
     if row.clocked_id is not None:
-        at_ms = epoch_ms(row.clocked.clocked_time)
+        at_ms = epoch_ms(_aware(row.clocked.clocked_time))
         # Due once its time has come, as ClockedSchedule.is_due: a past one fires at once.
         return Carried(At((at_ms,)), at_ms), _app(apps, "UTC", queue)
     value, app = _schedule(row, apps, queue)
@@ -139,15 +140,35 @@ def _carried(
     return carried, app
 
 
+def _refuse_if_ran(row: Any, now_ms: int) -> None:
+    """Refuse a one-off that ran, or may have: importing it would fire it a second time."""
+    if row.total_run_count or row.last_run_at is not None:
+        when = f" (last at {_aware(row.last_run_at).isoformat()})" if row.last_run_at else ""
+        raise Unrepresentable(f"a one-off that already ran{when}: nothing left to fire")
+    if row.enabled:
+        return
+    # Once a one-off ran, django-celery-beat sets enabled=False and total_run_count=0, and its
+    # save() clears last_run_at: the row is then one disabled before it ran. Only a clocked
+    # time still ahead says it has not run (it runs at that time, not before).
+    if row.clocked_id is not None and epoch_ms(_aware(row.clocked.clocked_time)) > now_ms:
+        return
+    raise Unrepresentable(
+        "a disabled one-off: django-celery-beat disables a one-off once it ran (clearing its "
+        "run count and last run), so it may have run and is not imported, never to fire "
+        "twice; create it again if it is still to run"
+    )
+
+
 def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: str) -> Imported:
     label = f"periodic task {row.name!r}"
     end_ms = None
-    if row.expires is not None:
-        if epoch_ms(row.expires) <= now_ms:
+    expires = _aware(row.expires) if row.expires is not None else None
+    if expires is not None:
+        if epoch_ms(expires) <= now_ms:
             raise Unrepresentable(
-                f"expired at {row.expires.isoformat()}: django-celery-beat never runs it again"
+                f"expired at {expires.isoformat()}: django-celery-beat never runs it again"
             )
-        end_ms = epoch_ms(row.expires) - 1  # it runs while now < expires
+        end_ms = epoch_ms(expires) - 1  # it runs while now < expires
     carried, app = _carried(row, apps, now_ms, queue, label)
     try:
         args = json.loads(row.args or "[]")
@@ -171,19 +192,19 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
     }
     if row.expire_seconds:
         raw_options["expires"] = row.expire_seconds
-    elif row.expires is not None:  # ModelEntry sends it as the task's expiry too
-        raw_options["expires"] = row.expires.isoformat()
+    elif expires is not None:  # ModelEntry sends it as the task's expiry too
+        raw_options["expires"] = expires.isoformat()
     raw_options["headers"] = {**headers, "periodic_task_name": row.name}
     options = json_options(raw_options, label)
     first_run_ms, start_ms = carried.first_run_ms, None
     if row.start_time is not None:
         # Kept once it passed too: a bound that went away when the start passed made the next
         # re-import an update, which fired the start slot a second time.
-        start_ms = epoch_ms(row.start_time)
+        start_ms = epoch_ms(_aware(row.start_time))
         first_run_ms = max(first_run_ms, start_ms)
-    if end_ms is not None and first_run_ms > end_ms:
+    if expires is not None and end_ms is not None and first_run_ms > end_ms:
         raise Unrepresentable(
-            f"its next run comes after it expires ({row.expires.isoformat()}): nothing left to fire"
+            f"its next run comes after it expires ({expires.isoformat()}): nothing left to fire"
         )
     template = TaskTemplate(row.task, args, kwargs, options).to_dict()
     definition = Definition(carried.cadence, template, bounds=carried.bounds(start_ms, end_ms))
@@ -194,7 +215,7 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         first_run_ms,
         paused=not row.enabled,
         fired=max(int(row.total_run_count or 0), 0),
-        last_fired_ms=epoch_ms(row.last_run_at) if row.last_run_at is not None else None,
+        last_fired_ms=epoch_ms(_aware(row.last_run_at)) if row.last_run_at is not None else None,
     )
     return Imported(label, declaration, seed)
 
@@ -203,9 +224,21 @@ def _last_run_ms(row: Any, now_ms: int) -> int:
     """Return the last run ModelEntry computes from: `last_run_at`, else `date_changed`
     (30 years earlier with a `start_time`, so it fires at the start), else now."""
     if row.last_run_at is not None:
-        return epoch_ms(row.last_run_at)
+        return epoch_ms(_aware(row.last_run_at))
     changed: datetime | None = row.date_changed
-    base = epoch_ms(changed) if changed is not None else now_ms
+    base = epoch_ms(_aware(changed)) if changed is not None else now_ms
     if row.start_time is not None:
         base -= floor_ms(_NEVER_RAN_BEFORE_START)
     return base
+
+
+def _aware(value: datetime) -> datetime:
+    """Return `value` with its time zone: a naive one as django-celery-beat's `make_aware`
+    reads it, in the project's `TIME_ZONE` when `USE_TZ` is False, else in UTC."""
+    if value.utcoffset() is not None:
+        return value
+    from django.conf import settings  # type: ignore[import-untyped]
+    from django.utils.timezone import get_default_timezone  # type: ignore[import-untyped]
+
+    zone = timezone.utc if settings.USE_TZ else get_default_timezone()
+    return value.replace(tzinfo=zone)

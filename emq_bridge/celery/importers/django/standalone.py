@@ -2,6 +2,11 @@
 
 `emq-bridge import django-celery-beat --database-url URL` uses it: `postgresql://user:pw@host:5432/db`
 (psycopg), `mysql://...` (mysqlclient) or `sqlite:///path/to/db.sqlite3`.
+
+PostgreSQL stores instants; SQLite and MySQL store wall times without a zone: UTC from a
+project with `USE_TZ = True`, its `TIME_ZONE` from one with `USE_TZ = False`. Nothing in the
+database tells which: `--stored-timezone` names it (default UTC, as Django reads them by
+default). `--timezone` stays the app's (what zone-less crontabs follow).
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from urllib.parse import unquote, urlsplit
 from ....errors import ConfigError
 
 __all__ = ["database_settings", "setup"]
+
+# Backends whose datetime columns have no time zone (Django's `supports_timezones` False).
+_ZONELESS = {"django.db.backends.mysql", "django.db.backends.sqlite3"}
 
 _ENGINES = {
     "postgres": "django.db.backends.postgresql",
@@ -53,8 +61,18 @@ def database_settings(url: str) -> dict[str, Any]:
     }
 
 
-def setup(url: str, timezone: str = "UTC") -> None:
-    """Configure Django on `url` with django-celery-beat installed, and set it up."""
+def setup(url: str, timezone: str = "UTC", stored_timezone: str = "UTC") -> None:
+    """Configure Django on `url` with django-celery-beat installed, and set it up.
+
+    `timezone` is the app's (Django's `TIME_ZONE`: what zone-less crontabs follow).
+    `stored_timezone` is the zone a SQLite or MySQL database's datetimes are in: UTC if the
+    project's `USE_TZ` is True, else its `TIME_ZONE` (it becomes Django's per-database
+    `TIME_ZONE`, so Django reads them in it). PostgreSQL's are instants: it changes nothing
+    there.
+    """
+    database = database_settings(url)
+    if database["ENGINE"] in _ZONELESS:
+        database["TIME_ZONE"] = stored_timezone
     try:
         import django  # type: ignore[import-untyped]
         from django.conf import settings  # type: ignore[import-untyped]
@@ -64,7 +82,7 @@ def setup(url: str, timezone: str = "UTC") -> None:
         ) from exc
     if not settings.configured:
         settings.configure(
-            DATABASES={"default": database_settings(url)},
+            DATABASES={"default": database},
             INSTALLED_APPS=["django_celery_beat"],
             USE_TZ=True,
             TIME_ZONE=timezone,
