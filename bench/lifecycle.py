@@ -1,6 +1,6 @@
 """The occurrence lifecycle's costs: worker throughput with reporting on and off, and memory.
 
-    python -m bench.lifecycle            # the full run (about 5 minutes on 2 cores)
+    python -m bench.lifecycle            # the full run (about 8 minutes on 2 cores)
     python -m bench.lifecycle --quick    # a smoke run (about 1 minute)
 
 One embedded server, one run, side by side:
@@ -81,9 +81,9 @@ WORKER_MODULE = "bench.lifecycle_worker"
 @dataclass
 class Plan:
     """How much to run. N = registrations x slots occurrences per repetition: `slots` for
-    Celery, `dramatiq_slots` for Dramatiq, whose worker runs about four times as many no-op
-    tasks a second, so that a repetition of either lasts seconds, not one (a short one
-    measures the worker's first and last moments as much as its throughput)."""
+    Celery, `dramatiq_slots` for Dramatiq, so that a repetition of either lasts several
+    seconds of a worker's steady state (a short one measures its first and last moments as
+    much as its throughput: a Celery repetition of 5,000 tasks lasted about 5 s)."""
 
     registrations: int
     slots: int
@@ -118,7 +118,7 @@ def plan_for(quick: bool) -> Plan:
             memory_n=200,
             cost_occurrences=1000,
         )
-    return Plan(registrations=1000, slots=5, dramatiq_slots=20, pairs=3, memory_n=1000)
+    return Plan(registrations=1000, slots=20, dramatiq_slots=20, pairs=3, memory_n=1000)
 
 
 # What reports, on the worker side: the adapters' own reporting, switched by their setting.
@@ -280,6 +280,12 @@ def read_stats(folder: Path) -> WorkerStats:
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# How often the bench reads the workers' stats files while they run. Its reads take CPU from
+# the workers and the server, which share two CPUs: read every 5 ms instead of every 0.5 s,
+# a Celery worker's main process took about a fifth more CPU for the same 5,000 tasks. The
+# clock is the workers' own (first start to last finish), so this only places the edges of
+# the CPU window, which counts the tasks inside it.
+POLL_S = 0.05
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -446,7 +452,7 @@ def throughput(framework: Framework, report: bool) -> dict[str, Any]:
                 raise AssertionError(
                     f"the worker ran {stats.tasks} of {n} tasks:\n{worker.output()}"
                 )
-            time.sleep(0.005)
+            time.sleep(POLL_S)
         if report:
             # Every task's started and succeeded applied by `Repeat.report` (the workers'
             # own count): how long after the last task that was.
