@@ -37,6 +37,7 @@ from .stamps import code_versions
 
 # Declaration lives in definition.
 __all__ = [
+    "IMPORT_SOURCE_PREFIX",
     "Declaration",
     "Stamp",
     "SyncPlan",
@@ -47,6 +48,7 @@ __all__ = [
     "queues_of",
     "stamped",
     "sync",
+    "tasks_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -360,7 +362,7 @@ def _imported_elsewhere(
             found[(declaration.queue, declaration.name)] = there[0]
     tasks = {
         (queue, name): task
-        for queue, name, task in _tasks_of(repeat, [(q, n) for (_, n), (q, _) in found.items()])
+        for queue, name, task in tasks_of(repeat, [(q, n) for (_, n), (q, _) in found.items()])
     }
     adopted: dict[tuple[str, str], tuple[str, str]] = {}
     for declaration in created:  # another task under the same name is another schedule
@@ -372,9 +374,9 @@ def _imported_elsewhere(
     return adopted
 
 
-def _tasks_of(repeat: Repeat, keys: list[tuple[str, str]]) -> list[tuple[str, str, object]]:
-    """The task each registration of `keys` names (those whose record cannot be read are
-    left out)."""
+def tasks_of(repeat: Repeat, keys: list[tuple[str, str]]) -> list[tuple[str, str, object]]:
+    """Return `(queue, name, task)` for the registrations of `keys` (those whose record cannot
+    be read are left out): one round trip per queue."""
     out = []
     for queue in sorted({q for q, _ in keys}):
         names = [n for q, n in keys if q == queue]
@@ -413,9 +415,8 @@ def _relocate(repeat: Repeat, declaration: Declaration, imported: tuple[str, str
         last_fired_ms=found.last_fired_ms,
         carried={k: fields[k] for k in (*_CARRIED, "last_due_ms") if k in fields},
     )
-    moved = Declaration(declaration.queue, name, found.definition)
     result = repeat.upsert_many(
-        [(moved.queue, name, moved.definition)], source=owner, seeds=[seed], keep_owners=True
+        [(declaration.queue, name, found.definition)], source=owner, seeds=[seed], keep_owners=True
     )
     if result != ["created"]:  # the declared queue has it already: not this move's to make
         return False
@@ -440,7 +441,7 @@ def _of_tasks(
     left alone, unlisted: it may be another process's, and the pump parks a record it
     cannot use."""
     out, kept = [], []
-    for queue, name, task in _tasks_of(repeat, keys):
+    for queue, name, task in tasks_of(repeat, keys):
         if task in tasks:
             out.append((queue, name))
         else:

@@ -23,7 +23,7 @@ from ..cadence import LATEST_MS
 from ..definition import Declaration
 from ..errors import ConfigError
 from ..registry import Repeat, Seed
-from ..sync import plan_sync
+from ..sync import IMPORT_SOURCE_PREFIX, plan_sync, tasks_of
 
 __all__ = [
     "ImportPlan",
@@ -140,7 +140,10 @@ def apply_import(
     planned.update = [d for d in planned.update if owners[(d.queue, d.name)] == plan.source]
     result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
     # A seed applies to what is created only; `paused` creates it paused.
-    created = [by_key[(d.queue, d.name)] for d in planned.create]
+    created, elsewhere = _not_taken_over(repeat, [by_key[_key(d)] for d in planned.create])
+    if strict and elsewhere:
+        _refuse_all(elsewhere)
+    result.refused += elsewhere
     if paused:
         created = [replace(e, seed=replace(e.seed, paused=True)) for e in created]
     todo = [*created, *(by_key[(d.queue, d.name)] for d in planned.update)]
@@ -183,6 +186,55 @@ def apply_import(
     result.updated = _as_stored(repeat, result.updated)
     result.unchanged = _as_stored(repeat, result.unchanged)
     return result
+
+
+def _key(declaration: Declaration) -> tuple[str, str]:
+    return (declaration.queue, declaration.name)
+
+
+def _not_taken_over(
+    repeat: Repeat, entries: list[Imported]
+) -> tuple[list[Imported], list[Refusal]]:
+    """`entries` (to create) less those whose schedule another source holds in another queue,
+    with the same name and task: one a beat's sync took over from an earlier import of it
+    into this queue, and moved to the queue the app sends it to (`sync._relocate`).
+    Imported here again, it would fire twice; each is refused, naming where it is."""
+    if not entries:
+        return entries, []
+    names = sorted({e.declaration.name for e in entries})
+    held: dict[str, list[tuple[str, str]]] = {}
+    for queue in repeat.queues():
+        for name, fields in repeat.load_records(queue, names, ("source",)).items():
+            owner = fields.get("source")
+            if owner and not owner.startswith(IMPORT_SOURCE_PREFIX):
+                held.setdefault(name, []).append((queue, owner))
+    if not held:
+        return entries, []
+    tasks = {
+        (queue, name): task
+        for queue, name, task in tasks_of(repeat, [(q, n) for n, at in held.items() for q, _ in at])
+    }
+    kept, refused = [], []
+    for entry in entries:
+        d = entry.declaration
+        task = d.definition.template.get("task")
+        found = [
+            (q, o)
+            for q, o in held.get(d.name, [])
+            if q != d.queue and tasks.get((q, d.name)) == task
+        ]
+        if not found:
+            kept.append(entry)
+            continue
+        queue, owner = found[0]
+        refused.append(
+            Refusal(
+                entry.origin,
+                f"{queue}/{d.name} of the source {owner!r} is this schedule, taken over in the "
+                f"queue the app sends it to: left alone (in {d.queue} too, it would fire twice)",
+            )
+        )
+    return kept, refused
 
 
 def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:

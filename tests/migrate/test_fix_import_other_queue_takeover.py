@@ -105,6 +105,14 @@ def test_the_beat_takes_over_an_entry_redbeat_stored_that_was_imported_into_anot
     assert sent[f"{imported_into}/dynamic"] >= 1
     assert sent[f"{imported_into}/other-task"] >= 1 and sent[f"{main}/other-task"] >= 1
 
+    # The import run again (it says re-running changes nothing) does not bring the copy
+    # back into its queue: the schedule is the beat's now, in the app's queue.
+    again = run(*args, "--queue", imported_into)
+    assert again.exit_code == 0, again.output
+    assert f"{main}/static of the source '{source}' is this schedule" in again.output
+    assert "0 created" in again.stderr
+    assert {r.name for r in repeat.iter_list(imported_into)} == {"dynamic", "other-task"}
+
 
 def test_a_dry_run_says_what_it_would_take_over_and_writes_nothing(
     run: Run, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery
