@@ -9,6 +9,7 @@ the cut-over with real beats)."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -47,7 +48,13 @@ def sent_schedules(client: redis.Redis, queue: str) -> Counter[str]:
 
 
 def test_the_beat_takes_over_an_entry_redbeat_stored_that_was_imported_into_another_queue(
-    run: Run, client: redis.Redis, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery
+    run: Run,
+    client: redis.Redis,
+    repeat: Repeat,
+    redis_url: str,
+    prefix: str,
+    redbeat_app: Celery,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     main, imported_into = f"{prefix}-main", f"{prefix}-celery"
     every = schedule(timedelta(seconds=1))
@@ -76,6 +83,7 @@ def test_the_beat_takes_over_an_entry_redbeat_stored_that_was_imported_into_anot
         result_backend=None,
         result_expires=None,
     )
+    caplog.set_level(logging.INFO, logger="emq_bridge.sync")
     scheduler = RepeatScheduler(app)
     ticks = 4
     try:
@@ -89,6 +97,12 @@ def test_the_beat_takes_over_an_entry_redbeat_stored_that_was_imported_into_anot
         scheduler.close()
         app.close()
 
+    # What migration.md says its log tells.
+    said = [r.getMessage() for r in caplog.records if "takes over" in r.getMessage()]
+    assert said == [
+        f"sync: {main}/static takes over {imported_into}/static of import:redbeat: "
+        f"the same schedule, imported into queue '{imported_into}'"
+    ]
     owners = {
         (r.queue, r.name): r.source for q in (main, imported_into) for r in repeat.iter_list(q)
     }
