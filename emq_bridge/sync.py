@@ -392,9 +392,11 @@ def _relocate(repeat: Repeat, declaration: Declaration, imported: tuple[str, str
     """Move the import's registration `imported` (its queue, its owner) of `declaration`'s
     schedule to the declared queue, as it is (owner, next run, pause, counters), so that the
     upsert that follows takes it over there as it would have in its own queue: the not-sooner
-    rule of an interval whose phase changes, the next run of an unchanged cadence. Created
-    first, then cancelled: a crash between leaves both until the next sync ends the move. False
-    (nothing moved) when it changed since the plan read it."""
+    rule of an interval whose phase changes, the next run of an unchanged cadence. Cancelled
+    first, then created as read: a pump serving the import's queue cannot send its slot
+    between the two (the copy would send it again); a crash between leaves only the
+    declaration, created at the next sync from its cadence alone. False (nothing moved) when
+    it changed since the plan read it, or another sync moved it first."""
     queue, owner = imported
     name = declaration.name
     try:
@@ -415,12 +417,13 @@ def _relocate(repeat: Repeat, declaration: Declaration, imported: tuple[str, str
         last_fired_ms=found.last_fired_ms,
         carried={k: fields[k] for k in (*_CARRIED, "last_due_ms") if k in fields},
     )
+    if not repeat.cancel(queue, name, if_source=owner):
+        return False  # gone or taken since it was read: another sync's move, or not ours
     result = repeat.upsert_many(
         [(declaration.queue, name, found.definition)], source=owner, seeds=[seed], keep_owners=True
     )
-    if result != ["created"]:  # the declared queue has it already: not this move's to make
+    if result != ["created"]:  # the declared queue has it already (another sync made it)
         return False
-    repeat.cancel(queue, name, if_source=owner)
     log.info(
         "sync: %s/%s takes over %s/%s of %s: the same schedule, imported into queue %r",
         declaration.queue,
