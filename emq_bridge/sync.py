@@ -93,7 +93,7 @@ class SyncPlan:
     def lines(self) -> list[str]:
         """Return the plan as a diff: `+` create, `~` update, `-` remove, `=` unchanged."""
         out = [
-            f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}{self._adopts(d)}"
+            f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}{self.adopts(d)}"
             for d in self.create
         ]
         out += [f"~ {d.queue}/{d.name}  {d.definition.cadence.describe()}" for d in self.update]
@@ -101,7 +101,8 @@ class SyncPlan:
         out += [f"= {d.queue}/{d.name}" for d in self.unchanged]
         return out
 
-    def _adopts(self, declaration: Declaration) -> str:
+    def adopts(self, declaration: Declaration) -> str:
+        """What the created `declaration` takes over, for its plan line ('' for nothing)."""
         found = self.adopted.get((declaration.queue, declaration.name))
         if found is None:
             return ""

@@ -89,7 +89,8 @@ def _labels(labels: Mapping[str, str]) -> str:
 def _plan_lines(plan: SyncPlan, old: dict[tuple[str, str], Registration]) -> list[tuple[str, str]]:
     """Return the plan as `(colour, line)` pairs: `+` create, `~` update, `-` remove, `=` same."""
     lines = [
-        ("green", f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}") for d in plan.create
+        ("green", f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}{plan.adopts(d)}")
+        for d in plan.create
     ]
     lines += [
         ("yellow", f"~ {d.queue}/{d.name}  {_change(old.get((d.queue, d.name)), d, plan.source)}")

@@ -140,12 +140,12 @@ def apply_import(
     planned.update = [d for d in planned.update if owners[(d.queue, d.name)] == plan.source]
     result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
     # A seed applies to what is created only; `paused` creates it paused.
-    created, elsewhere = _not_taken_over(repeat, [by_key[_key(d)] for d in planned.create])
+    created, elsewhere, moved = _not_taken_over(repeat, [by_key[_key(d)] for d in planned.create])
     if strict and elsewhere:
         _refuse_all(elsewhere)
     result.refused += elsewhere
-    if paused:
-        created = [replace(e, seed=replace(e.seed, paused=True)) for e in created]
+    if paused:  # marked as the import's pause: `resume` lifts it whoever owns it by then
+        created = [replace(e, seed=_paused_by(e.seed, plan.source)) for e in created]
     todo = [*created, *(by_key[(d.queue, d.name)] for d in planned.update)]
     if dry_run:
         result.created = created
@@ -155,7 +155,9 @@ def apply_import(
         result.unchanged = _as_stored(repeat, result.unchanged)
         if resume:
             result.resumed = [
-                e for e in plan.entries if not e.seed.paused and _owned(repeat, e, plan.source)
+                _where(e, moved)
+                for e in plan.entries
+                if not e.seed.paused and _owned(repeat, e, plan.source, moved)
             ]
         return result
     todo += theirs  # sent too: the script decides who owns it at the time of the write
@@ -177,10 +179,11 @@ def apply_import(
     if resume:
         for entry in plan.entries:
             d = entry.declaration
-            if not entry.seed.paused and _owned(repeat, entry, plan.source):
+            if not entry.seed.paused and _owned(repeat, entry, plan.source, moved):
+                queue = moved.get(_key(d), d.queue)
                 try:
-                    if repeat.resume(d.queue, d.name, seed=entry.seed):
-                        result.resumed.append(entry)
+                    if repeat.resume(queue, d.name, seed=entry.seed):
+                        result.resumed.append(_where(entry, moved))
                 except KeyError:  # removed meanwhile: nothing to resume
                     continue
     result.updated = _as_stored(repeat, result.updated)
@@ -188,19 +191,39 @@ def apply_import(
     return result
 
 
+# The note of a pause an import's `--paused` makes (`show` prints it).
+STAGED_NOTE = "imported --paused: the old scheduler runs it until the cut-over (--resume)"
+
+
 def _key(declaration: Declaration) -> tuple[str, str]:
     return (declaration.queue, declaration.name)
 
 
+def _where(entry: Imported, moved: dict[tuple[str, str], str]) -> Imported:
+    """`entry` in the queue its registration is in now (a beat moved it: `moved`)."""
+    d = entry.declaration
+    queue = moved.get(_key(d))
+    return entry if queue is None else replace(entry, declaration=replace(d, queue=queue))
+
+
+def _paused_by(seed: Seed, source: str) -> Seed:
+    """`seed` created paused by an import's `--paused`, the pause marked as the import's
+    (`paused_by`): a beat that takes the registration over meanwhile keeps the pause, and
+    the cut-over's `--resume` still lifts it."""
+    carried = {**seed.carried, "paused_by": source, "paused_note": STAGED_NOTE}
+    return replace(seed, paused=True, carried=carried)
+
+
 def _not_taken_over(
     repeat: Repeat, entries: list[Imported]
-) -> tuple[list[Imported], list[Refusal]]:
+) -> tuple[list[Imported], list[Refusal], dict[tuple[str, str], str]]:
     """`entries` (to create) less those whose schedule another source holds in another queue,
     with the same name and task: one a beat's sync took over from an earlier import of it
     into this queue, and moved to the queue the app sends it to (`sync._relocate`).
-    Imported here again, it would fire twice; each is refused, naming where it is."""
+    Imported here again, it would fire twice; each is refused, naming where it is. Also
+    returns where each of them is: (its queue here, name) -> the queue it moved to."""
     if not entries:
-        return entries, []
+        return entries, [], {}
     names = sorted({e.declaration.name for e in entries})
     held: dict[str, list[tuple[str, str]]] = {}
     for queue in repeat.queues():
@@ -209,12 +232,12 @@ def _not_taken_over(
             if owner and not owner.startswith(IMPORT_SOURCE_PREFIX):
                 held.setdefault(name, []).append((queue, owner))
     if not held:
-        return entries, []
+        return entries, [], {}
     tasks = {
         (queue, name): task
         for queue, name, task in tasks_of(repeat, [(q, n) for n, at in held.items() for q, _ in at])
     }
-    kept, refused = [], []
+    kept, refused, moved = [], [], {}
     for entry in entries:
         d = entry.declaration
         task = d.definition.template.get("task")
@@ -227,6 +250,7 @@ def _not_taken_over(
             kept.append(entry)
             continue
         queue, owner = found[0]
+        moved[_key(d)] = queue
         refused.append(
             Refusal(
                 entry.origin,
@@ -234,7 +258,7 @@ def _not_taken_over(
                 f"queue the app sends it to: left alone (in {d.queue} too, it would fire twice)",
             )
         )
-    return kept, refused
+    return kept, refused, moved
 
 
 def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:
@@ -342,16 +366,19 @@ def _left(entry: Imported, owners: dict[tuple[str, str], str | None]) -> Refusal
     )
 
 
-def _owned(repeat: Repeat, entry: Imported, source: str) -> bool:
+def _owned(repeat: Repeat, entry: Imported, source: str, moved: dict[tuple[str, str], str]) -> bool:
     """True if the registration is paused, by a pause the import may lift: the import's
-    source still owns it (another source took the name over, its pause is not ours) and it
-    is not parked (a dispatch that can never work, a failure streak: resume it by name)."""
-    registration = repeat.get(entry.declaration.queue, entry.declaration.name)
+    source still owns it, or the pause is its `--paused` (`paused_by`) on a registration a
+    beat took over meanwhile (in its queue, or moved to the app's: `moved`); and it is not
+    parked (a dispatch that can never work, a failure streak: resume it by name). Another
+    source's own pause is not the import's to lift."""
+    d = entry.declaration
+    registration = repeat.get(moved.get(_key(d), d.queue), d.name)
     return (
         registration is not None
         and registration.paused
         and registration.parked_reason is None
-        and registration.source == source
+        and source in (registration.source, registration.paused_by)
     )
 
 

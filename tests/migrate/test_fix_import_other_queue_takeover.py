@@ -14,6 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -151,3 +152,67 @@ def test_a_dry_run_says_what_it_would_take_over_and_writes_nothing(
         (main, "static", "app")
     ]
     assert list(repeat.iter_list(imported_into)) == []
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["same-queue", "other-queue"])
+def test_a_beat_started_during_the_paused_staging_is_resumed_by_the_cut_over(
+    run: Run, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery, moved: bool
+) -> None:
+    # Before: the beat took the paused registration over (keeping the pause, as it should
+    # while redbeat runs), and `--resume` then left it alone as another source's: paused for
+    # good (found by a probe of migration.md's cut-over with a beat running during staging).
+    main = f"{prefix}-main"
+    imported_into = f"{prefix}-celery" if moved else main
+    every = schedule(timedelta(minutes=5))
+    RedBeatSchedulerEntry("static", "app.t", every, app=redbeat_app).save()
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    assert run(*args, "--queue", imported_into, "--paused").exit_code == 0
+    staged = repeat.get(imported_into, "static")
+    assert staged is not None and staged.paused and staged.paused_by == "import:redbeat"
+
+    app = Celery(f"beats-{prefix}", broker=redis_url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=main,
+        emq_bridge_prefix=prefix,
+        emq_bridge_queues=[imported_into],
+        beat_schedule={"static": {"task": "app.t", "schedule": timedelta(minutes=5)}},
+        emq_bridge_check_tasks=False,
+        result_backend=None,
+        result_expires=None,
+    )
+    RepeatScheduler(app).close()  # its boot sync takes the registration over, still paused
+    app.close()
+    taken = repeat.get(main, "static")
+    assert taken is not None and taken.paused and taken.source == f"celery.beats-{prefix}"
+
+    cut_over = run(*args, "--queue", imported_into, "--resume")
+    assert cut_over.exit_code == 0, cut_over.output
+    assert f"> resumed {main}/static" in cut_over.output  # where it is now
+    resumed = repeat.get(main, "static")
+    assert resumed is not None and not resumed.paused and resumed.next_run_ms is not None
+    assert resumed.source == f"celery.beats-{prefix}"
+
+
+def test_a_schedule_file_dry_run_shows_what_it_would_take_over(
+    run: Run, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery, tmp_path: Path
+) -> None:
+    # Before: `emq-bridge sync FILE --dry-run` printed its own plan lines, without the
+    # takeover `SyncPlan.lines()` names (found by a probe).
+    main, imported_into = f"{prefix}-main", f"{prefix}-celery"
+    RedBeatSchedulerEntry("rt", "app.t", schedule(timedelta(seconds=4)), app=redbeat_app).save()
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    imported = run(
+        "import", "redbeat", "--from", redis_url, "--prefix", key_prefix, "--queue", imported_into
+    )
+    assert imported.exit_code == 0, imported.output
+    path = tmp_path / "schedules.toml"
+    path.write_text(
+        f'source = "ops"\nqueue = "{main}"\n\n'
+        '[[schedule]]\nname = "rt"\ntask = "app.t"\nevery = "4s"\n'
+    )
+    before = snapshot(repeat)
+    dry = run("sync", str(path), "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert f"+ {main}/rt  every 4s  (takes over {imported_into}/rt of import:redbeat)" in dry.output
+    assert snapshot(repeat) == before
