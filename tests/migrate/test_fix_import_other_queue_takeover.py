@@ -170,6 +170,8 @@ def test_a_beat_started_during_the_paused_staging_is_resumed_by_the_cut_over(
     assert run(*args, "--queue", imported_into, "--paused").exit_code == 0
     staged = repeat.get(imported_into, "static")
     assert staged is not None and staged.paused and staged.paused_by == "import:redbeat"
+    shown = run("show", imported_into, "static")
+    assert "paused by import:redbeat" in shown.output, shown.output  # as migration.md says
 
     app = Celery(f"beats-{prefix}", broker=redis_url, set_as_current=False)
     app.conf.update(
