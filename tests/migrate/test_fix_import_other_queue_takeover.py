@@ -27,7 +27,7 @@ from registry_state import snapshot
 
 from emq_bridge import Declaration, Repeat, define
 from emq_bridge.celery import RepeatScheduler
-from emq_bridge.sync import apply_plan, plan_sync
+from emq_bridge.sync import apply_plan, plan_sync, sync
 from emq_bridge.testing import ManualClock
 
 
@@ -218,3 +218,39 @@ def test_a_schedule_file_dry_run_shows_what_it_would_take_over(
     assert dry.exit_code == 0, dry.output
     assert f"+ {main}/rt  every 4s  (takes over {imported_into}/rt of import:redbeat)" in dry.output
     assert snapshot(repeat) == before
+
+
+def test_a_sync_that_dies_between_the_cancel_and_the_create_leaves_one_schedule_next_time(
+    run: Run,
+    repeat: Repeat,
+    redis_url: str,
+    prefix: str,
+    redbeat_app: Celery,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What migration.md says of a beat killed mid-move: the imported registration is gone,
+    # the next sync creates the declaration from its cadence alone; never two of them.
+    main, imported_into = f"{prefix}-main", f"{prefix}-celery"
+    RedBeatSchedulerEntry("static", "app.t", schedule(timedelta(minutes=1)), app=redbeat_app).save()
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    assert run(*args, "--queue", imported_into).exit_code == 0
+    declared = [Declaration(main, "static", define(every="1m", template={"task": "app.t"}))]
+
+    def killed(*_: Any, **__: Any) -> Any:
+        raise SystemExit(137)  # the process dies after the cancel, before the create
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Repeat, "upsert_many", killed)
+        with pytest.raises(SystemExit):
+            sync(repeat, declared, "app")
+    assert list(repeat.iter_list(imported_into)) == []  # cancelled
+    assert list(repeat.iter_list(main)) == []  # not created yet
+
+    again = sync(repeat, declared, "app")
+    assert [(d.queue, d.name) for d in again.create] == [(main, "static")]
+    assert again.adopted == {}  # nothing left to move: its cadence alone
+    found = [
+        (r.queue, r.name, r.source) for q in (main, imported_into) for r in repeat.iter_list(q)
+    ]
+    assert found == [(main, "static", "app")]
