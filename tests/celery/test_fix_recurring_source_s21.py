@@ -249,9 +249,9 @@ def test_a_worker_moves_the_schedule_of_a_task_only_it_imports_when_its_queue_ch
         del _DECLARED[mark:]
 
 
-def test_a_worker_removes_the_schedule_of_a_task_it_imports_once_its_decorator_is_gone(
-    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
-) -> None:
+def synced_with_then_without_decorator(make_app: Callable[..., Celery]) -> Celery:
+    """A worker's sync of an app whose task `t.workers_only` is `@recurring`; return the same
+    app's next deploy, the task without its decorator (not synced yet)."""
     decorated, plain = make_app(), make_app()
     for app in (decorated, plain):
         app.task(name="t.workers_only", shared=False)(record)
@@ -259,9 +259,16 @@ def test_a_worker_removes_the_schedule_of_a_task_it_imports_once_its_decorator_i
     recurring(every="1h")(decorated.tasks["t.workers_only"])
     try:
         sync_app(decorated, beat=False)
-        [plan] = sync_app(plain, beat=False)  # the next deploy: the decorator removed
     finally:
         del _DECLARED[mark:]
+    return plain
+
+
+def test_a_worker_removes_the_schedule_of_a_task_it_imports_once_its_decorator_is_gone(
+    make_app: Callable[..., Celery], prefix: str, client: redis.Redis
+) -> None:
+    plain = synced_with_then_without_decorator(make_app)
+    [plan] = sync_app(plain, beat=False)  # the next deploy: the decorator removed
     assert plan.remove == [(f"{prefix}-q", "t.workers_only")]
     assert Repeat(client, prefix).get(f"{prefix}-q", "t.workers_only") is None
 
@@ -277,15 +284,7 @@ def test_a_worker_whose_code_declares_no_recurring_task_any_more_still_prunes_at
 
     from celery.signals import celeryd_after_setup
 
-    decorated, plain = make_app(), make_app()
-    for app in (decorated, plain):
-        app.task(name="t.workers_only", shared=False)(record)
-    mark = len(_DECLARED)
-    recurring(every="1h")(decorated.tasks["t.workers_only"])
-    try:
-        sync_app(decorated, beat=False)
-    finally:
-        del _DECLARED[mark:]
+    plain = synced_with_then_without_decorator(make_app)
     assert Repeat(client, prefix).get(f"{prefix}-q", "t.workers_only") is not None
     with caplog.at_level(logging.INFO, logger="emq_bridge"):
         celeryd_after_setup.send(sender="w@h", instance=SimpleNamespace(app=plain), conf=None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -19,21 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres import PG_ADMIN_URL, require_postgres
 from registry_state import snapshot
 
 from emq_bridge import Repeat
 from emq_bridge.cadence import Cron
-
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +31,7 @@ def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     ("pg"), django-celery-beat's tables migrated in both; the database is dropped after."""
     import psycopg
 
-    if not _postgres_reachable():
-        if IN_CI:
-            pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 and CI=true")
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (runs in CI)")
+    require_postgres()
     import django
     from django.conf import settings
     from django.core.management import call_command
@@ -334,10 +320,7 @@ def test_a_database_that_cannot_be_read_is_a_one_line_error_and_creates_nothing(
     assert line.startswith("Error: cannot read django-celery-beat's periodic tasks (")
     assert "no such table" in line and "migrations applied?" in line
 
-    if not _postgres_reachable():
-        if IN_CI:
-            pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 and CI=true")
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (runs in CI)")
+    require_postgres()
     for url, said in (
         ("postgresql://postgres@127.0.0.1:5432/postgres", "does not exist"),  # no such tables
         ("postgresql://postgres:secret@127.0.0.1:1/test", "OperationalError"),  # nobody there

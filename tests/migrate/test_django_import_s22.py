@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,11 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from postgres import PG_ADMIN_URL, require_postgres
 
 from emq_bridge import Repeat
 
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ZONE = "America/New_York"
 
 SEED = f"""
@@ -57,14 +55,6 @@ print(json.dumps({{
 """
 
 
-def _postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
     """A project with USE_TZ = False in New York, django-celery-beat migrated, seeded."""
@@ -74,10 +64,7 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
         url = f"sqlite:///{tmp_path / 'beat.sqlite3'}"
         database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "beat.sqlite3")}
     else:
-        if not _postgres_reachable():
-            if IN_CI:
-                pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 and CI=true")
-            pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (runs in CI)")
+        require_postgres()
         import psycopg
 
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
