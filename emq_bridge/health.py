@@ -1,9 +1,10 @@
 """Is the registry served? Live pumps per queue, and how late the earliest schedule is.
 
 `check` is what `emq-bridge health` (a Kubernetes probe) asks: every queue checked has a
-live pump (`heartbeat.py`), no active schedule's next run passed more than `max_lag_ms`
-ago on the server's clock, and not every pump of a queue has had every send of that queue
-fail for longer than that (a broker refusing them: the heartbeat's `failing_queues`).
+registry and a live pump (`heartbeat.py`), no active schedule's next run passed more than
+`max_lag_ms` ago on the server's clock, and not every pump of a queue has had every send of
+that queue fail for longer than that (a broker refusing them: the heartbeat's
+`failing_queues`).
 `unserved` is what `list` and `show` flag: a schedule whose next run passed while no live
 pump serves its queue, so nothing will fire it.
 """
@@ -14,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .cadence import NEVER_MS
-from .errors import RegistryError
+from .errors import RegistryError, RegistryUnavailable
 from .heartbeat import PumpInfo
 from .registry import Registration, Repeat
+from .replies import redis_errors, text
 
 __all__ = [
     "DEFAULT_MAX_LAG_MS",
@@ -68,11 +70,15 @@ def check(
 ) -> Health:
     """Check `queues` (default: every queue with a registry under the prefix).
 
-    Healthy when there is at least one queue, each has a live pump, and none's earliest
-    active next run passed more than `max_lag_ms` ago (server clock). Costs one pipeline for
-    every queue's earliest run, one for the pumps and the server's clock: three round trips
-    however many queues (and the SCAN that finds them when `queues` is not given). Raises
-    `RegistryUnavailable`/`RegistryError` when Redis fails (the first failing queue's error).
+    Healthy when there is at least one queue, each has a registry (its sorted set of
+    registrations, as `Repeat.queues` finds them: a queue named in `queues` whose registry
+    key does not exist is unhealthy, as no queue at all is) and a live pump, and none's
+    earliest active next run passed more than `max_lag_ms` ago (server clock). Costs one
+    pipeline for every queue's earliest run, one for the pumps and the server's clock: three
+    round trips however many queues (and the SCAN that finds them when `queues` is not
+    given), plus one when a named queue holds no scheduled run (none, or all paused), to
+    tell whether its registry exists. Raises `RegistryUnavailable`/`RegistryError` when
+    Redis fails (the first failing queue's error; a key of the wrong type is named).
     """
     if max_lag_ms < 0:
         raise ValueError("max_lag_ms must not be negative")
@@ -80,21 +86,36 @@ def check(
     pumps = repeat.pumps_by_queue(names)
     found = []
     now_ms = 0
+    unscored = []  # named queues whose registry holds no score: it may not exist
     # Each queue's clock and earliest score, read-only, all in one pipeline.
     for queue, scan in zip(names, repeat.scan_many(names, 1), strict=True):
         if isinstance(scan, RegistryError):
-            raise scan
+            raise _named(repeat, queue, scan)
         now_ms = scan.now_ms
         earliest = scan.due[0][0] if scan.due else None
         found.append(QueueHealth(queue, tuple(pumps[queue]), earliest, _run_ms(scan.earliest_ms)))
+        if queues is not None and scan.earliest_ms is None:
+            unscored.append(queue)
     if not names:
         reason = f"no queue has a registry under prefix {repeat.prefix!r}: nothing is served"
         return Health(False, reason, repeat.server_time_ms(), max_lag_ms)
+    # Found by SCAN, a queue has a registry; named, it may have none (wiped, or a wrong
+    # name): unhealthy as an empty prefix is, though a pump still serves it.
+    missing = _missing(repeat, unscored)
     for item in found:
         if not item.pumps:
-            return Health(
-                False, f"no live pump serves queue {item.queue!r}", now_ms, max_lag_ms, tuple(found)
+            reason = f"no live pump serves queue {item.queue!r}"
+            if item.queue in missing:
+                reason += f", which has no registry under prefix {repeat.prefix!r}"
+            return Health(False, reason, now_ms, max_lag_ms, tuple(found))
+    for item in found:
+        if item.queue in missing:
+            reason = (
+                f"queue {item.queue!r} has no registry under prefix {repeat.prefix!r}: no "
+                f"schedule, not even a paused one (a wrong queue name or prefix, or its keys "
+                f"were removed); its {len(item.pumps)} live pump(s) have nothing to fire"
             )
+            return Health(False, reason, now_ms, max_lag_ms, tuple(found))
     for item in found:
         late = item.overdue_ms(now_ms)
         if late > max_lag_ms:
@@ -127,6 +148,48 @@ def check(
         f"nothing overdue by more than {_seconds(max_lag_ms)}"
     )
     return Health(True, reason, now_ms, max_lag_ms, tuple(found))
+
+
+def _missing(repeat: Repeat, queues: Sequence[str]) -> set[str]:
+    """Return which of `queues` have no registry key (one pipeline; none if `queues` is
+    empty). Its sorted set goes with its last registration: a queue whose schedules are all
+    paused or past their end keeps it (their scores are +inf or far ahead)."""
+    if not queues:
+        return set()
+    with redis_errors("read registries"):
+        pipe = repeat.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.exists(repeat.keys(queue).registry)
+        replies = pipe.execute()
+    return {queue for queue, exists in zip(queues, replies, strict=True) if not exists}
+
+
+def _named(repeat: Repeat, queue: str, error: RegistryError) -> RegistryError:
+    """Return `error`, the scan of `queue` failing, as one line naming the key of the wrong
+    type when that is its cause (a script's WRONGTYPE names no key, only the script's hash
+    and line), as `emq-bridge pumps` names a pump table of the wrong type; else `error`."""
+    if isinstance(error, RegistryUnavailable) or "WRONGTYPE" not in str(error):
+        return error
+    keys = repeat.keys(queue)
+    scanned = [keys.registry, keys.leases, keys.running]  # the sorted sets scan.lua reads
+    try:
+        with redis_errors(f"scan {queue}"):
+            pipe = repeat.client.pipeline(transaction=False)
+            for key in scanned:
+                pipe.type(key)
+            kinds = [text(kind) for kind in pipe.execute()]
+    except RegistryError:
+        return error  # told as it came: the scan's own error
+    wrong = [
+        f"key {key!r} holds a {kind}, not a sorted set"
+        for key, kind in zip(scanned, kinds, strict=True)
+        if kind not in ("zset", "none")
+    ]
+    if not wrong:
+        return error  # repaired since: the scan's own error
+    named = RegistryError(f"scan {queue}: WRONGTYPE {'; '.join(wrong)} (edited by hand?)")
+    named.__cause__ = error
+    return named
 
 
 def served(repeat: Repeat, queues: Sequence[str]) -> set[str]:

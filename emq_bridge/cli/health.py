@@ -18,7 +18,7 @@ __all__ = ["COMMANDS", "EXIT_UNHEALTHY", "UNSERVED", "UNSERVED_TEXT", "flagged_s
 
 EXIT_UNHEALTHY = 4
 """Exit code of `health` when the registry is not served (0 healthy, 1 bad input, 2 bad
-usage, 3 Redis unreachable)."""
+usage, 3 Redis unreachable or refusing a read)."""
 
 
 class Unhealthy(click.ClickException):
@@ -101,10 +101,12 @@ def health_command(
     Dramatiq worker with RecurringMiddleware) wrote its heartbeat lately, and no active
     schedule's next run passed more than --max-lag ago on the Redis server's clock. Without
     --queue every queue with a registry under the prefix is checked (and none at all is
-    unhealthy). One line tells the result: on stdout when healthy, on stderr when not.
-    Exit codes: 0 healthy, 4 unhealthy, 1 bad input (a bad queue name), 2 bad usage,
-    3 Redis unreachable, or no answer within 5 s (a hung server). Made for a Kubernetes
-    exec probe (a timeoutSeconds of 10 covers it).
+    unhealthy); a queue named with --queue that has no registry (no schedule, not even a
+    paused one) is unhealthy too. One line tells the result: on stdout when healthy, on
+    stderr when not. Exit codes: 0 healthy, 4 unhealthy, 1 bad input (a bad queue name),
+    2 bad usage, 3 Redis unreachable or refusing a read (a key of the wrong type, named),
+    or no answer within 5 s (a hung server). Made for a Kubernetes exec probe (a
+    timeoutSeconds of 10 covers it).
 
     \b
     Examples:
