@@ -135,30 +135,34 @@ def apply_import(
     result = ImportResult(plan.source, dry_run, refused=list(plan.refused))
     owners = _owners(repeat, planned.update)
     theirs = [by_key[key] for key, owner in owners.items() if owner != plan.source]
-    if strict and theirs:  # (one that another source takes meanwhile is refused by the write)
-        _refuse_all([_left(e, owners) for e in theirs])
-    planned.update = [d for d in planned.update if owners[(d.queue, d.name)] == plan.source]
-    result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
     # A seed applies to what is created only; `paused` creates it paused.
     created, elsewhere, moved = _not_taken_over(repeat, [by_key[_key(d)] for d in planned.create])
-    if strict and elsewhere:
-        _refuse_all(elsewhere)
-    result.refused += elsewhere
+    # What `resume` lifts, a registration a beat took over during the staging included: the
+    # import leaves its definition to the beat, but resumes it, and that is what is said of
+    # it (`> resumed`), not a `!`: neither listed nor refused by `strict` as left alone.
+    lifting = (
+        [e for e in plan.entries if not e.seed.paused and _owned(repeat, e, plan.source, moved)]
+        if resume
+        else []
+    )
+    lifted = {e.origin for e in lifting}
+    left = [_left(e, owners) for e in theirs if e.origin not in lifted]
+    if strict and left:  # (one that another source takes meanwhile is refused by the write)
+        _refuse_all(left)
+    planned.update = [d for d in planned.update if owners[(d.queue, d.name)] == plan.source]
+    result.unchanged = [by_key[(d.queue, d.name)] for d in planned.unchanged]
+    if strict and (refused := [r for r in elsewhere if r.origin not in lifted]):
+        _refuse_all(refused)
     if paused:  # marked as the import's pause: `resume` lifts it whoever owns it by then
         created = [replace(e, seed=_paused_by(e.seed, plan.source)) for e in created]
     todo = [*created, *(by_key[(d.queue, d.name)] for d in planned.update)]
     if dry_run:
         result.created = created
         result.updated = [by_key[(d.queue, d.name)] for d in planned.update]
-        result.refused += [_left(e, owners) for e in theirs]
         result.updated = _as_stored(repeat, result.updated)
         result.unchanged = _as_stored(repeat, result.unchanged)
-        if resume:
-            result.resumed = [
-                _where(e, moved)
-                for e in plan.entries
-                if not e.seed.paused and _owned(repeat, e, plan.source, moved)
-            ]
+        result.resumed = [_where(e, moved) for e in lifting]
+        result.refused += _not_resumed([*elsewhere, *left], result.resumed)
         return result
     todo += theirs  # sent too: the script decides who owns it at the time of the write
     answers = repeat.upsert_many(
@@ -168,24 +172,24 @@ def apply_import(
         keep_owners=True,
     )
     buckets = {"created": result.created, "updated": result.updated, "unchanged": result.unchanged}
+    owned: list[Refusal] = []
     for entry, answer in zip(todo, answers, strict=True):
         if answer == "owned":
             d = entry.declaration
             registration = repeat.get(d.queue, d.name)  # who, for the message only
             owners[(d.queue, d.name)] = registration.source if registration else None
-            result.refused.append(_left(entry, owners))
+            owned.append(_left(entry, owners))
         else:
             buckets[answer].append(entry)
-    if resume:
-        for entry in plan.entries:
-            d = entry.declaration
-            if not entry.seed.paused and _owned(repeat, entry, plan.source, moved):
-                queue = moved.get(_key(d), d.queue)
-                try:
-                    if repeat.resume(queue, d.name, seed=entry.seed):
-                        result.resumed.append(_where(entry, moved))
-                except KeyError:  # removed meanwhile: nothing to resume
-                    continue
+    for entry in lifting:  # read again: the write may have changed who owns it, or its pause
+        d = entry.declaration
+        if _owned(repeat, entry, plan.source, moved):
+            try:
+                if repeat.resume(moved.get(_key(d), d.queue), d.name, seed=entry.seed):
+                    result.resumed.append(_where(entry, moved))
+            except KeyError:  # removed meanwhile: nothing to resume
+                continue
+    result.refused += _not_resumed([*elsewhere, *owned], result.resumed)
     result.updated = _as_stored(repeat, result.updated)
     result.unchanged = _as_stored(repeat, result.unchanged)
     return result
@@ -204,6 +208,13 @@ def _where(entry: Imported, moved: dict[tuple[str, str], str]) -> Imported:
     d = entry.declaration
     queue = moved.get(_key(d))
     return entry if queue is None else replace(entry, declaration=replace(d, queue=queue))
+
+
+def _not_resumed(refused: list[Refusal], resumed: list[Imported]) -> list[Refusal]:
+    """`refused` less the schedules `resumed`: one a beat took over during the staging is left
+    to the beat (its definition), but resumed, and only that is said of it."""
+    done = {e.origin for e in resumed}
+    return [r for r in refused if r.origin not in done]
 
 
 def _paused_by(seed: Seed, source: str) -> Seed:
