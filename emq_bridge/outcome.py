@@ -137,12 +137,20 @@ class Report:
         ):
             _check_report(self)
 
-    def ended(self, kind: ReportKind, at_ms: int, error: str = "", *, hold_ms: int = 0) -> Report:
+    def ended(
+        self,
+        kind: ReportKind,
+        at_ms: int,
+        error: str = "",
+        *,
+        hold_ms: int = 0,
+        started_ms: int | None = None,
+    ) -> Report:
         """The `kind` report of the same occurrence and attempt, at `at_ms`: what an adapter
         that built this report at the start sends at the end, without reading the
-        occurrence's fields again. It does not carry the start (`started_ms`): that start
-        is reported on its own, and `started_ms` says a start folded in, never reported
-        apart (the metrics count it as a start)."""
+        occurrence's fields again. It carries a start (`started_ms`) only when asked: that
+        says a start folded in, never reported apart (the metrics count it as a start), which
+        only the `Reporter` knows (`Reporter.finish`)."""
         return Report(
             kind,
             self.queue,
@@ -156,6 +164,7 @@ class Report:
             self.triggered,
             error,
             hold_ms,
+            started_ms,
         )
 
     def folded(self, start: Report) -> Report:

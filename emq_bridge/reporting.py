@@ -1,10 +1,15 @@
 """`Reporter`: sends what a worker process tells of its occurrences, off the task's path.
 
-The adapters' signal handlers and middleware hooks call `Reporter.report`, which only
-queues the report: a task never waits for Redis and never fails because of it. One
-background thread per process sends what is queued, one `report.lua` call per queue per
-batch (`Repeat.report`), and heartbeats the occurrences this process is running, so an
-occurrence whose worker is killed is marked lost once its heartbeats stop.
+The adapters' signal handlers and middleware hooks call `Reporter.report` (and
+`Reporter.finish` for the end of a run whose start they reported), which only queue the
+report: a task never waits for Redis and never fails because of it. One background thread
+per process sends what is queued, one `report.lua` call per queue per batch
+(`Repeat.report`), and heartbeats the occurrences this process is running, so an occurrence
+whose worker is killed is marked lost once its heartbeats stop.
+
+A `started` report waits aside until its run has lasted `linger_s`: a run that ends before
+then reports its start in its final report (`started_ms`), one update for a short task, and
+its start never goes to the queue; a longer run's start is sent on its own.
 
 If Redis cannot be reached, reports are dropped: one WARNING when that begins, one INFO with
 the count when reports go through again. A forked child (Celery's prefork pool) gets a
@@ -22,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .lifecycle import BeginVerdict, check_history_size
-from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report
+from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report, ReportKind
 from .registry import Repeat
 
 __all__ = ["HEARTBEAT_S", "Reporter"]
@@ -47,9 +52,10 @@ class Reporter:
     first time, so a forked child connects on its own). `history_size` is the number of
     occurrences each registration's history keeps; `heartbeat_s` how often running
     occurrences are heartbeated (they are lost after `3 * heartbeat_s` without one);
-    `linger_s` how long reports gather before they are sent (at most `BATCH` a call). A
-    `started` report still waiting when its occurrence's final report comes is folded into
-    it, so a short task costs the registry one update.
+    `linger_s` how long reports gather before they are sent (at most `BATCH` a call), and
+    how long a run lasts before its `started` report is sent on its own: a start still
+    waiting when its occurrence's final report comes is folded into it, so a short task
+    costs the registry one update.
     """
 
     def __init__(
@@ -87,6 +93,14 @@ class Reporter:
         self._idle = False  # the thread waits for a first report (only then is `_wake` set)
         self._pending: deque[Report] = deque()
         self._running: dict[tuple[str, str], Report] = {}
+        # The `started` reports not sent yet, by occurrence, with when they were queued
+        # (`time.monotonic()`): the run's final report takes its start from here, or the
+        # thread sends it once the run lasted `linger_s`. A `pop` by either side claims it,
+        # so it is sent exactly once (atomic under the GIL).
+        self._unsent: dict[tuple[str, str], tuple[Report, float]] = {}
+        # Registration (queue, name) -> the occurrence whose start waits aside (at most one:
+        # a report of another occurrence of it sends that start first, `_claim_start`).
+        self._open: dict[tuple[str, str], tuple[str, str]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self._sending = 0
@@ -101,10 +115,75 @@ class Reporter:
             return
         # Single dict and deque operations are atomic under the GIL: no lock on this path.
         key = (item.queue, item.id)
-        if item.kind == "started":
-            self._running[key] = item
-        elif item.kind != "heartbeat":
+        kind = item.kind
+        if kind == "heartbeat":
+            self._append(item)
+            return
+        if kind != "started":
             self._running.pop(key, None)
+            start = self._claim_start(key, item.name)
+            if start is not None:
+                if (
+                    start.attempt == item.attempt
+                    and item.started_ms is None
+                    and kind in FINAL_STATUSES
+                ):
+                    item = item.folded(start)
+                else:  # another attempt's start, a retry's, a final with its own: sent first
+                    self._append(start)
+            self._append(item)
+            return
+        self._running[key] = item
+        waiting = self._unsent.get(key)
+        if waiting is not None and waiting[0].attempt == item.attempt:
+            if waiting[0].at_ms >= item.at_ms:
+                return  # the same start again, or an earlier one: the later start holds
+        else:  # a start of another attempt, or of another occurrence of it, goes first
+            previous = self._claim_start(key, item.name)
+            if previous is not None:
+                self._append(previous)
+        self._unsent[key] = (item, time.monotonic())
+        self._open[(item.queue, item.name)] = key
+        if self._thread is None:
+            self._ensure_thread()
+        if self._idle:  # the thread sleeps until a heartbeat: it sends this start
+            self._idle = False
+            self._wake.set()
+
+    def finish(
+        self, start: Report, kind: ReportKind, at_ms: int, error: str = "", *, hold_ms: int = 0
+    ) -> None:
+        """Queue the `kind` report that ends the run `start` began (`Report.ended`), carrying
+        the start when it was not sent yet: what `report(start.ended(...))` queues, built
+        once. Never blocks on Redis and never raises."""
+        if self._closed:
+            return
+        key = (start.queue, start.id)
+        self._running.pop(key, None)
+        waiting = self._claim_start(key, start.name)
+        started_ms = None
+        if waiting is not None:
+            if waiting.attempt == start.attempt and kind in FINAL_STATUSES:
+                started_ms = waiting.at_ms
+            else:  # another attempt's start, or a retry's (it ends no run): sent first
+                self._append(waiting)
+        self._append(start.ended(kind, at_ms, error, hold_ms=hold_ms, started_ms=started_ms))
+
+    def _claim_start(self, key: tuple[str, str], name: str) -> Report | None:
+        """Take the start of occurrence `key` (of registration `name`) waiting aside, if any,
+        for its final report to carry; and send on its own any start of another occurrence
+        of that registration still waiting, ahead of the report being queued. So a start is
+        folded only into a final that follows it with no report of its registration in
+        between, and the registry ends as if each report had been sent alone, in order."""
+        other = self._open.pop((key[0], name), None)
+        if other is not None and other != key:
+            waiting = self._unsent.pop(other, None)
+            if waiting is not None:
+                self._append(waiting[0])
+        mine = self._unsent.pop(key, None)
+        return None if mine is None else mine[0]
+
+    def _append(self, item: Report) -> None:
         pending = self._pending
         if len(pending) >= self.max_pending:
             with self._lock:
@@ -112,12 +191,7 @@ class Reporter:
             return
         pending.append(item)
         if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="emq-bridge-reporter", daemon=True
-                    )
-                    self._thread.start()
+            self._ensure_thread()
         # Wake the thread only when it waits for a first report, or when a batch fills up
         # (once per BATCH reports, not on every report while it is behind): an Event.set per
         # report would cost more than the rest of `report`. A wake missed by two threads
@@ -125,6 +199,15 @@ class Reporter:
         if self._idle or len(pending) % BATCH == 0:
             self._idle = False
             self._wake.set()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="emq-bridge-reporter", daemon=True
+                    )
+                    self._thread.start()
 
     def ended(self, item: Report) -> None:
         """The run of `item`'s occurrence ended (its actor returned): heartbeat it no more,
@@ -166,7 +249,7 @@ class Reporter:
             self._flushing += 1  # no lingering while someone waits
             self._wake.set()
             try:
-                while self._pending or self._sending:
+                while self._pending or self._sending or self._unsent:
                     left = deadline - time.monotonic()
                     if left <= 0 or self._thread is None:
                         return False
@@ -186,15 +269,18 @@ class Reporter:
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_s
-        pending, wake = self._pending, self._wake
+        pending, wake, unsent = self._pending, self._wake, self._unsent
         while True:
             # `_idle` before the check: a report appended after it sees it and wakes us.
             self._idle = True
             if not pending and not self._closed:
-                wake.wait(max(0.0, next_beat - time.monotonic()))
+                wait = next_beat - time.monotonic()
+                if unsent:  # until the oldest start waiting aside is due
+                    wait = min(wait, self._starts_due_in())
+                wake.wait(max(0.0, wait))
             self._idle = False
             wake.clear()
-            if self._closed and not pending:
+            if self._closed and not pending and not unsent:
                 return
             # Let a batch gather (a full one, a flush or a close sends at once).
             gather_until = time.monotonic() + self.linger_s
@@ -221,15 +307,43 @@ class Reporter:
                     for r in list(self._running.values())
                 )
             with self._lock:
+                # The starts of runs that lasted `linger_s` (all of them on a flush or a
+                # close) join the queue behind what is in it: every report of their
+                # registration queued before came before them, and any queued after the
+                # claim comes after. Under the lock, so that `flush` never sees a start
+                # neither waiting nor queued.
+                pending.extend(self._due_starts(everything=self._closed or bool(self._flushing)))
                 batch = [pending.popleft() for _ in range(min(BATCH, len(pending)))]
                 self._sending = len(batch)
             try:
                 if batch:
-                    self._send(fold_starts(batch))
+                    self._send(batch)
             finally:
                 with self._lock:
                     self._sending = 0
                     self._lock.notify_all()
+
+    def _starts_due_in(self) -> float:
+        """Seconds until the oldest start waiting aside has waited `linger_s` (0 if due)."""
+        oldest = min((queued for _, queued in list(self._unsent.values())), default=None)
+        if oldest is None:
+            return self.linger_s
+        return max(0.0, oldest + self.linger_s - time.monotonic())
+
+    def _due_starts(self, *, everything: bool) -> list[Report]:
+        """Claim the starts that waited aside `linger_s` (with `everything`, all of them), in
+        the order they came."""
+        unsent = self._unsent
+        if not unsent:
+            return []
+        cutoff = time.monotonic() - self.linger_s
+        claimed = []
+        for key, (_, queued) in list(unsent.items()):
+            if everything or queued <= cutoff:
+                waiting = unsent.pop(key, None)  # None: its final report took it meanwhile
+                if waiting is not None:
+                    claimed.append(waiting[0])
+        return claimed
 
     def _send(self, batch: list[Report]) -> None:
         try:
@@ -272,36 +386,3 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_after_fork)
-
-
-def fold_starts(batch: list[Report]) -> list[Report]:
-    """Fold a `started` report into its occurrence's final report when no other report of its
-    registration came between them (but heartbeats and repeats of that start): the final
-    then carries `started_ms`, and the registry ends exactly as after both, in one update
-    instead of two. Reports of other registrations may come between: they touch other keys
-    (and their own members of `running`), so the order among registrations changes nothing.
-    What a short task reports, start and end, costs one update."""
-    out: list[Report | None] = []
-    starts: dict[tuple[str, str], int] = {}  # registration -> index in `out` of its open start
-    for item in batch:
-        registration = (item.queue, item.name)
-        at = starts.get(registration)
-        start = out[at] if at is not None else None
-        same = start is not None and (item.id, item.attempt) == (start.id, start.attempt)
-        if same and start is not None and at is not None and item.kind == "started":
-            if item.at_ms > start.at_ms:  # started again later (another worker): it wins
-                out[at] = item
-            continue
-        if same and item.kind == "heartbeat":
-            continue  # changes nothing after that start
-        if same and start is not None and at is not None and item.kind in FINAL_STATUSES:
-            out[at] = None
-            out.append(item.folded(start))
-            del starts[registration]
-            continue
-        out.append(item)
-        if item.kind == "started":
-            starts[registration] = len(out) - 1
-        else:
-            starts.pop(registration, None)
-    return [item for item in out if item is not None]

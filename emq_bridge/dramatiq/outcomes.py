@@ -254,10 +254,11 @@ class MessageOutcomes:
     ) -> None:
         try:
             text = error if isinstance(error, str) else error_text(error)
-            if run.began:
-                item = run.start.ended(kind, at_ms, text, hold_ms=hold_ms)
-            else:  # no start seen: the final report alone, with no start time
-                item = replace(run.start, kind=kind, at_ms=at_ms, error=text, hold_ms=hold_ms)
+            if run.began:  # the start's report made once, carrying it if not sent yet
+                self.reporter.finish(run.start, kind, at_ms, text, hold_ms=hold_ms)
+                return
+            # No start seen: the final report alone, with no start time.
+            item = replace(run.start, kind=kind, at_ms=at_ms, error=text, hold_ms=hold_ms)
         except Exception as exc:  # a bug: never into the actor
             log.warning("the %s report of occurrence %s was dropped: %s", kind, run.message_id, exc)
             return

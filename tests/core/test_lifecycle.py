@@ -19,7 +19,7 @@ from emq_bridge.embedded import EmbeddedServer
 from emq_bridge.errors import ScheduleError
 from emq_bridge.lifecycle import report_of
 from emq_bridge.outcome import MAX_ERROR_CHARS, Report, error_text
-from emq_bridge.reporting import Reporter, fold_starts
+from emq_bridge.reporting import Reporter
 from emq_bridge.testing import RecordingDispatcher
 
 TEMPLATE = {"task": "reports.digest"}
@@ -607,8 +607,8 @@ def test_a_start_builds_its_end_and_folds_into_it() -> None:
     assert (end.kind, end.at_ms, end.error, end.hold_ms) == ("failed", 1_400, "OSError: flaky", 5)
     assert (end.queue, end.name, end.id, end.due_ms, end.attempt) == ("q", "job", "id-1", 1_000, 2)
     assert end.released_ms == 1_001 and end.started_ms is None  # the start is its own report
-    # Both in one batch: one report, the final carrying the start (`folded`).
-    (only,) = fold_starts([start, end])
+    # A start not sent yet: the final carries it (`Reporter.finish`).
+    only = start.ended("failed", 1_400, "OSError: flaky", hold_ms=5, started_ms=1_100)
     assert (only.kind, only.started_ms, only.released_ms) == ("failed", 1_100, 1_001)
     plain = Report("succeeded", "q", "job", "id-1", 1_000, 1_500, 2)
     assert plain.folded(start).started_ms == 1_100

@@ -24,7 +24,7 @@ from registry_state import drop_prefix
 
 from emq_bridge import Repeat
 from emq_bridge.outcome import Report
-from emq_bridge.reporting import fold_starts
+from emq_bridge.reporting import Reporter
 
 KINDS = ("started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat")
 RANK = {"running": 1, "lost": 2, "retrying": 3}
@@ -151,16 +151,20 @@ close_reports = st.lists(
 def test_a_folded_batch_ends_as_its_reports_one_by_one(
     model_client: redis.Redis, plan: list[tuple[int, str, int]], cut: int
 ) -> None:
-    """The Reporter folds a start into its final report in one batch (`fold_starts`): the
-    registry must end exactly as if each report had been sent alone, in order, whatever
-    came before in an earlier batch (`cut`)."""
+    """The Reporter folds a start into its final report when no report of its registration
+    came between them and it was not sent yet: the registry must end exactly as if each
+    report had been sent alone, in order, whatever was sent before (a flush at `cut`)."""
     one_by_one = _fresh(model_client)
     for item in _reports(plan):
         one_by_one.report([item], history_size=CAP + 3)
     folded = _fresh(model_client)
     items = _reports(plan)
+    reporter = Reporter(folded, history_size=CAP + 3, linger_s=5.0)  # sent only by flushes
     for batch in (items[:cut], items[cut:]):
-        folded.report(fold_starts(batch), history_size=CAP + 3)
+        for item in batch:
+            reporter.report(item)
+        assert reporter.flush(10)
+    reporter.close()
 
     def everything(repeat: Repeat) -> list[object]:
         keys = repeat.keys("q")
