@@ -2,6 +2,7 @@
 
     python -m bench.lifecycle            # the full run (about 8 minutes on 2 cores)
     python -m bench.lifecycle --quick    # a smoke run (about 1 minute)
+    python -m bench.lifecycle --framework dramatiq --pairs 3   # one framework's throughput
 
 One embedded server, one run, side by side:
 
@@ -98,6 +99,7 @@ class Plan:
     settle_cap_s: float = 60.0
     cost_occurrences: int = 5000
     cost_batches: tuple[int, ...] = (2, 20, 200)
+    frameworks: tuple[str, ...] = FRAMEWORKS  # whose throughput is measured
 
     @property
     def n(self) -> int:
@@ -757,7 +759,7 @@ def portable_command(argv: list[str]) -> str:
 
 
 def run(plan: Plan, results: Results, server: Server) -> None:
-    frameworks = {name: Framework(name, server, plan.of(name)) for name in FRAMEWORKS}
+    frameworks = {name: Framework(name, server, plan.of(name)) for name in plan.frameworks}
     for name, framework in frameworks.items():
         step(results, "set-up", name, framework.plan.n, framework.set_up)
     # A first, unrecorded repetition of each: scripts compiled, worker imports cached.
@@ -801,7 +803,7 @@ def run(plan: Plan, results: Results, server: Server) -> None:
 
 def paired_ratios(results: Results, plan: Plan) -> dict[str, list[float]]:
     out = {}
-    for name in FRAMEWORKS:
+    for name in plan.frameworks:
         runs = results.runs.get("throughput", {})
         n = str(plan.of(name).n)
         off = runs.get(f"{name} off", {}).get(n, {}).get("tasks_per_s", [])
@@ -821,6 +823,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pairs", type=int, metavar="N", help="repetitions of each arm (default 3; 1 quick)"
     )
+    parser.add_argument(
+        "--framework",
+        action="append",
+        choices=FRAMEWORKS,
+        help="measure this framework's throughput only (repeatable; default both)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures here")
     parser.add_argument("--table", type=Path, metavar="PATH", help="write the table here")
     args = parser.parse_args(argv)
@@ -832,6 +840,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.pairs < 1:
             parser.error("--pairs must be at least 1")
         plan = replace(plan, pairs=args.pairs)
+    if args.framework:
+        plan = replace(plan, frameworks=tuple(dict.fromkeys(args.framework)))
     started = time.time()
     out = args.out
     if out is None:
