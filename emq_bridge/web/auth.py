@@ -3,7 +3,8 @@
 Read-only unless writes are allowed, one of two ways:
 
 - a token: `Authorization: Bearer <token>` on an API call, or the token typed once into the
-  page's unlock form, which sets an HttpOnly cookie holding an HMAC of it (never the token);
+  page's unlock form, which sets an HttpOnly cookie holding when it was issued and an HMAC of
+  that time and the token (never the token), good for `UNLOCK_MAX_AGE_S`;
 - the host application's own auth: `can_write(request)` returns True (Starlette's
   `request.user`, a Django session read through the ASGI scope, a header set by a proxy).
 
@@ -18,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["CSRF_COOKIE", "WRITE_COOKIE", "Guard", "WriteCheck"]
+__all__ = ["CSRF_COOKIE", "UNLOCK_MAX_AGE_S", "WRITE_COOKIE", "Guard", "WriteCheck"]
 
 WriteCheck = Callable[[Request], bool]
 """The host application's say on writes: True lets this request change schedules."""
@@ -31,6 +33,13 @@ WriteCheck = Callable[[Request], bool]
 CSRF_COOKIE = "emq_bridge_csrf"
 WRITE_COOKIE = "emq_bridge_write"
 CSRF_HEADER = "x-csrf-token"
+# How long an unlock lasts: the cookie expires then, and a copy of it (a stolen cookie, or one
+# kept past *Lock*) is refused after that too, since the time it was issued is signed in it.
+UNLOCK_MAX_AGE_S = 12 * 3600
+
+
+def _now() -> float:
+    return time.time()
 
 
 class Guard:
@@ -54,9 +63,18 @@ class Guard:
     def _sign(self, value: str) -> str:
         return hmac.new(self._secret, value.encode(), hashlib.sha256).hexdigest()
 
-    def _unlocked(self) -> str | None:
-        """The unlock cookie's value: an HMAC of the token, so the token is never stored."""
-        return None if self._token is None else self._sign("write:" + self._token)
+    def _unlocked(self, issued: int) -> str:
+        """The unlock cookie's value for one issued at `issued` (epoch s): that time and an
+        HMAC of it and the token, so the token is never stored and the age is signed."""
+        return f"{issued}.{self._sign(f'write:{issued}:{self._token}')}"
+
+    def _unlock_valid(self, cookie: str) -> bool:
+        """Whether `cookie` is an unlock this app issued less than `UNLOCK_MAX_AGE_S` ago."""
+        issued, _, _ = cookie.partition(".")
+        if self._token is None or not issued.isascii() or not issued.isdigit():
+            return False
+        age = _now() - int(issued)
+        return -60 <= age <= UNLOCK_MAX_AGE_S and _same(cookie, self._unlocked(int(issued)))
 
     def bearer(self, request: Request) -> bool:
         """Whether the request carries the token in its Authorization header."""
@@ -71,8 +89,8 @@ class Guard:
         """Whether this request may change schedules (token, unlock cookie or host's auth)."""
         if self.bearer(request):
             return True
-        unlocked, cookie = self._unlocked(), request.cookies.get(WRITE_COOKIE)
-        if unlocked is not None and cookie is not None and _same(cookie, unlocked):
+        cookie = request.cookies.get(WRITE_COOKIE)
+        if cookie is not None and self._unlock_valid(cookie):
             return True
         return self._can_write is not None and bool(self._can_write(request))
 
@@ -82,10 +100,11 @@ class Guard:
         return self._token is not None and _same(given.strip(), self._token)
 
     def unlock(self, request: Request, response: Response) -> None:
-        """Set the unlock cookie on `response` (after `check_token`)."""
-        value = self._unlocked()
-        if value is not None:
-            _set_cookie(request, response, WRITE_COOKIE, value)
+        """Set the unlock cookie on `response` (after `check_token`), good for
+        `UNLOCK_MAX_AGE_S`."""
+        if self._token is not None:
+            value = self._unlocked(int(_now()))
+            _set_cookie(request, response, WRITE_COOKIE, value, max_age=UNLOCK_MAX_AGE_S)
 
     def lock(self, request: Request, response: Response) -> None:
         response.delete_cookie(WRITE_COOKIE, path=_path(request))
@@ -151,10 +170,13 @@ def _path(request: Request) -> str:
     return root.rstrip("/") + "/" if root else "/"
 
 
-def _set_cookie(request: Request, response: Response, name: str, value: str) -> None:
+def _set_cookie(
+    request: Request, response: Response, name: str, value: str, *, max_age: int | None = None
+) -> None:
     response.set_cookie(
         name,
         value,
+        max_age=max_age,
         path=_path(request),
         httponly=True,
         samesite="strict",

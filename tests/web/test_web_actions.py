@@ -16,10 +16,11 @@ from starlette.testclient import TestClient
 from web_client import TOKEN, Client
 
 from emq_bridge import Repeat
-from emq_bridge.web import app
+from emq_bridge.web import app, auth
 from emq_bridge.web.auth import CSRF_COOKIE, WRITE_COOKIE
 
 PAGE = "/schedule?queue=reports&name=digest"
+TWELVE_HOURS_S = 12 * 3600
 
 
 @pytest.fixture
@@ -255,3 +256,44 @@ def test_api_bodies_nested_too_deep_or_with_non_string_names_are_refused_with_40
         error = refused.json()["error"]
         assert "JSON object of strings" in error or "must be a string" in error
     assert snapshot(seeded) == before
+
+
+def test_an_unlock_expires_and_a_copy_kept_past_lock_is_refused_after_that(
+    seeded: Repeat, web: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unlock cookie was the same HMAC for as long as the process lived: a copy of it
+    (kept past *Lock*, or stolen) wrote until a restart. Now the time it was issued is signed
+    in it and it lasts `UNLOCK_MAX_AGE_S`, as the cookie's own Max-Age says."""
+    issued = 1_900_000_000.0
+    monkeypatch.setattr(auth, "_now", lambda: issued, raising=False)
+    client = web(token=TOKEN)
+    unlock(client)
+    copy = client.cookies.get(WRITE_COOKIE)
+    assert copy is not None and TOKEN not in copy
+    client.post("/lock", data={"csrf": csrf_of(client.get("/").text)})
+    assert WRITE_COOKIE not in client.cookies
+    client.cookies.set(WRITE_COOKIE, copy)  # the copy, still within its time: it writes
+    assert act(client, "pause").status_code == 303  # type: ignore[attr-defined]
+    assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+    monkeypatch.setattr(auth, "_now", lambda: issued + TWELVE_HOURS_S + 1, raising=False)
+    assert act(client, "resume").status_code == 403  # type: ignore[attr-defined]
+    assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+    assert 'id="actions"' not in client.get(PAGE).text  # read-only again
+    client.cookies.set(WRITE_COOKIE, f"{int(issued) + 10**6}.{copy.partition('.')[2]}")
+    assert act(client, "resume").status_code == 403  # type: ignore[attr-defined]
+    unlock(client)  # unlocking again gives a fresh one
+    assert act(client, "resume").status_code == 303  # type: ignore[attr-defined]
+    assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+
+def test_the_unlock_cookie_says_how_long_it_lasts(seeded: Repeat, web: Client) -> None:
+    assert auth.UNLOCK_MAX_AGE_S == TWELVE_HOURS_S  # what docs/web.md says
+    client = web(token=TOKEN)
+    page = client.get("/")
+    reply = client.post(
+        "/unlock", data={"token": TOKEN, "csrf": csrf_of(page.text)}, follow_redirects=False
+    )
+    (cookie,) = [
+        v for k, v in reply.headers.multi_items() if k == "set-cookie" and WRITE_COOKIE in v
+    ]
+    assert f"Max-Age={auth.UNLOCK_MAX_AGE_S}" in cookie and "HttpOnly" in cookie
