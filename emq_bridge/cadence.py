@@ -399,7 +399,9 @@ class At:
         return self.instants_ms[-1]
 
     def first_run(self, now_ms: int) -> int:
-        return self.next_after(now_ms)
+        # An instant equal to now has not passed: it fires (it was created completed).
+        index = bisect.bisect_left(self.instants_ms, now_ms)
+        return self.instants_ms[index] if index < len(self.instants_ms) else NEVER_MS
 
     def next_after(self, after_ms: int) -> int:
         index = bisect.bisect_right(self.instants_ms, after_ms)
@@ -675,7 +677,7 @@ def _cron_next_in_range(resolved: str, tz: str, day_and: bool, after_ms: int) ->
             if instant > after and (best is None or instant < best):
                 best = instant
                 wall_of_best = best.astimezone(zone).replace(tzinfo=None)
-                limit = wall_of_best + max(span, _shift_near(zone, best))
+                limit = _wall_plus(wall_of_best, max(span, _shift_near(zone, best)))
         if best is not None and _no_transition_near(zone, after, best):
             break  # wall order is instant order away from transitions
     if best is None:
@@ -694,15 +696,26 @@ def _before_overflow(walls: Iterator[datetime], overflowed: list[bool]) -> Itera
         overflowed.append(True)
 
 
+def _offset(zone: ZoneInfo, at: datetime, shift: timedelta, fallback: timedelta) -> timedelta:
+    """`zone`'s UTC offset at `at + shift`; `fallback` when that is past year 9999 (in UTC or
+    on the zone's wall clock): no zone changes its clock in the last hours of 9999, so the
+    last slots of that year are found like any other (they were lost to an OverflowError)."""
+    try:
+        offset = (at + shift).astimezone(zone).utcoffset()
+    except OverflowError:
+        return fallback
+    assert offset is not None  # a ZoneInfo always has an offset
+    return offset
+
+
 def _shift_near(zone: ZoneInfo, at: datetime) -> timedelta:
     """How far `zone`'s clock moves between `at - 3h` and `at + 3h` (zero away from DST);
     3 hours when it moves and comes back within that span, which no zone does."""
-    before = (at - _DST_SPAN).astimezone(zone).utcoffset()
-    after = (at + _DST_SPAN).astimezone(zone).utcoffset()
-    assert before is not None and after is not None  # a ZoneInfo always has an offset
+    before = _offset(zone, at, -_DST_SPAN, timedelta(0))
+    after = _offset(zone, at, _DST_SPAN, before)
     if before != after:
         return abs(after - before) + timedelta(seconds=1)
-    if (at.astimezone(zone).utcoffset()) != before:
+    if _offset(zone, at, timedelta(0), before) != before:
         return _DST_SPAN
     return timedelta(0)
 
@@ -711,9 +724,16 @@ def _no_transition_near(zone: ZoneInfo, start: datetime, end: datetime) -> bool:
     """True when `zone` keeps one offset from `start - 3h` to `end + 3h` and they are close."""
     if end - start > timedelta(hours=12):
         return False
-    return (start - _DST_SPAN).astimezone(zone).utcoffset() == (end + _DST_SPAN).astimezone(
-        zone
-    ).utcoffset()
+    before = _offset(zone, start, -_DST_SPAN, timedelta(0))
+    return before == _offset(zone, end, _DST_SPAN, before)
+
+
+def _wall_plus(wall: datetime, span: timedelta) -> datetime:
+    """`wall + span`, or the last wall time there is when that is past year 9999."""
+    try:
+        return wall + span
+    except OverflowError:
+        return datetime.max
 
 
 def cadence_from_fields(fields: dict[str, str]) -> Cadence:
