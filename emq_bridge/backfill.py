@@ -178,7 +178,8 @@ class BackfillMoves:
                 definition = Definition.from_fields(fields)
             except ScheduleError as exc:
                 raise CorruptRecord(
-                    f"registration {queue}/{name} is corrupt: {exc} (replace or remove it)"
+                    f"registration {queue}/{name} is corrupt: {exc} (remove it, then add it "
+                    "again; replacing it with the same definition does not rewrite it)"
                 ) from exc
             cadence = definition.cadence
             _check_limit(queue, name, fields)

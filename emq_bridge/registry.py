@@ -288,8 +288,23 @@ def _due_ms(value: Any) -> int:
 
 
 def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
+    """The integer field `key` of a record (None when absent); a ValueError naming the field
+    when it is not one (edited by hand), so a corrupt record's message says which."""
     raw = fields.get(key)
-    return int(raw) if raw not in (None, "") else None
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{key} {raw!r} is not an integer") from None
+
+
+def _field_score(fields: Mapping[str, str], key: str) -> int | None:
+    """`_score` of the record field `key` (`paused_next_ms`); a ValueError naming it."""
+    try:
+        return _score(fields.get(key))
+    except ValueError:
+        raise ValueError(f"{key} {fields.get(key)!r} is not a number") from None
 
 
 class WakeSubscription:
@@ -1011,16 +1026,35 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         now_ms: int | None = None,
     ) -> builtins.list[str]:
         """Pause every registration of `queue` (only those `source` owns, if given); return
-        the names this call paused, in next-run order. Each pause is its own atomic move."""
+        the names this call paused, in next-run order. Each pause is its own atomic move.
+
+        A registration whose record is corrupt (edited by hand) is paused too, as `pause`
+        pauses it (the flag needs no decoding, and a record corrupt in a field the pump does
+        not read still fires): chosen by its raw fields, and logged, since `resume` refuses
+        it until it is removed and added again."""
         if source is not None:
             validate_name(source, "source")
         note, by = _pause_text(note, "note"), _pause_text(by, "by")
-        names = [
-            r.name
-            for r in self.iter_list(queue)
-            if not r.paused and (source is None or r.source == source)
-        ]
-        return [n for n in names if self._pause_known(queue, n, note, by, now_ms)]
+        names: builtins.list[str] = []
+        corrupt: dict[str, str] = {}
+        for registration, name, fields, error in self.iter_checked(queue):
+            paused = fields.get("paused") == "1"  # as pause.lua reads it
+            owner = registration.source if registration is not None else fields.get("source")
+            if not paused and (source is None or (owner or None) == source):
+                names.append(name)
+                if registration is None:
+                    corrupt[name] = error
+        done = [n for n in names if self._pause_known(queue, n, note, by, now_ms)]
+        for name in done:
+            if name in corrupt:
+                log.warning(
+                    "paused %s/%s, whose record is corrupt: %s; resume refuses it until it is "
+                    "removed and added again",
+                    queue,
+                    name,
+                    corrupt[name],
+                )
+        return done
 
     def resume_all(
         self,
@@ -1748,7 +1782,7 @@ def _stale_fields(fields: Mapping[str, str], source: str | None) -> list[str]:
 
 def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
     paused = fields.get("paused") == "1"
-    next_run = _score(fields.get("paused_next_ms")) if paused else _score(score)
+    next_run = _field_score(fields, "paused_next_ms") if paused else _score(score)
     return Registration(
         queue=queue,
         name=name,
@@ -1758,8 +1792,8 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         source=fields.get("source") or None,
         last_due_ms=_optional_int(fields, "last_due_ms"),
         last_fired_ms=_optional_int(fields, "last_fired_ms"),
-        fired=int(fields.get("fired") or 0),
-        missed=int(fields.get("missed") or 0),
+        fired=_optional_int(fields, "fired") or 0,
+        missed=_optional_int(fields, "missed") or 0,
         created_ms=_optional_int(fields, "created_ms"),
         updated_ms=_optional_int(fields, "updated_ms"),
         parked_reason=fields.get("parked_reason") or None,
@@ -1791,7 +1825,8 @@ def _checked(queue: str, name: str, fields: dict[str, str], score: Any) -> Regis
         return _registration(queue, name, fields, score)
     except (ScheduleError, ValueError) as exc:
         raise CorruptRecord(
-            f"registration {queue}/{name} is corrupt: {exc} (replace or remove it)"
+            f"registration {queue}/{name} is corrupt: {exc} (remove it, then add it again; "
+            "replacing it with the same definition does not rewrite it)"
         ) from exc
 
 

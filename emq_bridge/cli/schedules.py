@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
@@ -102,6 +103,33 @@ def _lifecycle(move: Callable[[], T]) -> T:
 def _require(repeat: Repeat, queue: str, name: str) -> Registration:
     """The registration `name`: exit 1 if there is none or its record is corrupt."""
     return _lifecycle(lambda: repeat.read(queue, name))
+
+
+def _way_out(queue: str, name: str) -> str:
+    """What an operator does with a corrupt record: `add --replace` and `sync` compare the
+    definition's digest, which an edit by hand leaves as it was, so they do not rewrite it;
+    `remove` works on any record."""
+    remove = shlex.join(["emq-bridge", "remove", queue, name])
+    return (
+        f"run `{remove}`, then add it again or sync its file (add --replace and sync rewrite "
+        "only a changed definition)"
+    )
+
+
+def _corruption(exc: CorruptRecord) -> str:
+    """Why a record is corrupt, naming the field, without the API's advice."""
+    return str(exc.__cause__ or exc)
+
+
+def _corrupt(repeat: Repeat, queue: str, name: str) -> CorruptRecord | None:
+    """The `CorruptRecord` a read of `name` raises, or None (sound, or gone)."""
+    try:
+        repeat.read(queue, name)
+    except CorruptRecord as exc:
+        return exc
+    except KeyError:
+        return None
+    return None
 
 
 @click.command("list")
@@ -784,6 +812,15 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
         raise
     if replace:
         result = repeat.upsert(queue, name, definition=declaration.definition)
+        # A record edited by hand keeps its digest: an upsert of the same definition leaves
+        # it corrupt, and saying "unchanged" would hide it.
+        corrupt = _corrupt(repeat, queue, name)
+        if corrupt is not None:
+            done = "nothing written" if result == "unchanged" else f"its definition {result}"
+            raise click.ClickException(
+                f"registration {queue}/{name} is corrupt: {_corruption(corrupt)}; "
+                f"--replace left it corrupt ({done}): {_way_out(queue, name)}"
+            )
         click.echo(f"{result} {queue}/{name}  {declaration.definition.cadence.describe()}")
     elif repeat.register(queue, name, definition=declaration.definition) == "registered":
         click.echo(f"added {queue}/{name}  {declaration.definition.cadence.describe()}")
@@ -910,6 +947,9 @@ def pause_command(
 ) -> None:
     """Pause a schedule (or, with --all or --source, many): it stops firing until resumed.
 
+    A schedule whose record is corrupt (edited by hand) is paused too, with a warning that
+    `resume` will refuse it until it is removed and added again.
+
     \b
     Examples:
       emq-bridge pause reports digest --note "mail relay down" --by alice
@@ -925,6 +965,15 @@ def pause_command(
     assert name is not None  # _bulk checked it
     changed = _lifecycle(lambda: repeat.pause(queue, name, note=note, by=by))
     click.echo(f"paused {queue}/{name}" if changed else f"{queue}/{name} was already paused")
+    # A corrupt record is paused all the same (a stop needs no decoding, and one corrupt in
+    # a field the pump does not read still fires); say now that `resume` will refuse it.
+    corrupt = _corrupt(repeat, queue, name)
+    if corrupt is not None:
+        click.echo(
+            f"warning: registration {queue}/{name} is corrupt: {_corruption(corrupt)}; "
+            f"resume refuses it: {_way_out(queue, name)}",
+            err=True,
+        )
 
 
 @click.command("resume")
@@ -951,7 +1000,9 @@ def resume_command(
     It fires again from its next future slot; slots that passed while paused are skipped
     and not counted, unless --catchup hands them to its misfire policy (`latest` fires the
     newest of them, `all` each, ...; the dropped ones are counted in missed). --all and
-    --source leave parked registrations (a dispatch that can never work) parked.
+    --source leave parked registrations (a dispatch that can never work) parked. A schedule
+    whose record is corrupt (edited by hand) is not resumed (exit 1, naming the field):
+    remove it, then add it again or sync its file.
 
     \b
     Examples:
@@ -971,10 +1022,20 @@ def resume_command(
         resumed, failed = _lifecycle(resume_all)
         click.echo(f"resumed {len(resumed)} in {queue}" + "".join(f"\n  {n}" for n in resumed))
         if failed is not None:  # the others are resumed: exit 1, naming those left paused
-            raise click.ClickException(str(failed))
+            raise click.ClickException(f"{failed}; for each, {_way_out(queue, 'NAME')}")
         return
     assert name is not None  # _bulk checked it
-    changed = _lifecycle(lambda: repeat.resume(queue, name, catchup=catchup))
+
+    def resume_one() -> bool:
+        try:
+            return repeat.resume(queue, name, catchup=catchup)
+        except CorruptRecord as exc:  # refused before any write: say why, and the way out
+            raise click.ClickException(
+                f"registration {queue}/{name} is corrupt: {_corruption(exc)}; resume refuses "
+                f"it (nothing written): {_way_out(queue, name)}"
+            ) from exc
+
+    changed = _lifecycle(resume_one)
     click.echo(f"resumed {queue}/{name}" if changed else f"{queue}/{name} was not paused")
 
 
