@@ -121,7 +121,7 @@ class Reporter:
             return
         if kind != "started":
             self._running.pop(key, None)
-            start = self._claim_start(key, item.name)
+            start, claimed = self._claim_start(key, item.name)
             if start is not None:
                 if (
                     start.attempt == item.attempt
@@ -131,7 +131,7 @@ class Reporter:
                     item = item.folded(start)
                 else:  # another attempt's start, a retry's, a final with its own: sent first
                     self._append(start)
-            self._append(item)
+            self._append(item, after_claims=claimed)
             return
         self._running[key] = item
         waiting = self._unsent.get(key)
@@ -139,7 +139,7 @@ class Reporter:
             if waiting[0].at_ms >= item.at_ms:
                 return  # the same start again, or an earlier one: the later start holds
         else:  # a start of another attempt, or of another occurrence of it, goes first
-            previous = self._claim_start(key, item.name)
+            previous, _ = self._claim_start(key, item.name)
             if previous is not None:
                 self._append(previous)
         self._unsent[key] = (item, time.monotonic())
@@ -160,30 +160,52 @@ class Reporter:
             return
         key = (start.queue, start.id)
         self._running.pop(key, None)
-        waiting = self._claim_start(key, start.name)
+        waiting, claimed = self._claim_start(key, start.name)
         started_ms = None
         if waiting is not None:
             if waiting.attempt == start.attempt and kind in FINAL_STATUSES:
                 started_ms = waiting.at_ms
             else:  # another attempt's start, or a retry's (it ends no run): sent first
                 self._append(waiting)
-        self._append(start.ended(kind, at_ms, error, hold_ms=hold_ms, started_ms=started_ms))
+        self._append(
+            start.ended(kind, at_ms, error, hold_ms=hold_ms, started_ms=started_ms),
+            after_claims=claimed,
+        )
 
-    def _claim_start(self, key: tuple[str, str], name: str) -> Report | None:
+    def _claim_start(self, key: tuple[str, str], name: str) -> tuple[Report | None, bool]:
         """Take the start of occurrence `key` (of registration `name`) waiting aside, if any,
         for its final report to carry; and send on its own any start of another occurrence
         of that registration still waiting, ahead of the report being queued. So a start is
         folded only into a final that follows it with no report of its registration in
-        between, and the registry ends as if each report had been sent alone, in order."""
+        between, and the registry ends as if each report had been sent alone, in order.
+
+        Returns the start (or None) and whether a start this report follows may have been
+        claimed by the thread instead (not found here): the report is then queued under the
+        lock, behind it (`_append(after_claims=True)`)."""
         other = self._open.pop((key[0], name), None)
+        claimed = False
         if other is not None and other != key:
             waiting = self._unsent.pop(other, None)
             if waiting is not None:
                 self._append(waiting[0])
+            else:
+                claimed = True
         mine = self._unsent.pop(key, None)
-        return None if mine is None else mine[0]
+        if mine is None:
+            return None, True
+        return mine[0], claimed
 
-    def _append(self, item: Report) -> None:
+    def _append(self, item: Report, *, after_claims: bool = False) -> None:
+        """Queue `item`. With `after_claims`, under the lock the thread holds while it moves
+        the starts it claims into the queue: a start it took from under this report (the
+        run ended as its start fell due) is then queued first, not after it."""
+        if after_claims:
+            with self._lock:
+                self._append_now(item)
+        else:
+            self._append_now(item)
+
+    def _append_now(self, item: Report) -> None:
         pending = self._pending
         if len(pending) >= self.max_pending:
             with self._lock:

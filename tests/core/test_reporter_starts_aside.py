@@ -9,6 +9,7 @@ and a flush sends every start still waiting. Real reporter thread, real server.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -135,5 +136,34 @@ def test_a_report_of_another_occurrence_sends_a_waiting_start_first(
     history = repeat.history("q", "a")
     assert [e.id for e in history[:2]] == [f"a-{now + 1}", f"a-{now}"]  # newest start first
     assert [e.started_ms for e in history[:2]] == [now + 20, now + 10]
+    reporter.close()
+    repeat.close()
+
+
+class _SlowClaims(dict[tuple[str, str], tuple[Report, float]]):
+    """The starts waiting aside, the reporter thread paused right after it claims one: the
+    window in which a thread switch lets the run's end in (found by a probe reading the code)."""
+
+    def pop(self, *args: Any) -> Any:
+        taken = super().pop(*args)
+        if taken is not None and threading.current_thread().name == "emq-bridge-reporter":
+            time.sleep(0.05)
+        return taken
+
+
+def test_a_run_ending_as_the_thread_claims_its_start_keeps_its_start_and_duration(
+    redis_url: str, prefix: str
+) -> None:
+    repeat, now = _registry(redis_url, prefix)
+    reporter = Reporter(repeat, linger_s=0.05)
+    reporter._unsent = _SlowClaims()
+    start = report_of("started", _occurrence("a", now))
+    reporter.report(start)
+    time.sleep(0.075)  # its start fell due: the thread claimed it and is paused there
+    reporter.finish(start, "succeeded", start.at_ms + 75)
+    assert reporter.flush(5)
+    assert repeat.sent("a") == [("started", None), ("succeeded", None)]  # in that order
+    (entry, *_) = repeat.history("q", "a")
+    assert (entry.status, entry.started_ms, entry.duration_ms) == ("succeeded", start.at_ms, 75)
     reporter.close()
     repeat.close()
