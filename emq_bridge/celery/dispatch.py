@@ -22,6 +22,7 @@ from ..dispatch import batch_failure
 from ..errors import DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
+from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
 
 __all__ = [
     "BACKFILL_HEADER",
@@ -80,11 +81,12 @@ class CeleryDispatcher:
     """Send each occurrence as a real Celery task (`task_id` = the occurrence id).
 
     The template's `options` (queue, priority, expires, headers, exchange, routing_key, ...)
-    are passed to `apply_async`; without a queue, exchange or routing key the task goes to the
-    registry's queue (which, for a `beat_schedule` entry, is where the task's routing sends
-    it). `dispatch` returns once `apply_async` returns, `dispatch_batch` once the batch is
-    published; with RabbitMQ set `broker_transport_options={"confirm_publish": True}` to make
-    that mean "accepted".
+    are passed to `apply_async`, a kombu `Queue` or `Exchange` described in them rebuilt
+    (`routing_entities`), as Celery's beat passes the objects; without a queue, exchange or
+    routing key the task goes to the registry's queue (which, for a `beat_schedule` entry, is
+    where the task's routing sends it). `dispatch` returns once `apply_async` returns,
+    `dispatch_batch` once the batch is published; with RabbitMQ set
+    `broker_transport_options={"confirm_publish": True}` to make that mean "accepted".
 
     A template with no usable task is a `PermanentDispatchError` (the pump parks its
     registration). A task name the app does not know is sent by name, as Celery's beat does,
@@ -207,6 +209,9 @@ class CeleryDispatcher:
             self.check_options(options)
         except PermanentDispatchError as exc:
             raise PermanentDispatchError(f"its template cannot be sent: {exc}") from exc
+        queue, exchange = options.get("queue"), options.get("exchange")
+        if isinstance(queue, Mapping) or isinstance(exchange, Mapping):
+            options = routing_entities(options)  # checked above: a Queue or Exchange described
         headers = dict(options.pop("headers", None) or {})
         headers.update(emq_headers)
         if not {"queue", "exchange", "routing_key"} & options.keys():
@@ -228,17 +233,26 @@ class CeleryDispatcher:
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
 
 
-# The options that say where a task goes: kombu reads each as a name.
+# The options that say where a task goes.
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key")
 
 
 def routing_option_error(options: Mapping[str, Any]) -> str | None:
     """Return why `options` cannot route a task (a `queue`, `exchange` or `routing_key` that
-    is not a name), or None. kombu would fail on every send of such a task."""
+    is neither a name nor, for `queue` and `exchange`, the description of a kombu `Queue` or
+    `Exchange`), or None. kombu would fail on every send of such a task."""
     for key in ROUTING_OPTIONS:
         value = options.get(key)
-        if value is not None and not isinstance(value, str):
-            return f"options[{key!r}] must be a name (a string), got {value!r}"
+        if value is None or isinstance(value, str):
+            continue
+        kind = ENTITY_OPTIONS.get(key)
+        if kind is not None and isinstance(value, Mapping) and KOMBU_TAG in value:
+            try:
+                entity_from_json(kind, value)
+            except ValueError as exc:
+                return f"options[{key!r}]: {exc}"
+            continue
+        return f"options[{key!r}] must be a name (a string), got {value!r}"
     return None
 
 

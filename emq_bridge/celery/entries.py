@@ -47,6 +47,7 @@ from ..keys import MAX_NAME_BYTES, validate_name
 from ..millis import ceil_ms
 from ..template import TaskTemplate
 from .dispatch import routing_option_error
+from .kombu_entities import ENTITY_OPTIONS, entity_json, routing_entities
 
 __all__ = [
     "PLACEHOLDER",
@@ -375,7 +376,13 @@ def own_tasks(app: Celery, declared: Iterable[tuple[Any, Any]]) -> list[tuple[An
 
 
 def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
-    """Return `options` as JSON: a kombu `Queue`/`Exchange` becomes its name."""
+    """Return `options` as JSON; `ConfigError` for what a template cannot hold or route.
+
+    A kombu `Queue` under `queue` or `Exchange` under `exchange` (Celery's beat passes them
+    to `apply_async` as they are) becomes its JSON description (`kombu_entities.entity_json`:
+    name, exchange name and type, routing key, bindings, arguments, flags), which the
+    dispatcher rebuilds at each send; one it cannot describe is refused, naming what.
+    """
     if not options:  # most entries: nothing to check, nothing routes
         return {}
     out: dict[str, Any] = {}
@@ -388,7 +395,10 @@ def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
                 "move it out of options (a key of the beat_schedule entry, an argument of "
                 "@recurring)"
             )
-        value = given.name if isinstance(given, (Queue, Exchange)) else given
+        if isinstance(given, (Queue, Exchange)):
+            out[key] = _entity_option(key, given, label)
+            continue
+        value = given
         if isinstance(value, datetime):
             raise ConfigError(
                 f"{label}: options[{key!r}] is a datetime; a recurring task needs a relative "
@@ -405,10 +415,33 @@ def json_options(options: Mapping[str, Any], label: str) -> dict[str, Any]:
     return out
 
 
+def _entity_option(key: str, given: Queue | Exchange, label: str) -> dict[str, Any]:
+    """Return the description of the kombu object `given` as `options[key]`; `ConfigError`
+    if `key` takes no such object or the object cannot be described."""
+    kind = ENTITY_OPTIONS.get(key)
+    if kind is None or not isinstance(given, kind):
+        where = " or ".join(f"{cls.__name__} under {k!r}" for k, cls in ENTITY_OPTIONS.items())
+        raise ConfigError(
+            f"{label}: options[{key!r}] is a kombu {type(given).__name__}; Celery takes a "
+            f"kombu {where}"
+        )
+    try:
+        return entity_json(given)
+    except ValueError as exc:
+        raise ConfigError(f"{label}: options[{key!r}]: {exc}") from exc
+
+
 def resolve_queue(
     app: Celery, task_name: str, options: Mapping[str, Any], args: Any, kwargs: Any
 ) -> str:
-    """Return the Celery queue a task is sent to: the options, else the task's routing."""
+    """Return the Celery queue a task is sent to: the options, else the task's routing.
+
+    `options` are a template's (`json_options`): a kombu `Queue` or `Exchange` described
+    there is routed as the object."""
+    try:
+        options = routing_entities(options)
+    except ValueError as exc:
+        raise ConfigError(f"cannot route task {task_name!r}: {exc}") from exc
     task = app.tasks.get(task_name)
     preset = {k: v for k, v in (task._get_exec_options() if task else {}).items() if v is not None}
     merged = dict(preset, **options)

@@ -34,7 +34,7 @@ from .entries import own_tasks
 __all__ = ["app_fingerprint"]
 
 # Raised when what the conversion does with the same inputs changes without a release.
-FORMAT = 2
+FORMAT = 3  # 3: a kombu Queue or Exchange in options is stored described, not by name
 # The settings the conversion reads, besides every `emq_bridge_*` one: the time zone, cron
 # deadlines, and what routing reads (Celery's router and its queues).
 _SETTINGS = (

@@ -315,6 +315,8 @@ def test_an_entry_key_with_spaces_becomes_a_valid_registration_name() -> None:
 def test_an_entry_carries_args_kwargs_and_json_options_into_its_template() -> None:
     from kombu import Queue
 
+    from emq_bridge.celery.kombu_entities import entity_json
+
     declaration, _ = convert_entry(
         make_app(),
         "e",
@@ -332,11 +334,18 @@ def test_an_entry_carries_args_kwargs_and_json_options_into_its_template() -> No
         },
     )
     assert declaration.queue == "reports"
+    # A kombu Queue is kept as what Celery routes by (its description), not its name alone:
+    # the name would declare a direct exchange and binding the Queue does not have.
     assert dict(declaration.definition.template) == {
         "task": "t.noop",
         "args": [1, 2],
         "kwargs": {"a": "b"},
-        "options": {"queue": "reports", "priority": 3, "expires": 30, "headers": {"h": 1}},
+        "options": {
+            "queue": entity_json(Queue("reports")),
+            "priority": 3,
+            "expires": 30,
+            "headers": {"h": 1},
+        },
     }
 
 
