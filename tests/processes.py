@@ -1,12 +1,31 @@
-"""Waiting on and stopping the real worker, beat and pump processes tests start."""
+"""Running the CLI as a process, and waiting on and stopping the real worker, beat and pump
+processes tests start."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+# The `emq-bridge` script of the interpreter running the tests.
+EMQ_BRIDGE = str(Path(sys.executable).parent / "emq-bridge")
+
+
+def run_cli(
+    redis_url: str, prefix: str, *args: str, timeout_s: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """`emq-bridge --redis-url URL --prefix PREFIX ARGS` as a process of its own."""
+    return subprocess.run(
+        [EMQ_BRIDGE, "--redis-url", redis_url, "--prefix", prefix, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def wait_until(

@@ -8,27 +8,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
+from processes import EMQ_BRIDGE, run_cli
 
 from emq_bridge import Repeat
 
-SCRIPT = str(Path(sys.executable).parent / "emq-bridge")
 TIMEOUT_S = 30
-
-
-def run(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SCRIPT, "--redis-url", redis_url, "--prefix", prefix, *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
@@ -48,7 +36,7 @@ def pumps(redis_url: str, prefix: str) -> Iterator[Callable[..., subprocess.Pope
     def start(*queues: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
             [
-                SCRIPT,
+                EMQ_BRIDGE,
                 "--redis-url",
                 redis_url,
                 "--prefix",
@@ -80,7 +68,7 @@ def pumps(redis_url: str, prefix: str) -> Iterator[Callable[..., subprocess.Pope
 
 def states(redis_url: str, prefix: str) -> dict[str, str]:
     """The STATE column of `list`, by name."""
-    rows = run(redis_url, prefix, "list").stdout.splitlines()[1:]
+    rows = run_cli(redis_url, prefix, "list").stdout.splitlines()[1:]
     return {row.split()[1]: row.split()[-1] for row in rows}
 
 
@@ -94,11 +82,11 @@ def test_health_fails_when_the_last_pump_is_killed_and_passes_again_when_one_sta
     repeat.register("reports", "digest", every="1s", template={"task": "digest"})
     first = pumps()
     wait_until(lambda: first.pid in live_pids(repeat), "the first pump's heartbeat")
-    healthy = run(redis_url, prefix, "health")
+    healthy = run_cli(redis_url, prefix, "health")
     assert healthy.returncode == 0, healthy.stderr
     assert healthy.stdout.startswith("ok: 1 queue(s), 1 live pump(s)")
 
-    listed = json.loads(run(redis_url, prefix, "pumps", "--json").stdout)
+    listed = json.loads(run_cli(redis_url, prefix, "pumps", "--json").stdout)
     assert [(p["pid"], p["host"], p["queues"], p["role"]) for p in listed] == [
         (first.pid, socket.gethostname(), ["reports"], "pump")
     ]
@@ -107,14 +95,13 @@ def test_health_fails_when_the_last_pump_is_killed_and_passes_again_when_one_sta
 
     first.send_signal(signal.SIGKILL)  # no goodbye: its heartbeat expires on its own
     first.wait(TIMEOUT_S)
-    wait_until(lambda: run(redis_url, prefix, "health").returncode != 0, "health failing", 5)
-    failing = run(redis_url, prefix, "health")
+    wait_until(lambda: run_cli(redis_url, prefix, "health").returncode != 0, "health failing", 5)
+    failing = run_cli(redis_url, prefix, "health")
     assert failing.returncode == 4
     assert failing.stdout == ""
     assert failing.stderr.strip().splitlines() == ["unhealthy: no live pump serves queue 'reports'"]
-    assert (
-        run(redis_url, prefix, "pumps").stderr.strip() == f"no live pump serves prefix '{prefix}'"
-    )
+    pumps_said = run_cli(redis_url, prefix, "pumps").stderr.strip()
+    assert pumps_said == f"no live pump serves prefix '{prefix}'"
     # Unserved: its next run passed (more than 30 s ago) and no live pump serves its queue.
     now_ms = repeat.server_time_ms()
     repeat.register("reports", "late", every="1m", template={"task": "t"}, now_ms=now_ms - 180_000)
@@ -123,25 +110,25 @@ def test_health_fails_when_the_last_pump_is_killed_and_passes_again_when_one_sta
         "list flagging the schedule",
         5,
     )
-    shown = run(redis_url, prefix, "show", "reports", "late")
+    shown = run_cli(redis_url, prefix, "show", "reports", "late")
     state = "unserved: overdue, and no live pump serves its queue (emq-bridge pumps)"
     assert f"  state     {state}" in shown.stdout.splitlines()
     flags = {
         i["name"]: i["unserved"]
-        for i in json.loads(run(redis_url, prefix, "list", "--json").stdout)
+        for i in json.loads(run_cli(redis_url, prefix, "list", "--json").stdout)
     }
     assert flags == {"late": True, "digest": False}  # digest: due a moment ago, not yet flagged
 
     second = pumps()
     wait_until(lambda: second.pid in live_pids(repeat), "the second pump's heartbeat")
-    assert run(redis_url, prefix, "health", "--queue", "reports").returncode == 0
+    assert run_cli(redis_url, prefix, "health", "--queue", "reports").returncode == 0
     wait_until(
         lambda: states(redis_url, prefix) == {"digest": "active", "late": "active"},
         "list showing active again",
         5,
     )
     assert not any(
-        i["unserved"] for i in json.loads(run(redis_url, prefix, "list", "--json").stdout)
+        i["unserved"] for i in json.loads(run_cli(redis_url, prefix, "list", "--json").stdout)
     )
 
     second.send_signal(signal.SIGTERM)  # a pump that stops removes its heartbeat at once
@@ -163,21 +150,21 @@ def test_health_fails_on_a_schedule_overdue_beyond_the_bound_though_a_pump_lives
     repeat.register("reports", "fine", every="1h", template={"task": "t"})
     stuck = Pump(repeat, ["reports"], RecordingDispatcher())
     stuck.heartbeat.write(repeat)
-    late = run(redis_url, prefix, "health", "--max-lag", "60s")
+    late = run_cli(redis_url, prefix, "health", "--max-lag", "60s")
     assert late.returncode == 4
     assert late.stderr.startswith("unhealthy: reports/late is ")
     assert "overdue (more than 60s) although 1 pump(s) serve queue 'reports'" in late.stderr
-    assert run(redis_url, prefix, "health", "--max-lag", "11m").returncode == 0
-    report = json.loads(run(redis_url, prefix, "health", "--max-lag", "2h", "--json").stdout)
+    assert run_cli(redis_url, prefix, "health", "--max-lag", "11m").returncode == 0
+    report = json.loads(run_cli(redis_url, prefix, "health", "--max-lag", "2h", "--json").stdout)
     assert report["ok"] is True and report["max_lag_ms"] == 7_200_000
     [queue] = report["queues"]
     assert queue["pumps"] == [stuck.heartbeat.id] and queue["earliest"] == "late"
     assert 480_000 < queue["overdue_ms"] < 660_000
     # Served, so not flagged: `health --max-lag` tells the stuck pump.
-    assert "overdue" not in run(redis_url, prefix, "list").stdout
+    assert "overdue" not in run_cli(redis_url, prefix, "list").stdout
     # Nothing due: the earliest next run is told, its name only once due (docs/health.md).
     repeat.register("later", "hourly", every="1h", template={"task": "t"})
-    every = json.loads(run(redis_url, prefix, "health", "--max-lag", "2h", "--json").stdout)
+    every = json.loads(run_cli(redis_url, prefix, "health", "--max-lag", "2h", "--json").stdout)
     later = next(q for q in every["queues"] if q["queue"] == "later")
     assert later["earliest"] is None
     assert later["earliest_ms"] > repeat.server_time_ms() - 1_000  # in the future
@@ -203,20 +190,20 @@ def test_health_fails_on_a_schedule_overdue_beyond_the_bound_though_a_pump_lives
 def test_health_and_pumps_exit_codes_follow_the_cli_conventions(
     redis_url: str, prefix: str, args: tuple[str, ...], code: int, line: str
 ) -> None:
-    done = run(redis_url, prefix, *args)
+    done = run_cli(redis_url, prefix, *args)
     assert done.returncode == code, done.stderr
     assert line.replace("{prefix}", prefix) in done.stderr
     assert done.stdout == ""
 
 
 def test_health_exits_3_when_redis_is_unreachable() -> None:
-    done = run("redis://127.0.0.1:1/0", "emq", "health")
+    done = run_cli("redis://127.0.0.1:1/0", "emq", "health")
     assert done.returncode == 3
     assert len(done.stderr.strip().splitlines()) == 1 and "cannot reach Redis" in done.stderr
 
 
 def test_a_heartbeat_ttl_shorter_than_a_sleep_is_refused(redis_url: str, prefix: str) -> None:
-    done = run(redis_url, prefix, "pump", "q", "--list-key", "k", "--heartbeat-ttl", "1")
+    done = run_cli(redis_url, prefix, "pump", "q", "--list-key", "k", "--heartbeat-ttl", "1")
     assert done.returncode == 2
     assert "would expire while its pump sleeps" in done.stderr
 
@@ -229,7 +216,7 @@ def test_the_probe_snippet_command_is_a_real_exit_status(
     process = pumps()
     wait_until(lambda: process.pid in live_pids(repeat), "the pump's heartbeat")
     env = dict(os.environ, REDIS_URL=redis_url)
-    probe = [SCRIPT, "--prefix", prefix, "-q", "health", "--max-lag", "60s"]
+    probe = [EMQ_BRIDGE, "--prefix", prefix, "-q", "health", "--max-lag", "60s"]
     assert subprocess.run(probe, env=env, capture_output=True, check=False).returncode == 0
 
 
@@ -241,7 +228,7 @@ def test_health_fails_when_a_live_pumps_every_send_fails_and_passes_once_they_wo
     repeat.register("reports", "fast", every="1s", template={"task": "t"})
     process = subprocess.Popen(
         [
-            *(SCRIPT, "--redis-url", redis_url, "--prefix", prefix, "pump", "reports"),
+            *(EMQ_BRIDGE, "--redis-url", redis_url, "--prefix", prefix, "pump", "reports"),
             *("--list-key", f"{prefix}:out", "--max-sleep", "0.2", "--heartbeat-ttl", "1.5"),
         ],
         stdout=subprocess.DEVNULL,
@@ -254,16 +241,16 @@ def test_health_fails_when_a_live_pumps_every_send_fails_and_passes_once_they_wo
         repeat.client.set(f"{prefix}:out", "not a list")
 
         def failing() -> bool:
-            result = run(redis_url, prefix, "health", "--max-lag", "2s")
+            result = run_cli(redis_url, prefix, "health", "--max-lag", "2s")
             return result.returncode == 4 and "has failed for" in result.stderr
 
         wait_until(failing, "health failing on refused sends")
-        line = run(redis_url, prefix, "health", "--max-lag", "2s").stderr
+        line = run_cli(redis_url, prefix, "health", "--max-lag", "2s").stderr
         assert line.startswith("unhealthy: every send of the 1 pump(s) serving queue 'reports'")
         assert len(line.strip().splitlines()) == 1
         repeat.client.delete(f"{prefix}:out")  # the broker takes them again
         wait_until(
-            lambda: run(redis_url, prefix, "health", "--max-lag", "2s").returncode == 0,
+            lambda: run_cli(redis_url, prefix, "health", "--max-lag", "2s").returncode == 0,
             "health passing once a send is accepted",
         )
     finally:
@@ -297,11 +284,11 @@ def test_health_of_a_queue_whose_sends_all_fail_fails_though_its_pump_serves_ano
     try:
 
         def failing() -> bool:
-            result = run(redis_url, prefix, "health", "--queue", "bad", "--max-lag", "2s")
+            result = run_cli(redis_url, prefix, "health", "--queue", "bad", "--max-lag", "2s")
             return result.returncode == 4 and "has failed for" in result.stderr
 
         wait_until(failing, "health of queue bad failing on its refused sends")
-        good = run(redis_url, prefix, "health", "--queue", "good", "--max-lag", "2s")
+        good = run_cli(redis_url, prefix, "health", "--queue", "good", "--max-lag", "2s")
         assert good.returncode == 0, good.stderr
     finally:
         stop.set()

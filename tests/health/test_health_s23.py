@@ -15,30 +15,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
-from processes import stop, wait_until
+from processes import EMQ_BRIDGE, run_cli, stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.testing import RecordingDispatcher
 
-SCRIPT = str(Path(sys.executable).parent / "emq-bridge")
 TIMEOUT_S = 30
-
-
-def run(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`emq-bridge --redis-url URL --prefix PREFIX ARGS` as a process of its own."""
-    return subprocess.run(
-        [SCRIPT, "--redis-url", redis_url, "--prefix", prefix, *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
 
 
 def one_line(done: subprocess.CompletedProcess[str], code: int) -> str:
@@ -54,7 +40,7 @@ def pump(redis_url: str, prefix: str) -> Iterator[subprocess.Popen[bytes]]:
     """A CLI pump process serving `reports`, with a short heartbeat; stopped at the end."""
     process = subprocess.Popen(
         [
-            *(SCRIPT, "--redis-url", redis_url, "--prefix", prefix, "pump", "reports"),
+            *(EMQ_BRIDGE, "--redis-url", redis_url, "--prefix", prefix, "pump", "reports"),
             *("--list-key", f"{prefix}:out", "--max-sleep", "0.2", "--heartbeat-ttl", "1.5"),
         ],
         stdout=subprocess.DEVNULL,
@@ -75,7 +61,7 @@ def test_health_of_a_named_queue_whose_registry_was_wiped_fails_while_its_pump_l
 ) -> None:
     repeat.register("reports", "digest", every="1m", template={"task": "digest"})
     wait_until(lambda: live(repeat, pump), TIMEOUT_S, "the pump's heartbeat")
-    healthy = run(redis_url, prefix, "health", "--queue", "reports")
+    healthy = run_cli(redis_url, prefix, "health", "--queue", "reports")
     assert healthy.returncode == 0, healthy.stderr
     assert healthy.stdout.startswith("ok: 1 queue(s), 1 live pump(s)")
 
@@ -88,16 +74,16 @@ def test_health_of_a_named_queue_whose_registry_was_wiped_fails_while_its_pump_l
         repeat.keys("reports").pumps
     ]
 
-    everything = run(redis_url, prefix, "health")
+    everything = run_cli(redis_url, prefix, "health")
     assert one_line(everything, 4) == (
         f"unhealthy: no queue has a registry under prefix '{prefix}': nothing is served"
     )
-    named = run(redis_url, prefix, "health", "--queue", "reports")
+    named = run_cli(redis_url, prefix, "health", "--queue", "reports")
     line = one_line(named, 4)
     assert line.startswith(f"unhealthy: queue 'reports' has no registry under prefix '{prefix}'")
     assert line.endswith("its 1 live pump(s) have nothing to fire")
     assert named.stdout == ""
-    as_json = run(redis_url, prefix, "health", "--queue", "reports", "--json")
+    as_json = run_cli(redis_url, prefix, "health", "--queue", "reports", "--json")
     assert as_json.returncode == 4
     report = json.loads(as_json.stdout)
     assert report["ok"] is False and report["reason"] == line.removeprefix("unhealthy: ")
@@ -106,12 +92,12 @@ def test_health_of_a_named_queue_whose_registry_was_wiped_fails_while_its_pump_l
     # Several queues named: the one without a registry fails the probe.
     repeat.register("other", "job", every="1m", template={"task": "t"})
     Pump(repeat, ["other"], RecordingDispatcher()).heartbeat.write(repeat)
-    both = run(redis_url, prefix, "health", "--queue", "other", "--queue", "reports")
+    both = run_cli(redis_url, prefix, "health", "--queue", "other", "--queue", "reports")
     assert "queue 'reports' has no registry" in one_line(both, 4)
 
     # Registered again: served again.
     repeat.register("reports", "digest", every="1m", template={"task": "digest"})
-    again = run(redis_url, prefix, "health", "--queue", "reports")
+    again = run_cli(redis_url, prefix, "health", "--queue", "reports")
     assert again.returncode == 0, again.stderr
 
 
@@ -129,12 +115,13 @@ def test_health_of_a_named_queue_with_a_registry_of_paused_or_ended_schedules_pa
     pump.heartbeat.write(repeat)
     try:
         for queue in ("reports", "ended"):
-            done = run(redis_url, prefix, "health", "--queue", queue)
+            done = run_cli(redis_url, prefix, "health", "--queue", queue)
             assert done.returncode == 0, done.stderr
-        report = json.loads(run(redis_url, prefix, "health", "--queue", "reports", "--json").stdout)
+        said = run_cli(redis_url, prefix, "health", "--queue", "reports", "--json")
+        report = json.loads(said.stdout)
         assert report["ok"] is True and report["queues"][0]["earliest_ms"] is None
         # Neither a registry nor a pump: both are said.
-        nobody = run(redis_url, prefix, "health", "--queue", "nobody")
+        nobody = run_cli(redis_url, prefix, "health", "--queue", "nobody")
         assert one_line(nobody, 4) == (
             "unhealthy: no live pump serves queue 'nobody', which has no registry under "
             f"prefix '{prefix}'"
@@ -165,11 +152,11 @@ def test_health_names_a_queue_key_of_the_wrong_type_and_exits_3(
     key = getattr(repeat.keys("reports"), which)
     client: redis.Redis = repeat.client
     try:
-        assert run(redis_url, prefix, "health", *args).returncode == 0
+        assert run_cli(redis_url, prefix, "health", *args).returncode == 0
         client.delete(key)
         client.set(key, "x")  # `redis-cli SET <key> x`
 
-        done = run(redis_url, prefix, "health", *args)
+        done = run_cli(redis_url, prefix, "health", *args)
         line = one_line(done, 3)
         assert line.startswith("Error: Redis at ")
         assert (

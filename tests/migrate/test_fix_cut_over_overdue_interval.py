@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
-import pytest
 from celery import Celery
 from celery.schedules import schedule
 from cli_run import Run
@@ -24,13 +21,6 @@ from redbeat import RedBeatSchedulerEntry
 from emq_bridge import Repeat
 
 MINUTE_MS = 60_000
-
-
-@pytest.fixture
-def redbeat_app(redis_url: str) -> Iterator[Celery]:
-    app = Celery("rbt", broker=redis_url, set_as_current=False)
-    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
-    yield app
 
 
 def stopped_90_s_ago(app: Celery) -> int:

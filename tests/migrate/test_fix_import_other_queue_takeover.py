@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from beats import beat_app, run_beat
 from celery import Celery
 from celery.schedules import schedule
 from cli_run import Run
@@ -26,16 +25,7 @@ from redbeat import RedBeatSchedulerEntry
 from registry_state import snapshot
 
 from emq_bridge import Declaration, Repeat, define
-from emq_bridge.celery import RepeatScheduler
 from emq_bridge.sync import apply_plan, plan_sync, sync
-from emq_bridge.testing import ManualClock
-
-
-@pytest.fixture
-def redbeat_app(redis_url: str) -> Iterator[Celery]:
-    app = Celery("rbt", broker=redis_url, set_as_current=False)
-    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
-    yield app
 
 
 def sent_schedules(client: redis.Redis, queue: str) -> Counter[str]:
@@ -70,33 +60,21 @@ def test_the_beat_takes_over_an_entry_redbeat_stored_that_was_imported_into_anot
     assert imported.exit_code == 0, imported.output
     assert "3 created" in imported.stderr
 
-    app = Celery(f"beatt-{prefix}", broker=redis_url, set_as_current=False)
-    app.conf.update(
-        task_default_queue=main,
-        emq_bridge_prefix=prefix,
-        # As the note says: the queue the import wrote to is listed, so its schedules run.
-        emq_bridge_queues=[imported_into],
-        beat_schedule={
+    app = beat_app(
+        f"beatt-{prefix}",
+        redis_url,
+        prefix,
+        main,
+        {
             "static": {"task": "app.t", "schedule": timedelta(seconds=1), "args": [7]},
             "other-task": {"task": "app.t", "schedule": timedelta(seconds=1)},
         },
-        emq_bridge_check_tasks=False,  # the tasks are sent by name
-        result_backend=None,
-        result_expires=None,
+        # As the note says: the queue the import wrote to is listed, so its schedules run.
+        emq_bridge_queues=[imported_into],
     )
     caplog.set_level(logging.INFO, logger="emq_bridge.sync")
-    scheduler = RepeatScheduler(app)
     ticks = 4
-    try:
-        assert scheduler.pump is not None
-        clock = ManualClock(scheduler.pump.repeat.server_time_ms())
-        scheduler.pump.clock = clock
-        for _ in range(ticks):
-            clock.advance(1000)
-            scheduler.tick()
-    finally:
-        scheduler.close()
-        app.close()
+    run_beat(app, ticks)
 
     # What migration.md says its log tells.
     said = [r.getMessage() for r in caplog.records if "takes over" in r.getMessage()]
@@ -173,18 +151,15 @@ def test_a_beat_started_during_the_paused_staging_is_resumed_by_the_cut_over(
     shown = run("show", imported_into, "static")
     assert "paused by import:redbeat" in shown.output, shown.output  # as migration.md says
 
-    app = Celery(f"beats-{prefix}", broker=redis_url, set_as_current=False)
-    app.conf.update(
-        task_default_queue=main,
-        emq_bridge_prefix=prefix,
+    app = beat_app(
+        f"beats-{prefix}",
+        redis_url,
+        prefix,
+        main,
+        {"static": {"task": "app.t", "schedule": timedelta(minutes=5)}},
         emq_bridge_queues=[imported_into],
-        beat_schedule={"static": {"task": "app.t", "schedule": timedelta(minutes=5)}},
-        emq_bridge_check_tasks=False,
-        result_backend=None,
-        result_expires=None,
     )
-    RepeatScheduler(app).close()  # its boot sync takes the registration over, still paused
-    app.close()
+    run_beat(app, 0)  # its boot sync takes the registration over, still paused
     taken = repeat.get(main, "static")
     assert taken is not None and taken.paused and taken.source == f"celery.beats-{prefix}"
 

@@ -6,14 +6,11 @@ the phase of the sync's time."""
 from __future__ import annotations
 
 import sys
-import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 from celery import Celery
 from cli_run import Run
@@ -57,13 +54,6 @@ RRULES: dict[str, Any] = {
         "DAILY", interval=5, dtstart=datetime(2024, 2, 29, 23, 59, 59, tzinfo=UTC)
     ),
 }
-
-
-@pytest.fixture
-def redbeat_app(redis_url: str) -> Iterator[Celery]:
-    app = Celery("rbgrid", broker=redis_url, set_as_current=False)
-    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
-    yield app
 
 
 def slots_after(value: Any, after_ms: int, n: int) -> list[int]:

@@ -9,11 +9,10 @@ the whole cut-over for it (found by a probe of migration.md's staging with a rea
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from beats import beat_app, run_beat
 from celery import Celery
 from celery.schedules import schedule
 from cli_run import Run
@@ -21,15 +20,6 @@ from redbeat import RedBeatSchedulerEntry
 from registry_state import snapshot
 
 from emq_bridge import Repeat
-from emq_bridge.celery import RepeatScheduler
-from emq_bridge.testing import ManualClock
-
-
-@pytest.fixture
-def redbeat_app(redis_url: str) -> Iterator[Celery]:
-    app = Celery("rbt", broker=redis_url, set_as_current=False)
-    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
-    yield app
 
 
 def staged_and_taken_over(
@@ -57,27 +47,15 @@ def staged_and_taken_over(
     staged = run(*args, "--paused")
     assert staged.exit_code == 0, staged.output
 
-    app = Celery(f"beatr-{prefix}", broker=redis_url, set_as_current=False)
-    app.conf.update(
-        task_default_queue=main,
-        emq_bridge_prefix=prefix,
+    app = beat_app(
+        f"beatr-{prefix}",
+        redis_url,
+        prefix,
+        main,
+        {"static": {"task": "app.t", "schedule": timedelta(minutes=5)}},
         emq_bridge_queues=[imported_into],
-        beat_schedule={"static": {"task": "app.t", "schedule": timedelta(minutes=5)}},
-        emq_bridge_check_tasks=False,
-        result_backend=None,
-        result_expires=None,
     )
-    scheduler = RepeatScheduler(app)  # its boot sync takes `static` over, keeping the pause
-    try:
-        assert scheduler.pump is not None
-        clock = ManualClock(scheduler.pump.repeat.server_time_ms())
-        scheduler.pump.clock = clock
-        for _ in range(2):
-            clock.advance(1000)
-            scheduler.tick()
-    finally:
-        scheduler.close()
-        app.close()
+    run_beat(app, 2)  # its boot sync takes `static` over, keeping the pause
     taken = repeat.get(main, "static")
     assert taken is not None and taken.paused and taken.source == f"celery.beatr-{prefix}"
     return args, imported_into, main

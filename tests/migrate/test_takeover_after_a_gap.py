@@ -10,12 +10,10 @@ were at odds in the page; this pins both on real beats' keys and a real `RepeatS
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import pytest
 import redis
+from beats import beat_app
 from celery import Celery
 from celery.schedules import schedule
 from cli_run import Run
@@ -27,13 +25,6 @@ from emq_bridge.testing import ManualClock
 
 INTERVAL_S = 60
 GAP_S = 5 * INTERVAL_S  # both beats stopped for five intervals
-
-
-@pytest.fixture
-def redbeat_app(redis_url: str) -> Iterator[Celery]:
-    app = Celery("rbg", broker=redis_url, set_as_current=False)
-    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
-    yield app
 
 
 def test_after_a_gap_an_imported_entry_fires_at_once_and_a_taken_over_one_waits_for_its_grid(
@@ -58,14 +49,12 @@ def test_after_a_gap_an_imported_entry_fires_at_once_and_a_taken_over_one_waits_
     )
     assert imported.exit_code == 0, imported.output
 
-    app = Celery(f"beatg-{prefix}", broker=redis_url, set_as_current=False)
-    app.conf.update(
-        task_default_queue=queue,
-        emq_bridge_prefix=prefix,
-        beat_schedule={"declared": {"task": "app.t", "schedule": timedelta(seconds=INTERVAL_S)}},
-        emq_bridge_check_tasks=False,
-        result_backend=None,
-        result_expires=None,
+    app = beat_app(
+        f"beatg-{prefix}",
+        redis_url,
+        prefix,
+        queue,
+        {"declared": {"task": "app.t", "schedule": timedelta(seconds=INTERVAL_S)}},
     )
     scheduler = RepeatScheduler(app)  # syncs: takes "declared" over
     try:
