@@ -17,12 +17,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from celery import Celery, Task
+from celery.app.routes import MapRoute
 
 from ..dispatch import batch_failure
 from ..errors import DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
 from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
+from .routing import resolve_queue
 
 __all__ = [
     "BACKFILL_HEADER",
@@ -82,9 +84,12 @@ class CeleryDispatcher:
 
     The template's `options` (queue, priority, expires, headers, exchange, routing_key, ...)
     are passed to `apply_async`, a kombu `Queue` or `Exchange` described in them rebuilt
-    (`routing_entities`), as Celery's beat passes the objects; without a queue, exchange or
-    routing key the task goes to the registry's queue (which, for a `beat_schedule` entry, is
-    where the task's routing sends it). `dispatch` returns once `apply_async` returns,
+    (`routing_entities`), as Celery's beat passes the objects. Without a queue, exchange or
+    routing key the task goes to the registry's queue: when Celery's own routing of the task
+    names that queue (as it does for a `beat_schedule` entry) the task is sent as Celery's
+    beat sends it and Celery routes it (`task_routes`, a route's kombu `Queue` with its
+    exchange, routing key and arguments, `task_default_*`); otherwise (a schedule added to
+    another queue) to the queue by name. `dispatch` returns once `apply_async` returns,
     `dispatch_batch` once the batch is published; with RabbitMQ set
     `broker_transport_options={"confirm_publish": True}` to make that mean "accepted".
 
@@ -106,6 +111,9 @@ class CeleryDispatcher:
         # Called before each send; what it returns joins the task's headers (the beat's
         # Sentry Crons check-in, `sentry.BeatMonitors.headers`).
         self.extra_headers = extra_headers
+        # (task, queue) -> whether the task's routing names the queue (`_routed_to`), kept
+        # while every `task_routes` route is a plain map (those see no arguments).
+        self._routed: dict[tuple[str, str], bool] = {}
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any]:
         """Return the headers of `occurrence`'s task: `occurrence_headers` and `extra_headers`'."""
@@ -214,7 +222,9 @@ class CeleryDispatcher:
             options = routing_entities(options)  # checked above: a Queue or Exchange described
         headers = dict(options.pop("headers", None) or {})
         headers.update(emq_headers)
-        if not {"queue", "exchange", "routing_key"} & options.keys():
+        if not {"queue", "exchange", "routing_key"} & options.keys() and not self._routed_to(
+            occurrence.queue, template
+        ):
             options["queue"] = occurrence.queue
         if producer is not None:
             options["producer"] = producer
@@ -232,9 +242,41 @@ class CeleryDispatcher:
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
 
+    def _routed_to(self, queue: str, template: TaskTemplate) -> bool:
+        """True when Celery's own routing of `template`'s task (`resolve_queue`, what a
+        `beat_schedule` entry's registry queue is) names `queue`.
+
+        Such a task is sent without a queue, as Celery's beat sends it, so that Celery routes
+        it: a route's kombu `Queue` (its exchange, routing key and arguments), a route's
+        exchange and routing key without a queue (no other queue declared), the
+        `task_default_*` settings. Sent by the name alone, the name would be looked up in
+        `task_queues` (or created as a direct queue) and win over the route's `Queue`.
+        Otherwise (a schedule added to another queue; a route that fails) the task goes to
+        `queue` by name, as before.
+        """
+        key = (template.task, queue)
+        plain = all(type(route) is MapRoute for route in self.app.amqp.router.routes)
+        if plain:
+            known = self._routed.get(key)
+            if known is not None:
+                return known
+        try:
+            routed = queue == resolve_queue(
+                self.app, template.task, template.options, template.args, template.kwargs
+            )
+        except Exception:  # a router that fails: apply_async raises it, on the old path
+            routed = False
+        if plain:
+            if len(self._routed) >= ROUTED_CACHE_SIZE:
+                self._routed.clear()
+            self._routed[key] = routed
+        return routed
+
 
 # The options that say where a task goes.
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key")
+# The (task, queue) pairs whose routing `CeleryDispatcher` keeps; cleared when full.
+ROUTED_CACHE_SIZE = 10_000
 
 
 def routing_option_error(options: Mapping[str, Any]) -> str | None:

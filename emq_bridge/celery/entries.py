@@ -47,7 +47,8 @@ from ..keys import MAX_NAME_BYTES, validate_name
 from ..millis import ceil_ms
 from ..template import TaskTemplate
 from .dispatch import routing_option_error
-from .kombu_entities import ENTITY_OPTIONS, entity_json, routing_entities
+from .kombu_entities import ENTITY_OPTIONS, entity_json
+from .routing import resolve_queue
 
 __all__ = [
     "PLACEHOLDER",
@@ -429,29 +430,6 @@ def _entity_option(key: str, given: Queue | Exchange, label: str) -> dict[str, A
         return entity_json(given)
     except ValueError as exc:
         raise ConfigError(f"{label}: options[{key!r}]: {exc}") from exc
-
-
-def resolve_queue(
-    app: Celery, task_name: str, options: Mapping[str, Any], args: Any, kwargs: Any
-) -> str:
-    """Return the Celery queue a task is sent to: the options, else the task's routing.
-
-    `options` are a template's (`json_options`): a kombu `Queue` or `Exchange` described
-    there is routed as the object."""
-    try:
-        options = routing_entities(options)
-    except ValueError as exc:
-        raise ConfigError(f"cannot route task {task_name!r}: {exc}") from exc
-    task = app.tasks.get(task_name)
-    preset = {k: v for k, v in (task._get_exec_options() if task else {}).items() if v is not None}
-    merged = dict(preset, **options)
-    try:
-        route = app.amqp.router.route(merged, task_name, args, kwargs, task_type=task)
-    except Exception as exc:  # task_routes callables and QueueNotFound
-        raise ConfigError(f"cannot route task {task_name!r}: {exc}") from exc
-    queue = route.get("queue")
-    name = queue.name if isinstance(queue, Queue) else queue
-    return str(name or app.conf.task_default_queue)
 
 
 @dataclass(slots=True)
