@@ -231,6 +231,8 @@ class Pump:
         # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
         self._failures = 0
+        # The wake-up subscription `listen` makes and `sleep` waits on (None: polling).
+        self._wakeups: WakeSubscription | None = None
         self._broken: dict[str, str] = {}
         self.eviction_check_s = EVICTION_CHECK_S
         self._policy: str | None = None
@@ -882,17 +884,13 @@ class Pump:
         """
         if stop is not None:
             self._stop = stop
-        wakeups: WakeSubscription | None = None
-        while not self._stop.is_set():
-            if wakeups is None:
-                wakeups = self._subscribe()
-            _, delay = self.step()
-            if self._outage_since is not None and wakeups is not None:
-                wakeups.close()  # its connection is dead too; a new one comes with Redis
-                wakeups = None
-            wakeups = self._wait(delay, wakeups)
-        if wakeups is not None:
-            wakeups.close()
+        try:
+            while not self._stop.is_set():
+                self.listen()
+                _, delay = self.step()
+                self.sleep(delay)
+        finally:
+            self.unlisten()
         self.heartbeat.remove(self.repeat)
 
     def step(self, stop: threading.Event | None = None) -> tuple[Tick | None, float]:
@@ -958,22 +956,40 @@ class Pump:
             log.debug("no wake-up subscription, polling every %.1fs: %s", self.max_sleep_s, exc)
             return None
 
-    def _wait(self, delay: float, wakeups: WakeSubscription | None) -> WakeSubscription | None:
-        deadline = time.monotonic() + delay
+    def listen(self) -> None:
+        """Subscribe to the wake-ups of the pump's queues, unless subscribed: a loop calls it
+        before each `step`, so that a change published while the step runs ends the `sleep`
+        after it. Without a subscription (Redis unreachable), `sleep` polls."""
+        if self._wakeups is None:
+            self._wakeups = self._subscribe()
+
+    def sleep(self, delay_s: float) -> None:
+        """Sleep up to `delay_s`: until a registry change of the pump's queues is published
+        (`listen`), or `stop()`. During an outage the subscription is dropped (its connection
+        is dead too); the next `listen` makes a new one."""
+        if self._outage_since is not None:
+            self.unlisten()
+        deadline = time.monotonic() + delay_s
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return wakeups
+                return
+            wakeups = self._wakeups
             if wakeups is None:
                 self._stop.wait(min(remaining, 0.2))
                 continue
             try:
                 if wakeups.wait(min(remaining, 0.2)):
-                    return wakeups  # a registry change: tick now
-            except Exception:  # the connection broke: a new one is made next tick
-                wakeups.close()
-                return None
-        return wakeups
+                    return  # a registry change: tick now
+            except Exception:  # the connection broke: tick now, a new one comes at `listen`
+                self.unlisten()
+                return
+
+    def unlisten(self) -> None:
+        """Close the wake-up subscription, if any; never raises."""
+        wakeups, self._wakeups = self._wakeups, None
+        if wakeups is not None:
+            wakeups.close()
 
     def check_eviction_policy(self) -> str | None:
         """Warn loudly if Redis may evict registry keys (see `Repeat.check_eviction_policy`).
