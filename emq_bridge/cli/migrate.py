@@ -15,7 +15,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
 import redis
+from click.core import ParameterSource
 
+from ..cadence import Cron
 from ..errors import InvalidName
 from ..keys import validate_name
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
@@ -43,6 +45,7 @@ def _apply(
     as_json: bool,
     paused: bool = False,
     resume: bool = False,
+    notes: tuple[str, ...] = (),
 ) -> None:
     if paused and resume:
         raise click.UsageError("--paused and --resume are the two ends of a cut-over: give one")
@@ -56,6 +59,7 @@ def _apply(
             "note: the old scheduler holds no schedule here (check its URL, database and prefix)"
         )
         note = f"{note}\n{found}" if note else found
+    note = "\n".join(filter(None, [note, *notes]))
     if as_json:
 
         def items(entries: list[Any]) -> list[dict[str, Any]]:
@@ -213,7 +217,18 @@ def import_redbeat(
         raise ServerError(f"cannot read celery-redbeat at {redact_url(from_url)}: {exc}") from exc
     finally:
         old.close()
-    _apply(settings, plan, dry_run, strict, as_json, paused, resume)
+    notes: tuple[str, ...] = ()
+    crontabs = sum(isinstance(e.declaration.definition.cadence, Cron) for e in plan.entries)
+    zone_given = click.get_current_context().get_parameter_source("timezone")
+    if crontabs and zone_given is ParameterSource.DEFAULT:
+        # celery-redbeat keeps no zone with a crontab: it fires it in its app's `timezone`,
+        # which only the user knows. A silent UTC would move a Paris 03:00 job by an hour.
+        notes = (
+            f"note: {crontabs} crontab schedule(s) read in UTC, the --timezone default; "
+            "celery-redbeat fires them in its app's timezone setting: if that is not UTC, "
+            "import again with --timezone ZONE",
+        )
+    _apply(settings, plan, dry_run, strict, as_json, paused, resume, notes)
 
 
 @import_group.command("django-celery-beat")
