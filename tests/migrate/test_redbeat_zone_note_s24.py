@@ -5,6 +5,7 @@ hours; given a zone (UTC too), or with no crontab, there is no such note."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from celery import Celery
@@ -50,6 +51,14 @@ def test_crontabs_read_in_utc_by_default_are_named_on_a_note(
     utc = run(*args, "--timezone", "UTC", "--json")
     assert utc.exit_code == 0, utc.output
     assert _notes(utc.stderr) == []
+
+    # Imported in UTC, then again with the app's zone: the registration follows the zone.
+    again = run(*args, "--timezone", "Asia/Kolkata", "--json")
+    assert again.exit_code == 0, again.output
+    updated = json.loads(again.stdout)["updated"]
+    assert [(u["name"], u["cadence"]) for u in updated] == [
+        ("ist", "cron 8 10 * * * (Asia/Kolkata)")
+    ]
 
 
 def test_no_note_without_a_crontab(run: Run, redis_url: str, redbeat_app: Celery) -> None:
