@@ -192,6 +192,21 @@ class Definition:
         """Return the first run of this definition written at `now_ms` (see `Bounds`)."""
         return self.bounds.first_run(self.cadence, now_ms, created=created)
 
+    def computed_by(self) -> str | None:
+        """Return what computes this definition's runs outside the registry, or None.
+
+        A Celery custom schedule (`solar`, `relative=True`, a class with its own `is_due`)
+        is stored as a placeholder interval whose template names it (`"schedule": "celery
+        <solar: ...>"`): only the app's process knows its runs."""
+        text = self.template.get("schedule")
+        if isinstance(text, str) and text and isinstance(self.cadence, Every):
+            return text
+        return None
+
+    def describe_cadence(self) -> str:
+        """Its cadence in words: `celery <label>` for a Celery custom schedule."""
+        return self.computed_by() or self.cadence.describe()
+
     def for_name(self, name: str) -> Definition:
         """Return this definition with `name` as the seed of its H fields and jitter, where
         it has none (`define(seed=...)`); itself when it uses neither."""

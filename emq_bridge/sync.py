@@ -693,7 +693,17 @@ def _old_records(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], dict[s
     return old
 
 
-_CADENCE_FIELDS = ("every_ms", "anchor", "cron", "tz", "day_and", "offset_ms", "at")
+# (`cadence_label`: a Celery custom schedule, stored as a placeholder interval it names.)
+_CADENCE_FIELDS = (
+    "every_ms",
+    "anchor",
+    "cron",
+    "tz",
+    "day_and",
+    "offset_ms",
+    "at",
+    "cadence_label",
+)
 _BOUNDS_FIELDS = ("start_ms", "end_ms", "limit", "immediately")
 
 
@@ -706,7 +716,7 @@ def _bounds_words(fields: Mapping[str, str]) -> str:
 
 def _described(record: dict[str, str]) -> str:
     try:
-        return Definition.from_fields(record).cadence.describe()
+        return Definition.from_fields(record).describe_cadence()
     except (EmqError, ValueError, KeyError):  # only for the log line: say so, do not fail
         return "an unreadable cadence"
 
@@ -717,7 +727,7 @@ def _changes(record: dict[str, str], declaration: Declaration, source: str) -> s
     new = declaration.definition.to_fields()
     changes = []
     if any(record.get(f) != new.get(f) for f in _CADENCE_FIELDS):
-        described = declaration.definition.cadence.describe()
+        described = declaration.definition.describe_cadence()
         changes.append(f"{_described(record)} -> {described}")
     if any(record.get(f) != new.get(f) for f in _BOUNDS_FIELDS):
         changes.append(f"bounds {_bounds_words(record)} -> {_bounds_words(new)}")

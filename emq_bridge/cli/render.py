@@ -126,21 +126,15 @@ def cadence_json(cadence: Cadence) -> dict[str, Any]:
 
 
 def computed_by(registration: Registration) -> str | None:
-    """Return what computes a registration's runs outside the registry, or None.
-
-    A Celery custom schedule (`solar`, a class with its own `is_due`) is stored as a
-    placeholder interval whose template names it (`"schedule": "celery <solar: ...>"`):
-    only the app's process knows its runs, and its stored next run is its next check.
-    """
-    text = registration.definition.template.get("schedule")
-    if isinstance(text, str) and text and isinstance(registration.definition.cadence, Every):
-        return text
-    return None
+    """Return what computes a registration's runs outside the registry, or None
+    (`Definition.computed_by`: a Celery custom schedule; its stored next run is its next
+    check)."""
+    return registration.definition.computed_by()
 
 
 def cadence_text(registration: Registration) -> str:
     """Return a registration's cadence in words: `celery <label>` for a custom schedule."""
-    words = computed_by(registration) or registration.definition.cadence.describe()
+    words = registration.definition.describe_cadence()
     bounds = registration.definition.bounds.describe()
     return f"{words} ({bounds})" if bounds else words
 
