@@ -84,11 +84,18 @@ class Report:
     starts (the retry's countdown); a running occurrence stays in flight as long as its worker
     heartbeats.
 
+    `task_ran=False` says a `failed` occurrence's task never ran: no worker of this version
+    has it (Dramatiq's `ActorNotFound`, Celery's `NotRegistered`, as an old worker meets a
+    new task's message during a rolling deploy). It is still `failed` (it ends in the history,
+    and frees a guarded registration), but it neither counts toward `pause_after_failures`
+    nor ends a failure streak, as `lost`, `skipped` and `revoked` do not.
+
     Checked at construction, so that `Repeat.report` never stores what the registry cannot
     read back: times are `int` epoch ms from 1970 to the end of 9999 (`int(time.time() *
     1000)`, not a float), `attempt` an `int` from 1, `id` a non-empty string, `queue` and
     `name` valid names (`keys.validate_name`), `error` a string (kept cut to
-    `MAX_ERROR_CHARS`). Anything else raises `ScheduleError` (`InvalidName` for a name).
+    `MAX_ERROR_CHARS`), the flags `bool`s (`task_ran=False` on a `failed` report only).
+    Anything else raises `ScheduleError` (`InvalidName` for a name).
     """
 
     kind: ReportKind
@@ -106,6 +113,7 @@ class Report:
     # A final report may carry its occurrence's start (`Reporter` folds a `started` report
     # into the final one when both wait in one batch: one update instead of two).
     started_ms: int | None = None
+    task_ran: bool = True
 
     def __post_init__(self) -> None:
         # A worker builds two reports per task: the common one passes in a few comparisons
@@ -134,6 +142,7 @@ class Report:
             and type(self.error) is str
             and type(self.redelivered) is bool
             and type(self.triggered) is bool
+            and (self.task_ran is True or (self.task_ran is False and self.kind == "failed"))
         ):
             _check_report(self)
 
@@ -150,7 +159,7 @@ class Report:
         that built this report at the start sends at the end, without reading the
         occurrence's fields again. It carries a start (`started_ms`) only when asked: that
         says a start folded in, never reported apart (the metrics count it as a start), which
-        only the `Reporter` knows (`Reporter.finish`)."""
+        only the `Reporter` knows (`Reporter.finish`). `task_ran` is this report's."""
         return Report(
             kind,
             self.queue,
@@ -165,6 +174,7 @@ class Report:
             error,
             hold_ms,
             started_ms,
+            self.task_ran,
         )
 
     def folded(self, start: Report) -> Report:
@@ -185,6 +195,7 @@ class Report:
             self.error,
             self.hold_ms,
             start.at_ms,
+            self.task_ran,
         )
 
     @property
@@ -193,8 +204,10 @@ class Report:
         return lease_member(self.name, self.due_ms, self.triggered)
 
     def to_json_item(self) -> list[Any]:
-        """The report as report.lua reads it (one array per report)."""
-        return [
+        """The report as report.lua reads it (one array per report). A task that never ran
+        adds a trailing 0 (`task_ran`); the common report's array goes without, and
+        report.lua reads an array without it as a task that ran (an older reporter's)."""
+        item: list[Any] = [
             self.kind,
             self.member,
             self.id,
@@ -208,6 +221,9 @@ class Report:
             str(max(0, self.hold_ms)),
             "" if self.started_ms is None else str(self.started_ms),
         ]
+        if not self.task_ran:
+            item.append(0)
+        return item
 
 
 # Names already checked (`Report`, `report_of`, the adapters): a worker reports the same few
@@ -256,9 +272,17 @@ def _check_report(report: Report) -> None:
         raise ScheduleError(
             f"report error must be a string (error_text(exc)), got {type(report.error).__name__}"
         )
-    for flag, field in ((report.redelivered, "redelivered"), (report.triggered, "triggered")):
+    for flag, field in (
+        (report.redelivered, "redelivered"),
+        (report.triggered, "triggered"),
+        (report.task_ran, "task_ran"),
+    ):
         if not isinstance(flag, bool):
             raise ScheduleError(f"report {field} must be True or False, got {shown(flag)}")
+    if not report.task_ran and report.kind != "failed":
+        raise ScheduleError(
+            f"report task_ran=False is for a failed report only, got a {report.kind!r} report"
+        )
 
 
 def _check_ms(value: object, field: str, what: str = "epoch ms") -> None:

@@ -13,7 +13,9 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
 * `task_revoked` (in the main process): `revoked`;
 * `task_unknown` (in the main process: a task this worker does not know, which Celery
-  rejects and records failed): `failed`, with `NotRegistered`.
+  rejects and records failed): `failed`, with `NotRegistered`, as an occurrence whose task
+  never ran (`Report.task_ran`: an old worker meets a new task's message in a rolling
+  deploy), which neither counts toward `pause_after_failures` nor ends a failure streak.
 
 A guarded occurrence (`emq_guarded`: overlap skip, buffer_one or replace) is checked when
 the worker's main process receives it (`task_received`, before it waits for a pool
@@ -48,6 +50,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -384,7 +387,8 @@ def _on_unknown(
 ) -> None:
     """`task_unknown`, in the worker's main process: a task this worker does not know, which
     Celery rejects for good and records failed (`NotRegistered`): `failed`, so that a guarded
-    schedule is not held until its start timeout."""
+    schedule is not held until its start timeout; its task never ran (`task_ran=False`), so
+    it is no failure toward `pause_after_failures`."""
     try:
         headers = getattr(message, "headers", None)
         app = getattr(sender, "app", None)
@@ -399,7 +403,8 @@ def _on_unknown(
         attempt = int(headers.get("retries") or 0) + 1
         error = f"NotRegistered: {name!r} is not a task of this worker"
         _process.used.add(builtins.id(reporter))
-        reporter.report(report_of("failed", occurrence, attempt=attempt, error=error))
+        item = report_of("failed", occurrence, attempt=attempt, error=error)
+        reporter.report(replace(item, task_ran=False))
     except Exception as exc:  # never into the worker
         log.warning("emq-bridge: the report of unknown task %s was not sent: %s", id, exc)
 

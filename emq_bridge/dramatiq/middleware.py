@@ -17,6 +17,7 @@ from typing import Any
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from ..bulk import without_gc
@@ -279,7 +280,16 @@ class RecurringMiddleware(Middleware):
 
     def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
         if self.report:
-            self.outcomes.nacked(message)
+            # A message for an actor this worker does not declare (a new actor's, met by an
+            # old worker in a rolling deploy): Dramatiq dead-letters it unrun.
+            try:
+                broker.get_actor(message.actor_name)
+                actor_found = True
+            except ActorNotFound:
+                actor_found = False
+            except Exception:  # never into the worker: reported as any nacked message
+                actor_found = True
+            self.outcomes.nacked(message, actor_found)
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
         # Dramatiq logs and drops any exception here that is not a MiddlewareError: every

@@ -7,7 +7,10 @@ dead-lettered). Middleware `after_*` hooks run in reverse order, so ours may run
 `Retries`; the outcome is therefore decided when the worker thread acks or nacks the message,
 after every middleware ran:
 
-* nacked: `failed` (retries exhausted, `throws`, or failed by a middleware);
+* nacked: `failed` (retries exhausted, `throws`, or failed by a middleware); a message for
+  an actor this worker does not declare (Dramatiq's `ActorNotFound`: an old worker meets a
+  new actor's message in a rolling deploy) is `failed` too, as one whose task never ran
+  (`Report.task_ran`): it neither counts toward `pause_after_failures` nor ends a streak;
 * acked after the actor raised, with a re-enqueue of the same message seen in between
   (`before_enqueue`): `retrying`, held in flight for the retry's delay;
 * acked after the actor raised, with no re-enqueue (no `Retries` middleware): `failed`;
@@ -194,11 +197,18 @@ class MessageOutcomes:
         else:
             self._send("failed", run, at_ms, run.error)
 
-    def nacked(self, message: Any) -> None:
-        """`after_nack`: the message failed for good (dead-lettered)."""
+    def nacked(self, message: Any, actor_found: bool = True) -> None:
+        """`after_nack`: the message failed for good (dead-lettered). `actor_found=False`:
+        its actor is not one of this worker's broker (`ActorNotFound`), so it never ran:
+        `failed`, naming the actor, with `task_ran=False`."""
         run = self._run_of(message, create=True)
         self._local.run = None
         if run is not None and not run.skipped:
+            if not actor_found:
+                actor = getattr(message, "actor_name", "?")
+                error_line = f"ActorNotFound: {actor!r} is not an actor of this worker"
+                self._send("failed", run, _now_ms(), error_line, task_ran=False)
+                return
             error: BaseException | str | None = run.error
             if error is None:
                 error = "the message failed before its actor ran"
@@ -251,14 +261,17 @@ class MessageOutcomes:
         error: BaseException | str | None = None,
         *,
         hold_ms: int = 0,
+        task_ran: bool = True,
     ) -> None:
         try:
             text = error if isinstance(error, str) else error_text(error)
-            if run.began:  # the start's report made once, carrying it if not sent yet
+            if run.began and task_ran:  # the start's report made once, carrying it if unsent
                 self.reporter.finish(run.start, kind, at_ms, text, hold_ms=hold_ms)
                 return
-            # No start seen: the final report alone, with no start time.
-            item = replace(run.start, kind=kind, at_ms=at_ms, error=text, hold_ms=hold_ms)
+            # No start seen (or no task run): the final report alone, with no start time.
+            item = replace(
+                run.start, kind=kind, at_ms=at_ms, error=text, hold_ms=hold_ms, task_ran=task_ran
+            )
         except Exception as exc:  # a bug: never into the actor
             log.warning("the %s report of occurrence %s was dropped: %s", kind, run.message_id, exc)
             return

@@ -7,7 +7,9 @@
 -- KEYS[2 + 2i], KEYS[3 + 2i]  the record and the history list of report i
 -- ARGV[1]  JSON array of reports, each [kind, member, id, due_ms, attempt, at_ms,
 --          released_ms or '', redelivered 0|1, triggered 0|1, error, hold_ms, started_ms
---          or ''] (`started_ms`: a final report that carries its own start)
+--          or '', and, only for a `failed` occurrence whose task never ran, a trailing 0]
+--          (`started_ms`: a final report that carries its own start; the trailing element,
+--          `task_ran`, absent or anything but 0/false: the task ran)
 --          (`member` is the occurrence's "<name> <due_ms>[ triggered]"; `at_ms` the
 --          worker's clock, used for durations; deadlines use this server's clock)
 -- ARGV[2]  the history's length cap
@@ -25,7 +27,9 @@
 -- On a final status: the occurrence leaves `running`; if it was the registration's
 -- `inflight` one, a `buffered` slot is released (as the pending lease "<name> <due>
 -- buffered", score 0, and is in flight at once); `failed` adds 1 to `failures` (`succeeded`
--- clears it) and pauses the registration once `failures` reaches `pause_after_failures`;
+-- clears it) and pauses the registration once `failures` reaches `pause_after_failures`,
+-- unless its task never ran (`task_ran` 0: no worker had it, as an old worker meets a new
+-- task's message in a rolling deploy): that one neither counts nor clears the streak;
 -- `skipped` adds 1 to the `skipped` count (once per occurrence).
 -- Returns the number of reports applied.
 -- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
@@ -125,7 +129,7 @@ end
 local applied = 0
 for i, report in ipairs(reports) do
   local kind, member, id, due, attempt, at, released, redelivered, triggered, error, hold,
-        started_at = unpack(report)
+        started_at, task_ran = unpack(report)
   local record, history = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
   -- One read of what the record says: whether it exists, the newest nominal time its history
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
@@ -242,10 +246,14 @@ for i, report in ipairs(reports) do
               drop[nd] = 'failures'
             end
           elseif status == 'failed' then
-            local counted = redis.pcall('HINCRBY', record, 'failures', 1)
-            if type(counted) == 'table' and counted.err then counted = 1 end
-            failures = counted
-            set('failures', failures)
+            -- A task that never ran (its worker did not have it) is no failure of the task:
+            -- the streak stays as it was, and nothing pauses.
+            if task_ran ~= 0 and task_ran ~= false then
+              local counted = redis.pcall('HINCRBY', record, 'failures', 1)
+              if type(counted) == 'table' and counted.err then counted = 1 end
+              failures = counted
+              set('failures', failures)
+            end
             set('last_error', error)
             set('last_failure_ms', at)
           elseif status == 'skipped' and was ~= 'skipped' then
