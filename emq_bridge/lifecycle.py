@@ -59,6 +59,10 @@ START_TIMEOUT_MS = 600_000
 HEARTBEAT_TTL_MS = 30_000
 
 
+def _nominal(entry: HistoryEntry) -> int:
+    return entry.due_ms
+
+
 def check_history_size(history_size: int) -> int:
     if isinstance(history_size, bool) or not 1 <= history_size <= MAX_HISTORY_SIZE:
         raise ValueError(f"history_size must be from 1 to {MAX_HISTORY_SIZE}, got {history_size!r}")
@@ -270,22 +274,28 @@ class LifecycleMoves:
             return "run"
 
     def history(self, queue: str, name: str, n: int = HISTORY_SIZE) -> builtins.list[HistoryEntry]:
-        """Return the last `n` occurrences of `name`, newest first (what workers reported and
-        what the overlap policy and the lost check decided). An entry edited into garbage is
-        left out (logged)."""
+        """Return the last `n` occurrences of `name`, newest nominal time first (what workers
+        reported and what the overlap policy and the lost check decided). An entry edited into
+        garbage is left out (logged).
+
+        The registry keeps them in the order their entries were made, which is not always
+        the slots' order: a `buffer_one` slot's entry is made when it is released, after the
+        slots skipped while it waited. So all it keeps (at most `history_size`) are read and
+        sorted by slot, and the first `n` returned."""
         validate_name(name, "registration name")
         whole_arg(n, "n", 0)
         if n == 0:
             return []
         with redis_errors(f"history {queue}/{name}"):
-            raw = self.client.lrange(self.keys(queue).history(name), 0, n - 1)
+            raw = self.client.lrange(self.keys(queue).history(name), 0, -1)  # capped
         entries = []
         for item in raw:
             try:
                 entries.append(HistoryEntry.from_json(text(item)))
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("%s/%s: a history entry is unreadable, skipped: %s", queue, name, exc)
-        return entries
+        entries.sort(key=_nominal, reverse=True)  # stable: one slot's entries keep their order
+        return entries[:n]
 
     def mark_lost(
         self,
