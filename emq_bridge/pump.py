@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +30,7 @@ from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .heartbeat import Heartbeat
 from .jitter import Jittered, nominal_slot
 from .keys import Lease, lease_member, parse_lease_member, validate_name
+from .lease_keeper import SentAcker
 from .lifecycle import START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
@@ -141,6 +143,8 @@ class _Sending:
     # When (monotonic) the batch's leases were taken, about: from before its claim.
     begun: float = field(default_factory=time.monotonic)
     outcomes: list[BaseException | None] = field(default_factory=list)
+    # When the claim released them (epoch ms, the claim's clock): what their acks count.
+    released_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +398,7 @@ class Pump:
         if corrupt:  # garbage holds no deadline of ours: dropped unfenced
             self.repeat.ack(queue, sorted(corrupt))
         batch: list[Occurrence] = []
-        sending = _Sending(now_ms + self.lease_ms, begun)
+        sending = _Sending(now_ms + self.lease_ms, begun, released_ms=now_ms)
         try:
             self._send_claimed(queue, now_ms, claim, candidates, firings, records, batch, sending)
         except BaseException:
@@ -814,54 +818,104 @@ class Pump:
         while earlier ones were sent and another pump took it, so it was not sent, or
         `_UNSENT`: the pump was asked to stop and `STOP_GRACE_S` passed, so it was not sent.
         One at a time, the batch's leases (those sent, acked at the end, and those still to
-        send) are extended whenever half the lease has passed since the claim, so a slow send
-        re-sends at most itself, not the rest of its batch, and a pump held before its first
-        send sends none another pump took meanwhile. A batch dispatcher's batch is one send, always
-        finished.
+        send) are extended whenever half the lease has passed since the claim, and what was
+        sent is acked then by a thread of its own (`SentAcker`) if a send blocks, so a slow
+        send re-sends at most itself, not the rest of its batch, and a pump held before its
+        first send sends none another pump took meanwhile. A batch dispatcher's batch is one
+        send, always finished, after the same check of its leases.
         """
         if not batch:
             return
-        outcomes = sending.outcomes
         if isinstance(self.dispatcher, BatchDispatcher):
-            try:
-                outcomes.extend(self.dispatcher.dispatch_batch(batch))
-            except Exception as exc:  # the adapter failed as a whole: none was accepted
-                # Nothing says the registrations are at fault: retried, never parked.
-                failure = batch_failure(exc) if isinstance(exc, PermanentDispatchError) else exc
-                outcomes[:] = [failure] * len(batch)
+            self._dispatch_batch(self.dispatcher, queue, batch, sending)
             return
+        outcomes = sending.outcomes
         deadline = sending.deadline
         # From the claim, not the first send: a stall before it (a listener, a GC pause, a
         # frozen process) past half the lease is caught before anything is sent.
         started = last = sending.begun
+        acker = None
+        if len(batch) > 1:
+            acker = SentAcker(
+                self.repeat,
+                queue,
+                batch,
+                outcomes,
+                deadline_ms=deadline,
+                written_at=started,
+                lease_ms=self.lease_ms,
+                released_ms=sending.released_ms,
+            )
         held: set[str] | None = None
         stopping_since: float | None = None
-        for index, occurrence in enumerate(batch):
-            if self._stop.is_set():
-                stopping_since = stopping_since or time.monotonic()
-                if time.monotonic() - stopping_since >= STOP_GRACE_S:
-                    outcomes.extend([_UNSENT] * (len(batch) - index))
-                    return
-            if time.monotonic() - last > self.lease_ms / 2000:
-                last = time.monotonic()
-                # A full lease from now on: the deadline moves by the time that passed.
-                new_deadline = deadline + round((last - started) * 1000)
-                # Those sent too: they are acked with the batch, at its end.
-                sent = zip(batch[:index], outcomes, strict=True)
-                ours = [o.lease_member for o, outcome in sent if outcome is not _LOST]
-                ours += [o.lease_member for o in batch[index:]]
-                held = self.repeat.extend(queue, ours, deadline, new_deadline)
-                deadline, started = new_deadline, last
-                sending.deadline = deadline
-            if held is not None and occurrence.lease_member not in held:
-                outcomes.append(_LOST)
-                continue
-            try:
-                self.dispatcher.dispatch(occurrence)
-            except Exception as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
+        try:
+            for index, occurrence in enumerate(batch):
+                if self._stop.is_set():
+                    stopping_since = stopping_since or time.monotonic()
+                    if time.monotonic() - stopping_since >= STOP_GRACE_S:
+                        outcomes.extend([_UNSENT] * (len(batch) - index))
+                        return
+                if time.monotonic() - last > self.lease_ms / 2000:
+                    with acker.lock if acker is not None else nullcontext():
+                        last = time.monotonic()
+                        # A full lease from now on: the deadline moves by the time that passed.
+                        new_deadline = deadline + round((last - started) * 1000)
+                        # Those sent too: they are acked with the batch, at its end.
+                        sent = zip(batch[:index], outcomes, strict=True)
+                        ours = [o.lease_member for o, outcome in sent if outcome is not _LOST]
+                        ours += [o.lease_member for o in batch[index:]]
+                        held = self.repeat.extend(queue, ours, deadline, new_deadline)
+                        deadline, started = new_deadline, last
+                        sending.deadline = deadline
+                        if acker is not None:
+                            acker.renewed(deadline, last)
+                if held is not None and occurrence.lease_member not in held:
+                    outcomes.append(_LOST)
+                    continue
+                try:
+                    self.dispatcher.dispatch(occurrence)
+                except Exception as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+        finally:
+            if acker is not None:
+                acker.stop()
+
+    def _dispatch_batch(
+        self, dispatcher: BatchDispatcher, queue: str, batch: list[Occurrence], sending: _Sending
+    ) -> None:
+        """Send `batch` through the dispatcher's `dispatch_batch`, as one send.
+
+        As the first send of a batch sent one at a time, it is preceded by a check of the
+        leases when half the lease has passed since the claim (a slow server or a pause
+        between the claim's clock and now): those another pump took since are not sent
+        (`_LOST`), and the rest hold a full lease again.
+        """
+        outcomes = sending.outcomes
+        mine = batch
+        elapsed_s = time.monotonic() - sending.begun
+        if elapsed_s > self.lease_ms / 2000:
+            new_deadline = sending.deadline + round(elapsed_s * 1000)
+            held = self.repeat.extend(
+                queue, [o.lease_member for o in batch], sending.deadline, new_deadline
+            )
+            sending.deadline = new_deadline
+            mine = [o for o in batch if o.lease_member in held]
+        try:
+            results: Sequence[BaseException | None] = (
+                dispatcher.dispatch_batch(mine) if mine else []
+            )
+        except Exception as exc:  # the adapter failed as a whole: none was accepted
+            # Nothing says the registrations are at fault: retried, never parked.
+            failure = batch_failure(exc) if isinstance(exc, PermanentDispatchError) else exc
+            results = [failure] * len(mine)
+        if mine is batch:
+            outcomes.extend(results)
+            return
+        sent = iter(results)
+        kept = {o.lease_member for o in mine}
+        outcomes.extend(next(sent) if o.lease_member in kept else _LOST for o in batch)
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 
 import redis
 from quiet import quiet_offset
@@ -129,3 +130,62 @@ def test_a_pump_held_between_its_claim_and_its_first_send_sends_none_another_too
     sends, lost = race(redis_url, prefix, {f"job-{i}": 0.0 for i in range(5)}, stall_s=0.9)
     assert sends == Counter({f"job-{i}": 1 for i in range(5)})
     assert sorted(lost.names) == [f"job-{i}" for i in range(5)]
+
+
+def test_a_send_slower_than_the_lease_mid_batch_does_not_resend_those_sent_before_it(
+    redis_url: str, prefix: str
+) -> None:
+    # job-0 and job-1 go out at once, then job-2 blocks 0.9 s, over twice the lease (a
+    # broker holding its publishers). What was sent before it is acked while it blocks, so B
+    # re-takes only job-2 and what A has not sent yet: job-0 and job-1 go out once.
+    sends, lost = race(redis_url, prefix, {"job-0": 0.0, "job-1": 0.0, "job-2": 0.9})
+    assert {name: count for name, count in sends.items() if name != "job-2"} == {
+        f"job-{i}": 1 for i in (0, 1, 3, 4)
+    }
+    assert 1 <= sends["job-2"] <= 2
+    assert sorted(lost.names) == ["job-3", "job-4"]
+
+
+class SlowBatch:
+    """A batch dispatcher (the Dramatiq and pipelined Celery paths' shape)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Occurrence] = []
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        self.sent.append(occurrence)
+
+    def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
+        self.sent.extend(occurrences)
+        return [None] * len(occurrences)
+
+
+def test_a_batch_publish_held_past_its_lease_after_the_claim_sends_none_another_took(
+    redis_url: str, prefix: str
+) -> None:
+    # The batch path too: A is held 0.9 s between its claim and its publish (a slow server
+    # answering the claim late, a pause), its leases expire and B sends the five. A checks
+    # its leases before the publish and publishes none of them.
+    setup = Repeat(redis.Redis.from_url(redis_url), prefix)
+    now = setup.server_time_ms()
+    offset = quiet_offset()
+    for i in range(5):
+        setup.register(
+            "q", f"job-{i}", every="1h", offset=offset, template=TEMPLATE, now_ms=now - HOUR - 10
+        )
+    batch, fast, lost = SlowBatch(), RecordingDispatcher(), Lost()
+    a = Pump(setup, ["q"], batch, lease_ms=400, listeners=[lost, Stall(0.9)])
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (a.run_once(), done.set()))
+    thread.start()
+    b = Pump(Repeat(redis.Redis.from_url(redis_url), prefix), ["q"], fast, lease_ms=400)
+    time.sleep(0.05)  # A claims first
+    while not done.is_set():
+        b.run_once()
+        time.sleep(0.03)
+    thread.join(10)
+    b.run_once()
+    sends = Counter(o.name for o in batch.sent) + Counter(fast.names())
+    assert sends == Counter({f"job-{i}": 1 for i in range(5)})
+    assert sorted(lost.names) == [f"job-{i}" for i in range(5)]
+    assert setup.leases("q") == []
