@@ -156,6 +156,41 @@ def _cause(error: BaseException) -> str:
     return text
 
 
+# Per-registration lines of one kind a tick logs at their level (a missed-slot WARNING, a
+# failed send's ERROR): the rest go to DEBUG, and one line at the end of the tick counts them.
+# A tick after an outage tells thousands of registrations at once; a worker whose log is a
+# pipe nobody reads yet (Dramatiq's parent, until all its processes are ready) would block.
+SHOWN_PER_TICK = 5
+# The queues a summary line names, at most.
+_QUEUES_NAMED = 5
+
+
+@dataclass(slots=True)
+class _Held:
+    """The lines of one kind a tick logged at DEBUG only, for its summary line."""
+
+    level: int
+    count: int = 0
+    slots: int = 0  # the missed slots they tell (missed-slot lines only)
+    queues: set[str] = field(default_factory=set)
+
+
+# What the summary line says of each kind's held lines ("N more <what>").
+_HELD_WHAT = {
+    "catch_up": "registration(s) missed slots while no pump ran",
+    "skip": "slot(s) skipped: an occurrence is in flight",
+    "buffer": "slot(s) wait for the occurrence in flight to end",
+    "redispatch": "occurrence(s) sent again with the same id after their lease expired",
+    "lease_lost": "occurrence(s) not sent by this pump: another pump took their lease",
+    "dispatch_failure": "dispatch(es) failed; each is retried after its lease",
+    "registration_failed": "registration(s) parked until resumed: an occurrence cannot be sent",
+    "replace": "occurrence(s) replace one still in flight",
+    "lost": "occurrence(s) lost: their worker stopped reporting",
+    "park": "registration(s) parked: their record cannot be used",
+    "lease_dropped": "lease(s) dropped without a re-send",
+}
+
+
 class LoggingEvents(PumpEvents):
     """The pump's log lines, under the `emq_bridge.pump` logger.
 
@@ -163,17 +198,64 @@ class LoggingEvents(PumpEvents):
     chained under a `DispatchError`, often 70 lines and more) is logged at DEBUG only, with
     the first failure of each type of error until a tick sends something again, so a broker
     that refuses every send does not log a traceback per occurrence and per lease.
+
+    Of the lines a tick logs per registration or occurrence (missed slots, failed sends,
+    re-sends, parks...), the first `SHOWN_PER_TICK` of each kind are logged at their level
+    and the rest at DEBUG; the end of the tick then logs one line per kind at that level:
+    `N more <what> (listed at DEBUG)`.
     """
 
     def __init__(self) -> None:
         self._traced: set[type[BaseException]] = set()
+        self._shown: dict[str, int] = {}  # lines logged at their level this tick, per kind
+        self._held: dict[str, _Held] = {}  # lines logged at DEBUG instead, per kind
+
+    def _level(self, kind: str, level: int, queue: str, slots: int = 0) -> int:
+        """The level of this tick's next `kind` line: `level` for the first few, else DEBUG
+        (counted for the tick's summary line)."""
+        shown = self._shown.get(kind, 0)
+        if shown < SHOWN_PER_TICK:
+            self._shown[kind] = shown + 1
+            return level
+        held = self._held.get(kind)
+        if held is None:
+            held = self._held[kind] = _Held(level)
+        held.count += 1
+        held.slots += slots
+        held.queues.add(queue)
+        return logging.DEBUG
+
+    def _summarize(self) -> None:
+        """Log one line per kind of what this tick held at DEBUG, and start counting again."""
+        held, self._held = self._held, {}
+        self._shown.clear()
+        for kind, each in held.items():
+            slots = f" ({each.slots} slot(s), counted in missed)" if kind == "catch_up" else ""
+            queues = sorted(each.queues)
+            named = ", ".join(queues[:_QUEUES_NAMED])
+            if len(queues) > _QUEUES_NAMED:
+                named += f" and {len(queues) - _QUEUES_NAMED} more"
+            log.log(
+                each.level,
+                "%d more %s%s, in queue(s) %s (listed at DEBUG)",
+                each.count,
+                _HELD_WHAT[kind],
+                slots,
+                named,
+            )
 
     def on_tick(self, tick: Tick) -> None:
+        if self._shown:
+            self._summarize()
         if self._traced and tick.dispatched:
             self._traced.clear()
 
     def on_redispatch(self, occurrence: Occurrence) -> None:
-        log.warning(
+        level = self._level("redispatch", logging.WARNING, occurrence.queue)
+        if not log.isEnabledFor(level):
+            return
+        log.log(
+            level,
             "%s/%s: occurrence %s (due %s) was not acked before its lease expired (or a "
             "stopping pump handed it back); sending it again with the same id",
             occurrence.queue,
@@ -183,13 +265,16 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:
-        log.error(
-            "%s/%s: dispatch of occurrence %s failed; it is retried after the lease: %s",
-            occurrence.queue,
-            occurrence.name,
-            occurrence.id,
-            _cause(error),
-        )
+        level = self._level("dispatch_failure", logging.ERROR, occurrence.queue)
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s/%s: dispatch of occurrence %s failed; it is retried after the lease: %s",
+                occurrence.queue,
+                occurrence.name,
+                occurrence.id,
+                _cause(error),
+            )
         kind = type(error)
         if kind not in self._traced and log.isEnabledFor(logging.DEBUG):
             self._traced.add(kind)
@@ -202,7 +287,11 @@ class LoggingEvents(PumpEvents):
             )
 
     def on_lease_lost(self, occurrence: Occurrence) -> None:
-        log.warning(
+        level = self._level("lease_lost", logging.WARNING, occurrence.queue)
+        if not log.isEnabledFor(level):
+            return
+        log.log(
+            level,
             "%s/%s: occurrence %s not sent by this pump: its lease expired while the batch was "
             "being sent, and another pump took it",
             occurrence.queue,
@@ -211,15 +300,33 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_skip(self, queue: str, name: str, due_ms: int) -> None:
-        log.info("%s/%s: slot %s skipped: an occurrence is in flight", queue, name, _when(due_ms))
+        level = self._level("skip", logging.INFO, queue)
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s/%s: slot %s skipped: an occurrence is in flight",
+                queue,
+                name,
+                _when(due_ms),
+            )
 
     def on_buffer(self, queue: str, name: str, due_ms: int) -> None:
-        log.info(
-            "%s/%s: slot %s waits for the occurrence in flight to end", queue, name, _when(due_ms)
-        )
+        level = self._level("buffer", logging.INFO, queue)
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s/%s: slot %s waits for the occurrence in flight to end",
+                queue,
+                name,
+                _when(due_ms),
+            )
 
     def on_replace(self, occurrence: Occurrence, previous_id: str, revoked: bool) -> None:
-        log.warning(
+        level = self._level("replace", logging.WARNING, occurrence.queue)
+        if not log.isEnabledFor(level):
+            return
+        log.log(
+            level,
             "%s/%s: occurrence %s replaces %s, still in flight%s",
             occurrence.queue,
             occurrence.name,
@@ -229,7 +336,11 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
-        log.warning(
+        level = self._level("lost", logging.WARNING, queue)
+        if not log.isEnabledFor(level):
+            return
+        log.log(
+            level,
             "%s/%s: occurrence %s (due %s) is lost: its worker stopped reporting",
             queue,
             name,
@@ -238,8 +349,12 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_registration_failed(self, occurrence: Occurrence, error: BaseException) -> None:
+        level = self._level("registration_failed", logging.ERROR, occurrence.queue)
+        if not log.isEnabledFor(level):
+            return
         where = f"{occurrence.queue}/{occurrence.name}"
-        log.error(
+        log.log(
+            level,
             "%s: parked, it fires no more until resumed (emq-bridge resume %s %s): "
             "occurrence %s can never be sent: %s",
             where,
@@ -258,13 +373,17 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_catch_up(self, queue: str, name: str, step: CatchUp) -> None:
+        level = self._level("catch_up", logging.WARNING, queue, step.missed)
+        if not log.isEnabledFor(level):
+            return
         if step.fire_ms is None and step.next_ms >= NEVER_MS:
             fired = "none fires; it has no run left"
         elif step.fire_ms is None:
             fired = f"none fires; next run {_when(step.next_ms)}"
         else:
             fired = f"fires the one due at {_when(step.fire_ms)}"
-        log.warning(
+        log.log(
+            level,
             "%s/%s: %d slot(s) missed while no pump ran (%d passed, %s to %s); misfire policy "
             "%s %s; counted in missed",
             queue,
@@ -278,12 +397,18 @@ class LoggingEvents(PumpEvents):
         )
 
     def on_park(self, queue: str, name: str, reason: str, park_ms: int) -> None:
-        log.error("%s/%s: parked for %ds: %s", queue, name, park_ms // 1000, reason)
+        level = self._level("park", logging.ERROR, queue)
+        if log.isEnabledFor(level):
+            log.log(level, "%s/%s: parked for %ds: %s", queue, name, park_ms // 1000, reason)
 
     def on_lease_dropped(self, queue: str, member: str, reason: str) -> None:
-        log.error("%s: lease %r dropped: %s", queue, member, reason)
+        level = self._level("lease_dropped", logging.ERROR, queue)
+        if log.isEnabledFor(level):
+            log.log(level, "%s: lease %r dropped: %s", queue, member, reason)
 
     def on_outage_begin(self, error: BaseException) -> None:
+        if self._shown:  # the tick that failed ends here: it gets no `on_tick`
+            self._summarize()
         log.error("Redis is unreachable; retrying with backoff until it is back: %s", error)
 
     def on_outage_end(self, seconds: float) -> None:

@@ -201,6 +201,14 @@ def _declared_by_both(key: tuple[str, str], other: str, source: str) -> ConfigEr
 
 # Schedules a sync kept (tasks it does not know) it names at INFO; the rest at DEBUG.
 KEPT_SHOWN = 20
+# Schedules a sync created it names at INFO; the rest at DEBUG, counted in one INFO line. A
+# boot may create thousands, and a worker whose log is a pipe nobody reads yet (Dramatiq's
+# parent, until all its processes are ready) blocks once the pipe is full.
+CREATED_SHOWN = 20
+# Updates, and removals, a sync names at WARNING: rarer, and what an operator looks for
+# after a deploy, so more of them; the rest at DEBUG, counted in one WARNING line each
+# (`emq-bridge sync --dry-run` lists a plan in full).
+CHANGED_SHOWN = 50
 
 # Names whose owners one `check_not_owned_by` call reads.
 OWNER_CHUNK = 5000
@@ -758,21 +766,34 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     """Log a sync: updates and removals at WARNING, creations at INFO, the rest at DEBUG.
 
     Only what this sync wrote is logged as a change: of many workers booting at once, the
-    one whose upsert changed a schedule logs it, the others see it unchanged.
+    one whose upsert changed a schedule logs it, the others see it unchanged. The first
+    `CHANGED_SHOWN` updates and removals, and `CREATED_SHOWN` creations, are named at their
+    level; the rest at DEBUG, with one line saying how many more.
     """
     source = applied.source
-    for d in applied.update:
-        record = old.get((d.queue, d.name), {})
-        log.warning("sync %s: ~ %s/%s  %s", source, d.queue, d.name, _changes(record, d, source))
-    for queue, name in applied.remove:
-        removed = old.get((queue, name))
-        was = f"  (was {_described(removed)})" if removed else ""
-        log.warning("sync %s: - %s/%s%s", source, queue, name, was)
-    if log.isEnabledFor(logging.INFO):  # a boot sync may create a million: describe none
-        for d in applied.create:
+    debug = log.isEnabledFor(logging.DEBUG)
+    for index, d in enumerate(applied.update):
+        level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
+        if level == logging.WARNING or debug:
+            record = old.get((d.queue, d.name), {})
+            changes = _changes(record, d, source)
+            log.log(level, "sync %s: ~ %s/%s  %s", source, d.queue, d.name, changes)
+    _more(applied.update, CHANGED_SHOWN, logging.WARNING, source, "updated")
+    for index, (queue, name) in enumerate(applied.remove):
+        level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
+        if level == logging.WARNING or debug:
+            removed = old.get((queue, name))
+            was = f"  (was {_described(removed)})" if removed else ""
+            log.log(level, "sync %s: - %s/%s%s", source, queue, name, was)
+    _more(applied.remove, CHANGED_SHOWN, logging.WARNING, source, "removed")
+    if log.isEnabledFor(logging.INFO):  # a boot sync may create a million: describe few
+        created = applied.create if debug else applied.create[:CREATED_SHOWN]
+        for index, d in enumerate(created):
+            level = logging.INFO if index < CREATED_SHOWN else logging.DEBUG
             described = d.definition.cadence.describe()
-            log.info("sync %s: + %s/%s  %s", source, d.queue, d.name, described)
-    if log.isEnabledFor(logging.DEBUG):
+            log.log(level, "sync %s: + %s/%s  %s", source, d.queue, d.name, described)
+        _more(applied.create, CREATED_SHOWN, logging.INFO, source, "created")
+    if debug:
         for d in applied.unchanged:
             log.debug("sync %s: = %s/%s", source, d.queue, d.name)
     # Pools of one source that know other tasks keep each other's at every sync in full:
@@ -787,8 +808,7 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
             name,
             task,
         )
-    if len(applied.kept) > KEPT_SHOWN:
-        log.info("sync %s: %d more kept (listed at DEBUG)", source, len(applied.kept) - KEPT_SHOWN)
+    _more(applied.kept, KEPT_SHOWN, logging.INFO, source, "kept")
     log.info(
         "sync %s: %d created, %d updated, %d unchanged, %d removed%s%s",
         source,
@@ -799,6 +819,12 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
         f", {len(applied.kept)} kept" if applied.kept else "",
         _generation_note(applied),
     )
+
+
+def _more(items: Sequence[object], shown: int, level: int, source: str, what: str) -> None:
+    """Say how many of `items` were logged at DEBUG only, past the first `shown`."""
+    if len(items) > shown:
+        log.log(level, "sync %s: %d more %s (listed at DEBUG)", source, len(items) - shown, what)
 
 
 def _generation_note(applied: SyncPlan) -> str:
