@@ -79,6 +79,9 @@ Upserted = Literal["created", "unchanged", "updated", "owned"]
 # Items per upsert script call: large enough to amortise the round trip, small enough that
 # one call holds the server for a few milliseconds at most.
 UPSERT_CHUNK = 500
+# Registrations an upsert names at WARNING when their cadence changed while overdue; the
+# rest at DEBUG, counted in one WARNING line.
+OVERDUE_SHOWN = 20
 # Records read per `fetch` call by a whole-registry read: one call holds the server for a
 # few milliseconds at most.
 FETCH_CHUNK = 2000
@@ -731,6 +734,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         with redis_errors(f"upsert {', '.join(q for q, _ in chunks)}"):
             replies = overlapped_calls(self.client, self.scripts.upsert, calls(chunks))
             again: dict[str, builtins.list[int]] = {}
+            overdue = 0
             for (queue, chunk), reply in zip(chunks, replies, strict=True):
                 _stale(reply, queue, source, generation)
                 for i, digit in zip(chunk, text(reply), strict=True):
@@ -739,13 +743,22 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         continue
                     results[i] = _UPSERT_RESULTS[int(digit)]
                     if digit == "3":
-                        log.warning(
+                        overdue += 1
+                        # A deploy may change thousands while no pump runs: a few are named.
+                        log.log(
+                            logging.WARNING if overdue <= OVERDUE_SHOWN else logging.DEBUG,
                             "%s/%s: its cadence changed while its next run was overdue (no pump "
                             "claimed it); the old cadence's passed slots are dropped, counted "
                             "in missed",
                             queue,
                             items[i][1],
                         )
+            if overdue > OVERDUE_SHOWN:
+                log.warning(
+                    "%d more cadence(s) changed while their next run was overdue; their old "
+                    "cadence's passed slots are dropped, counted in missed (listed at DEBUG)",
+                    overdue - OVERDUE_SHOWN,
+                )
             if again:
                 # The records whose old cadence jittered and whose next run was still ahead:
                 # sent again with the slot their new cadence may have to fire at once.

@@ -17,6 +17,7 @@ import pytest
 from emq_bridge import Declaration, Occurrence, Pump, Repeat, define, sync
 from emq_bridge.definition import Overlap
 from emq_bridge.errors import DispatchError
+from emq_bridge.registry import OVERDUE_SHOWN
 from emq_bridge.testing import RecordingDispatcher
 
 T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z: on the grid of every interval up to a day
@@ -182,3 +183,22 @@ def test_a_broker_refusing_a_tick_of_100_sends_logs_5_errors_and_one_count(
         "95 more dispatch(es) failed; each is retried after its lease, in queue(s) reports "
         "(listed at DEBUG)"
     ]
+
+
+def test_a_deploy_changing_many_overdue_cadences_names_a_few_and_counts_the_rest(
+    repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    t0, minute = 1_900_000_000_000 - 1_900_000_000_000 % 3_600_000, 60_000
+    before = define(every="10m", template={"task": "t"})
+    after = define(every="1h", template={"task": "t"})
+    repeat.upsert_many([("q", f"c{i:03d}", before) for i in range(60)], now_ms=t0)
+    with caplog.at_level(logging.DEBUG, logger="emq_bridge.registry"):
+        repeat.upsert_many([("q", f"c{i:03d}", after) for i in range(60)], now_ms=t0 + 35 * minute)
+    told = [r for r in caplog.records if "while its next run was overdue" in r.getMessage()]
+    warned = [r for r in told if r.levelno == logging.WARNING]
+    assert sum("its cadence changed" in r.getMessage() for r in warned) == OVERDUE_SHOWN
+    assert sum(r.levelno == logging.DEBUG for r in told) == 60 - OVERDUE_SHOWN
+    [summary] = [r for r in caplog.records if "more cadence(s)" in r.getMessage()]
+    assert summary.levelno == logging.WARNING
+    assert summary.getMessage().startswith(f"{60 - OVERDUE_SHOWN} more cadence(s) changed")
+    assert all(repeat.get("q", f"c{i:03d}").missed == 3 for i in range(60))  # type: ignore[union-attr]
