@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import redis
@@ -30,8 +29,8 @@ from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 from kombu import Connection, Exchange, Queue, binding
 from kombu.common import Broadcast
-from kombu.messaging import Producer
 from processes import stop, wait_until
+from publish_spy import published
 
 from emq_bridge import ConfigError
 from emq_bridge.celery.dispatch import CeleryDispatcher, routing_option_error
@@ -76,40 +75,6 @@ CASES: dict[str, dict[str, Any]] = {
         "queue": "plain",
     },
 }
-
-
-def described(entity: Any) -> Any:
-    """A kombu entity as kombu copies it (`as_dict`), its bindings in a stable order."""
-    if not hasattr(entity, "as_dict"):
-        return entity
-    found = entity.as_dict(recurse=True)
-    found["class"] = type(entity).__name__
-    if "bindings" in found:
-        found["bindings"] = sorted(found["bindings"], key=repr)
-    return found
-
-
-def published(send: Any) -> list[tuple[Any, ...]]:
-    """What `send()` publishes: the exchange, routing key, delivery mode and declared
-    entities of each message, as kombu's `Producer.publish` receives them."""
-    seen: list[tuple[Any, ...]] = []
-    original = Producer.publish
-
-    def publish(self: Producer, body: Any, **kwargs: Any) -> Any:
-        exchange = kwargs.get("exchange")
-        seen.append(
-            (
-                described(exchange),
-                kwargs.get("routing_key"),
-                kwargs.get("delivery_mode"),
-                [described(entity) for entity in kwargs.get("declare") or []],
-            )
-        )
-        return original(self, body, **kwargs)
-
-    with mock.patch.object(Producer, "publish", publish):
-        send()
-    return seen
 
 
 @pytest.mark.parametrize("case", list(CASES))

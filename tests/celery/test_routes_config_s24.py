@@ -34,7 +34,7 @@ from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 from kombu import Connection, Exchange, Queue
 from processes import stop, wait_until
-from test_fix_kombu_routing_s23 import published
+from publish_spy import published
 
 from emq_bridge.celery.dispatch import CeleryDispatcher
 from emq_bridge.celery.entries import convert_entry
