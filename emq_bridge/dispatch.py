@@ -85,7 +85,11 @@ class PumpTarget:
 class BatchDispatcher(Protocol):
     """A dispatcher that can also send a whole claimed batch at once (an optional fast path).
 
-    The pump prefers `dispatch_batch` when a dispatcher has it.
+    The pump prefers `dispatch_batch` when a dispatcher has it, unless the dispatcher says
+    `batch_at_once` is false (an attribute or property): its `dispatch_batch` would publish
+    one message after another (a broker that cannot pipeline), so the pump sends the batch
+    through `dispatch`, one occurrence at a time, keeping its leases between the sends (a send
+    that blocks then re-sends at most itself, not the rest of the batch: guarantees.md).
     """
 
     def dispatch(self, occurrence: Occurrence) -> None: ...

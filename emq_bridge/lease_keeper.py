@@ -5,7 +5,8 @@ extended between sends once half the lease has passed. A send that blocks past t
 (a broker that holds its publishers: RabbitMQ's memory alarm, a stalled connection) would
 let the leases of the occurrences sent before it expire too, and another pump would send
 those again. While the batch is sent, a thread of its own acks what the broker already
-accepted once half the lease has passed since the leases were last written: then only the
+accepted once a quarter of the lease has passed since the leases were last written (well
+before they expire: the sent part is done, so early is harmless): then only the
 occurrence whose send blocks may go out twice (guarantees.md). It extends nothing: a send
 that never returns must not hold its leases, nor those of the occurrences after it, forever.
 """
@@ -27,7 +28,7 @@ log = logging.getLogger("emq_bridge.pump")
 
 class SentAcker:
     """Ack the accepted occurrences of `batch` (their outcome None in `outcomes`, which the
-    sending thread appends to) when the leases are half their age and a send is slow.
+    sending thread appends to) once the leases are a quarter of their age: a send is slow.
 
     The sending thread holds `lock` while it extends the leases, and then calls `renewed`
     with the new deadline: the acks are fenced by the deadline the leases hold, and `fired`
@@ -51,12 +52,12 @@ class SentAcker:
         self._repeat, self._queue = repeat, queue
         self._batch, self._outcomes = batch, outcomes
         self._deadline_ms, self._written_at = deadline_ms, written_at
-        self._half_s = lease_ms / 2000
+        self._after_s = lease_ms / 4000
         self._released_ms = released_ms
         self._acked = 0  # the outcomes up to here were looked at
         self._done = threading.Event()
-        # Checked eight times a lease: an ack comes before three quarters of it have passed.
-        self._every_s = max(0.01, lease_ms / 8000)
+        # Checked sixteen times a lease: an ack comes well before the leases expire.
+        self._every_s = max(0.01, lease_ms / 16000)
         self._thread = threading.Thread(target=self._run, name="emq-sent-acker", daemon=True)
         self._thread.start()
 
@@ -71,7 +72,7 @@ class SentAcker:
     def _run(self) -> None:
         while not self._done.wait(self._every_s):
             with self.lock:
-                if time.monotonic() - self._written_at < self._half_s:
+                if time.monotonic() - self._written_at < self._after_s:
                     continue
                 sent = len(self._outcomes)
                 accepted = [

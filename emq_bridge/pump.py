@@ -819,14 +819,16 @@ class Pump:
         `_UNSENT`: the pump was asked to stop and `STOP_GRACE_S` passed, so it was not sent.
         One at a time, the batch's leases (those sent, acked at the end, and those still to
         send) are extended whenever half the lease has passed since the claim, and what was
-        sent is acked then by a thread of its own (`SentAcker`) if a send blocks, so a slow
+        sent is acked by a thread of its own (`SentAcker`) if a send blocks, so a slow
         send re-sends at most itself, not the rest of its batch, and a pump held before its
         first send sends none another pump took meanwhile. A batch dispatcher's batch is one
         send, always finished, after the same check of its leases.
         """
         if not batch:
             return
-        if isinstance(self.dispatcher, BatchDispatcher):
+        if isinstance(self.dispatcher, BatchDispatcher) and getattr(
+            self.dispatcher, "batch_at_once", True
+        ):
             self._dispatch_batch(self.dispatcher, queue, batch, sending)
             return
         outcomes = sending.outcomes

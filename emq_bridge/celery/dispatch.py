@@ -114,6 +114,7 @@ class CeleryDispatcher:
         # (task, queue) -> whether the task's routing names the queue (`_routed_to`), kept
         # while every `task_routes` route is a plain map (those see no arguments).
         self._routed: dict[tuple[str, str], bool] = {}
+        self._batch_at_once: bool | None = None
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any]:
         """Return the headers of `occurrence`'s task: `occurrence_headers` and `extra_headers`'."""
@@ -157,6 +158,30 @@ class CeleryDispatcher:
             self.app.control.revoke(occurrence_id, terminate=True)
         except Exception as exc:
             raise DispatchError(f"revoking task {occurrence_id} failed: {exc}") from exc
+
+    @property
+    def batch_at_once(self) -> bool:
+        """Whether `dispatch_batch` reaches the broker as one publish: kombu can batch this
+        broker's publishes (`Producer.batch()`, the Redis transport). Elsewhere (RabbitMQ)
+        the pump sends a batch one task at a time through `dispatch`, keeping its leases
+        between the sends, so a publish the broker holds up (a memory alarm) re-sends at most
+        itself. Read from the transport, without connecting; once known, kept."""
+        known = self._batch_at_once
+        if known is None:
+            try:
+                connection = self.app.connection_for_write()
+                try:
+                    transport = connection.transport
+                    supported = bool(getattr(transport.implements, "batch_publish", False))
+                    known = supported and bool(
+                        getattr(transport, "supports_batch_publish", supported)
+                    )
+                finally:
+                    connection.release()
+            except Exception:  # unknown: the batch path, as before; asked again next batch
+                return True
+            self._batch_at_once = known
+        return known
 
     def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
         """Send a claimed batch, each through `apply_async`, on one producer.
