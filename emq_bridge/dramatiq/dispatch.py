@@ -11,7 +11,7 @@ its options (see `OccurrenceInfo`), which the worker's `RecurringMiddleware` rep
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 from typing import Any, NamedTuple
 
@@ -28,6 +28,7 @@ from .batch_enqueue import (
     redis_message_ids,
     writes_as_dispatch_lua,
 )
+from .message_options import message_option_error
 from .schedule import (
     OPTION_BACKFILL,
     OPTION_DUE_MS,
@@ -140,6 +141,14 @@ class DramatiqDispatcher:
                 f"actor {task!r} consumes queue {actor.queue_name!r}, not {queue!r}; add the "
                 "schedule in that queue"
             )
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise `PermanentDispatchError` if Dramatiq's middleware cannot use `options`
+        (`message_option_error`). What `emq-bridge add --dramatiq SPEC --options ...` asks
+        before it writes a schedule."""
+        error = message_option_error(options)
+        if error is not None:
+            raise PermanentDispatchError(error)
 
     def dispatch(self, occurrence: Occurrence) -> None:
         """Enqueue `occurrence`; raise `DispatchError` if the broker fails, and

@@ -29,6 +29,7 @@ from ..definition import Declaration, Offset, Overlap, Schedule
 from ..errors import ConfigError, ScheduleError
 from ..registry import Registered, Repeat
 from ..template import TaskTemplate
+from .message_options import message_option_error
 
 __all__ = [
     "OPTION_BACKFILL",
@@ -436,14 +437,19 @@ def set_current_message(message: Any) -> None:
 
 
 def check_actors(broker: dramatiq.Broker, declarations: Iterable[Declaration], origin: str) -> None:
-    """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue."""
+    """Raise `ConfigError` unless each declaration names an actor of `broker` on its queue,
+    with message options Dramatiq's middleware can use (`message_option_error`)."""
     for declaration in declarations:
         where = f"{origin}: schedule {declaration.queue}/{declaration.name}"
         try:
             check_overlap(declaration.definition.overlap, f"{where}: ")
         except ScheduleError as exc:
             raise ConfigError(str(exc)) from None
-        task = TaskTemplate.read(declaration.definition.template).task
+        template = TaskTemplate.read(declaration.definition.template)
+        task = template.task
+        unusable = message_option_error(template.options)
+        if unusable is not None:
+            raise ConfigError(f"{where}: {unusable}")
         actor = broker.actors.get(task)
         if actor is None:
             known = ", ".join(sorted(broker.actors)) or "none"

@@ -1,0 +1,48 @@
+"""`message_option_error`: a schedule's Dramatiq message options Dramatiq's middleware can read.
+
+Part of `emq_bridge.dramatiq`. A template's `options` become the message's options, which
+Dramatiq's own middleware reads at run time: `Retries` compares `max_retries` with the
+attempt and computes a backoff from `min_backoff`/`max_backoff`, `TimeLimit` and `AgeLimit`
+read `time_limit` and `max_age` as milliseconds, `Callbacks` and `Retries` look up
+`on_success`, `on_failure` and `on_retry_exhausted` as actor names. A wrong type there fails
+in the worker, after the actor ran (a retry that never comes). Options Dramatiq's middleware
+does not read are left to the user's middleware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["message_option_error"]
+
+# Whole numbers: a count, or milliseconds.
+_COUNTS = {
+    "max_retries": "a count of retries",
+    "min_backoff": "milliseconds",
+    "max_backoff": "milliseconds",
+    "time_limit": "milliseconds",
+    "max_age": "milliseconds",
+}
+_ACTOR_NAMES = ("on_success", "on_failure", "on_retry_exhausted")
+# Python objects a message cannot carry: they belong on the actor.
+_OBJECTS = ("throws", "retry_when")
+
+
+def message_option_error(options: Mapping[str, Any]) -> str | None:
+    """Return why Dramatiq's middleware cannot use `options`, or None."""
+    for key, what in _COUNTS.items():
+        value = options.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"option {key!r} must be a whole number of {what} (0 or more), got {value!r}"
+    for key in _ACTOR_NAMES:
+        value = options.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            return f"option {key!r} must name an actor, got {value!r}"
+    for key in _OBJECTS:
+        if key in options:
+            return (
+                f"option {key!r} holds Python objects, which a stored schedule cannot carry: "
+                "set it on the actor (@dramatiq.actor(...))"
+            )
+    return None
