@@ -188,8 +188,12 @@ def check_overlap(overlap: object, where: str = "") -> None:
 
 
 def dramatiq_schedule(**fields: Any) -> Schedule:
-    """Return `Schedule(**fields)`, refusing what Dramatiq cannot do (`check_overlap`)."""
+    """Return `Schedule(**fields)`, refusing what Dramatiq cannot do (`check_overlap`, and
+    message options its middleware cannot read: `message_option_error`)."""
     check_overlap(fields.get("overlap"))
+    unusable = message_option_error(fields.get("options") or {})
+    if unusable is not None:
+        raise ScheduleError(unusable)
     return Schedule(**fields)
 
 
@@ -226,8 +230,8 @@ def recurring(
     `jitter` and `exclude` spread and skip slots (docs/cron.md); `labels` (str -> str) tag
     the registration (docs/schedules-and-cli.md).
     Raises `ScheduleError` at import time for an invalid cadence or policy, non-JSON
-    arguments, a decorator placed below `@dramatiq.actor`, or a name another schedule of the
-    actor holds.
+    arguments, message options Dramatiq's middleware cannot read (`max_retries="many"`), a
+    decorator placed below `@dramatiq.actor`, or a name another schedule of the actor holds.
     """
     schedule = dramatiq_schedule(
         every=every,

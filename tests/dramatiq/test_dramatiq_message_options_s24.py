@@ -14,9 +14,10 @@ from add_cli import add, keys
 from dramatiq.brokers.stub import StubBroker
 
 from emq_bridge.definition import Declaration, define
+from emq_bridge.dramatiq import recurring
 from emq_bridge.dramatiq.message_options import message_option_error
 from emq_bridge.dramatiq.schedule import check_actors
-from emq_bridge.errors import ConfigError
+from emq_bridge.errors import ConfigError, ScheduleError
 
 
 @pytest.mark.parametrize(
@@ -68,3 +69,8 @@ def test_a_schedule_file_with_them_is_refused_at_the_workers_check() -> None:
     declaration = Declaration("q", "job", define(every="1m", template=template))
     with pytest.raises(ConfigError, match=r"schedules\.toml: schedule q/job: option 'time_limit'"):
         check_actors(broker, [declaration], "schedules.toml")
+
+
+def test_a_decorator_with_them_raises_at_import_time() -> None:
+    with pytest.raises(ScheduleError, match="option 'max_retries' must be a whole number"):
+        recurring(every="1m", options={"max_retries": "many"})
