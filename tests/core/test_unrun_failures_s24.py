@@ -12,7 +12,6 @@ report.lua leaves the streak as it was. Real Lua, on the suite's server and on f
 from __future__ import annotations
 
 import pytest
-from test_lifecycle import TEMPLATE, _fire, _start
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.errors import ScheduleError
@@ -23,6 +22,16 @@ from emq_bridge.reporting import Reporter
 from emq_bridge.testing import RecordingDispatcher
 
 UNKNOWN = "ActorNotFound: 'renamed_new' is not an actor of this worker"
+TEMPLATE = {"task": "reports.digest"}
+
+
+def _start(repeat: Repeat) -> int:
+    """A registration time on a whole second of the server clock, a little in the past."""
+    return (repeat.server_time_ms() // 1000) * 1000 - 10_000
+
+
+def _fire(pump: Pump, now_ms: int) -> list[Occurrence]:
+    return pump.run_once(now_ms=now_ms).dispatched
 
 
 def _unrun(occurrence: Occurrence, at_ms: int) -> Report:
