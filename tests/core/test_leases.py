@@ -51,6 +51,20 @@ class Slow:
         self.sent.append(occurrence)
 
 
+class SlowBatch:
+    """A batch dispatcher (the Dramatiq and pipelined Celery paths' shape)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Occurrence] = []
+
+    def dispatch(self, occurrence: Occurrence) -> None:
+        self.sent.append(occurrence)
+
+    def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
+        self.sent.extend(occurrences)
+        return [None] * len(occurrences)
+
+
 class Lost(PumpEvents):
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -72,10 +86,14 @@ class Stall(PumpEvents):
 
 
 def race(
-    redis_url: str, prefix: str, seconds: dict[str, float], stall_s: float = 0
+    redis_url: str,
+    prefix: str,
+    seconds: dict[str, float],
+    stall_s: float = 0,
+    dispatcher: Slow | SlowBatch | None = None,
 ) -> tuple[Counter[str], Lost]:
-    """Pump A sends five due occurrences slowly, leases 0.4 s, after holding `stall_s` once
-    it has claimed them; pump B ticks all along."""
+    """Pump A sends five due occurrences slowly (`Slow(seconds)`, or `dispatcher`), leases
+    0.4 s, after holding `stall_s` once it has claimed them; pump B ticks all along."""
     setup = Repeat(redis.Redis.from_url(redis_url), prefix)
     now = setup.server_time_ms()
     offset = quiet_offset()  # a top of the hour mid-race would make each job due again
@@ -83,7 +101,8 @@ def race(
         setup.register(
             "q", f"job-{i}", every="1h", offset=offset, template=TEMPLATE, now_ms=now - HOUR - 10
         )
-    slow, fast, lost = Slow(seconds), RecordingDispatcher(), Lost()
+    slow = dispatcher if dispatcher is not None else Slow(seconds)
+    fast, lost = RecordingDispatcher(), Lost()
     a = Pump(setup, ["q"], slow, lease_ms=400, listeners=[lost, Stall(stall_s)])
     done = threading.Event()
     thread = threading.Thread(target=lambda: (a.run_once(), done.set()))
@@ -146,46 +165,12 @@ def test_a_send_slower_than_the_lease_mid_batch_does_not_resend_those_sent_befor
     assert sorted(lost.names) == ["job-3", "job-4"]
 
 
-class SlowBatch:
-    """A batch dispatcher (the Dramatiq and pipelined Celery paths' shape)."""
-
-    def __init__(self) -> None:
-        self.sent: list[Occurrence] = []
-
-    def dispatch(self, occurrence: Occurrence) -> None:
-        self.sent.append(occurrence)
-
-    def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
-        self.sent.extend(occurrences)
-        return [None] * len(occurrences)
-
-
 def test_a_batch_publish_held_past_its_lease_after_the_claim_sends_none_another_took(
     redis_url: str, prefix: str
 ) -> None:
     # The batch path too: A is held 0.9 s between its claim and its publish (a slow server
     # answering the claim late, a pause), its leases expire and B sends the five. A checks
     # its leases before the publish and publishes none of them.
-    setup = Repeat(redis.Redis.from_url(redis_url), prefix)
-    now = setup.server_time_ms()
-    offset = quiet_offset()
-    for i in range(5):
-        setup.register(
-            "q", f"job-{i}", every="1h", offset=offset, template=TEMPLATE, now_ms=now - HOUR - 10
-        )
-    batch, fast, lost = SlowBatch(), RecordingDispatcher(), Lost()
-    a = Pump(setup, ["q"], batch, lease_ms=400, listeners=[lost, Stall(0.9)])
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: (a.run_once(), done.set()))
-    thread.start()
-    b = Pump(Repeat(redis.Redis.from_url(redis_url), prefix), ["q"], fast, lease_ms=400)
-    time.sleep(0.05)  # A claims first
-    while not done.is_set():
-        b.run_once()
-        time.sleep(0.03)
-    thread.join(10)
-    b.run_once()
-    sends = Counter(o.name for o in batch.sent) + Counter(fast.names())
+    sends, lost = race(redis_url, prefix, {}, stall_s=0.9, dispatcher=SlowBatch())
     assert sends == Counter({f"job-{i}": 1 for i in range(5)})
     assert sorted(lost.names) == [f"job-{i}" for i in range(5)]
-    assert setup.leases("q") == []
