@@ -19,6 +19,11 @@ NOTE = (
 )
 
 
+def _import(redis_url: str, app: Celery) -> tuple[str, ...]:
+    """`emq-bridge import redbeat` of `app`'s entries on the test server."""
+    return ("import", "redbeat", "--from", redis_url, "--prefix", app.redbeat_conf.key_prefix)
+
+
 def _notes(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "crontab" in line and line.startswith("note:")]
 
@@ -29,14 +34,7 @@ def test_crontabs_read_in_utc_by_default_are_named_on_a_note(
     RedBeatSchedulerEntry("ist", "app.t", crontab(minute=8, hour=10), app=redbeat_app).save()
     every = schedule(timedelta(minutes=5))
     RedBeatSchedulerEntry("plain", "app.t", every, app=redbeat_app).save()
-    args = (
-        "import",
-        "redbeat",
-        "--from",
-        redis_url,
-        "--prefix",
-        redbeat_app.redbeat_conf.key_prefix,
-    )
+    args = _import(redis_url, redbeat_app)
 
     dry = run(*args, "--dry-run")
     assert dry.exit_code == 0, dry.output
@@ -64,14 +62,7 @@ def test_crontabs_read_in_utc_by_default_are_named_on_a_note(
 def test_no_note_without_a_crontab(run: Run, redis_url: str, redbeat_app: Celery) -> None:
     every = schedule(timedelta(minutes=5))
     RedBeatSchedulerEntry("plain", "app.t", every, app=redbeat_app).save()
-    args = (
-        "import",
-        "redbeat",
-        "--from",
-        redis_url,
-        "--prefix",
-        redbeat_app.redbeat_conf.key_prefix,
-    )
+    args = _import(redis_url, redbeat_app)
     done = run(*args)
     assert done.exit_code == 0, done.output
     assert _notes(done.stderr) == []
