@@ -50,7 +50,7 @@ from cronsim import CronSim, CronSimError
 
 from .errors import ScheduleError
 from .hashed import resolve_hashed, uses_hash
-from .millis import floor_ms
+from .millis import floor_ms, iso_utc, utc_datetime
 from .shown import shown
 
 __all__ = [
@@ -411,17 +411,10 @@ class At:
         return {"at": ",".join(map(str, self.instants_ms))}
 
     def describe(self) -> str:
-        first = _iso(self.instants_ms[0])
+        first = iso_utc(self.instants_ms[0])
         if len(self.instants_ms) == 1:
             return f"at {first}"
         return f"at {first} and {len(self.instants_ms) - 1} more"
-
-
-def _iso(ms: int) -> str:
-    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return instant.isoformat(timespec="milliseconds" if ms % 1000 else "seconds").replace(
-        "+00:00", "Z"
-    )
 
 
 def _zone(tz: str) -> ZoneInfo:
@@ -659,7 +652,7 @@ def _cron_next_in_range(resolved: str, tz: str, day_and: bool, after_ms: int) ->
     # fall-back, which tests/test_cadence.py's oracle caught.
     zone = ZoneInfo(tz)
     elapsed = _follows_elapsed_time(resolved)
-    after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
+    after = utc_datetime(after_ms)
     # Near a transition, start as much wall time early as the clock moves there: in a
     # repeated hour, a wall time "before" the local time of `after` can still fire after
     # it. (The shift, not a fixed 3 hours: a seconds cron walks 3 walls a minute.)

@@ -40,7 +40,7 @@ from .cadence import (
 )
 from .errors import ScheduleError
 from .keys import validate_name
-from .millis import instant_ms
+from .millis import instant_ms, iso_utc
 
 __all__ = [
     "MAX_RULES",
@@ -385,10 +385,7 @@ class Excluding:
 
 
 def _iso(ms: int) -> str:
-    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return instant.isoformat(timespec="milliseconds" if ms % 1000 else "seconds").replace(
-        "+00:00", "Z"
-    )
+    return iso_utc(ms)
 
 
 def exclusion_from_fields(inner: Cadence, fields: Mapping[str, str]) -> Cadence:

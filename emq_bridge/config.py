@@ -92,6 +92,7 @@ __all__ = [
     "default_source",
     "load_schedule_file",
     "read_bounded",
+    "read_document",
     "sync_file",
 ]
 
@@ -225,6 +226,33 @@ def default_source(path: str | os.PathLike[str]) -> str:
     return f"file:{Path(path).name}"
 
 
+def read_document(path: str | os.PathLike[str], what: str) -> Any:
+    """Return the data of the JSON (a `.json` path) or TOML file at `path`, read as a schedule
+    file is: at most `MAX_SCHEDULE_FILE_BYTES`, a key given twice or nesting deeper than the
+    parser's stack refused. Raise `ConfigError` naming the file (and `what` it is, "the
+    schedule file") in one line when it cannot be read; nothing else is checked.
+    """
+    # The same document as JSON (`emq-bridge export --format json` writes one).
+    kind = "JSON" if Path(path).suffix == ".json" else "TOML"
+    try:
+        raw = read_bounded(path, MAX_SCHEDULE_FILE_BYTES)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"{os.fspath(path)}: cannot read {what}: {reason}") from exc
+    try:
+        if kind == "JSON":
+            return read_json(raw)
+        # A UTF-8 byte order mark (some editors write one) is read as JSON reads it.
+        return tomllib.loads(raw.removeprefix(UTF8_BOM).decode("utf-8"))
+    except RecursionError as exc:  # both parsers recurse once per nested array or table
+        raise ConfigError(
+            f"{os.fspath(path)}: nested too deeply to read; a template holds arrays and tables "
+            f"nested at most {MAX_TEMPLATE_DEPTH} levels deep"
+        ) from exc
+    except ValueError as exc:  # malformed, not UTF-8, a key twice, an integer too long
+        raise ConfigError(f"{os.fspath(path)}: not valid {kind}: {number_error(exc)}") from exc
+
+
 @without_gc
 def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     """Read and validate the schedule file at `path`; raise `ConfigError` if anything is wrong.
@@ -236,25 +264,7 @@ def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     if not os.fspath(path):  # Path("") is ".", the current directory
         raise ConfigError("the schedule file's path is empty: give the path of a file")
     file_path = Path(path)
-    # The same document as JSON (`emq-bridge export --format json` writes one).
-    kind = "JSON" if file_path.suffix == ".json" else "TOML"
-    try:
-        raw = read_bounded(file_path, MAX_SCHEDULE_FILE_BYTES)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ConfigError(f"{file_path}: cannot read the schedule file: {reason}") from exc
-    try:
-        if kind == "JSON":
-            data = read_json(raw)
-        else:  # a UTF-8 byte order mark (some editors write one) is read as JSON reads it
-            data = tomllib.loads(raw.removeprefix(UTF8_BOM).decode("utf-8"))
-    except RecursionError as exc:  # both parsers recurse once per nested array or table
-        raise ConfigError(
-            f"{file_path}: nested too deeply to read; a template holds arrays and tables "
-            f"nested at most {MAX_TEMPLATE_DEPTH} levels deep"
-        ) from exc
-    except ValueError as exc:  # malformed, not UTF-8, a key twice, an integer too long
-        raise ConfigError(f"{file_path}: not valid {kind}: {number_error(exc)}") from exc
+    data = read_document(file_path, "the schedule file")
     if not isinstance(data, dict):
         raise ConfigError(f"{file_path}: a schedule file is one JSON object, got {_kind(data)}")
     return _parse(data, file_path)

@@ -18,6 +18,7 @@ from .occurrence import Occurrence
 from .registry import Repeat
 from .replies import redis_errors
 from .sync import SyncPlan
+from .utf8 import check_utf8
 
 __all__ = [
     "BatchDispatcher",
@@ -135,11 +136,14 @@ def occurrence_message(occurrence: Occurrence) -> dict[str, Any]:
 
 
 class ListPushDispatcher:
-    """Push each occurrence as JSON onto the Redis list `key` (RPUSH)."""
+    """Push each occurrence as JSON onto the Redis list `key` (RPUSH).
+
+    A `key` that is not valid UTF-8 raises `ScheduleError` here, not at every push.
+    """
 
     def __init__(self, client: Any, key: str) -> None:
         self.client = client
-        self.key = key
+        self.key = check_utf8(key, "list key")
 
     def dispatch(self, occurrence: Occurrence) -> None:
         try:

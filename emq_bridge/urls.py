@@ -39,6 +39,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .errors import ConfigError, RegistryUnavailable
+from .utf8 import is_utf8
 
 __all__ = ["SentinelRedis", "client_from_url"]
 
@@ -55,6 +56,11 @@ MALFORMED_SENTINEL = (
 MALFORMED_CLUSTER = (
     "invalid Redis URL: a Cluster URL is redis+cluster://[user:password@]host[:6379]"
     f"[,host[:6379]...] (rediss+cluster:// for TLS), {_ESCAPED}"
+)
+# Not a word of the URL: the invalid byte may be in its password.
+NOT_UTF8 = (
+    "invalid Redis URL: it is not valid UTF-8; Redis takes its user name, password and "
+    "options as UTF-8 text"
 )
 CLUSTER_DB = "invalid Redis URL: a Redis Cluster has only db 0; leave the db out"
 DB_PATH = (
@@ -286,6 +292,8 @@ def client_from_url(url: str, **options: Any) -> redis.Redis | RedisCluster:
     `redis+cluster://`: a `RedisCluster`, built at once (`RegistryUnavailable` when no startup
     node answers). Options in the URL win over `options`, as in redis-py.
     """
+    if not is_utf8(url):  # else the AUTH or CLIENT SETNAME of the first command fails to encode
+        raise ConfigError(NOT_UTF8)
     scheme = url.partition("://")[0]
     if scheme in _SENTINEL_SCHEMES:
         return _sentinel_client(parse_hosts_url(url), options)

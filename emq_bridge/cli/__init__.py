@@ -1,14 +1,15 @@
 """The `emq-bridge` command line (also `python -m emq_bridge`).
 
-Exit codes: 0 success, 1 bad input (an invalid file, an unknown schedule), 2 bad usage,
-3 Redis unreachable or refusing a command. Errors are one line on stderr, and the
-credentials of the Redis URL are never printed.
+Exit codes: 0 success, 1 bad input (an invalid file, an unknown schedule) or output that
+cannot be written, 2 bad usage, 3 Redis unreachable or refusing a command. Errors are one
+line on stderr, and the credentials of the Redis URL are never printed.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -127,4 +128,19 @@ for _command in (
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the command line (the `emq-bridge` console script) and exit with its status."""
-    cli.main(args=list(argv) if argv is not None else None, prog_name="emq-bridge")
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="emq-bridge")
+    except OSError as exc:
+        # Every file a command opens reports its own OSError, naming it, where it is opened
+        # (`export -o`, a schedule file): one that reaches here unnamed is a failed write to
+        # stdout (a full disk, /dev/full). click already ends a closed pipe quietly, exit 1.
+        if exc.filename is not None:
+            raise
+        _unwritable_stdout(exc)
+
+
+def _unwritable_stdout(exc: OSError) -> NoReturn:
+    """Say in one line on stderr that stdout cannot be written, and exit 1, as `export -o`
+    does for its file."""
+    click.echo(f"Error: cannot write to stdout: {exc.strerror or exc}", err=True)
+    sys.exit(1)  # click's code for a closed pipe, and `export -o`'s for its file

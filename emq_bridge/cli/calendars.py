@@ -3,20 +3,13 @@ each upcoming run (its nominal slot when jittered, the slots the calendars skip 
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 from ..cadence import Cadence
 from ..calendars import Calendar, Excluding
-from ..config import MAX_SCHEDULE_FILE_BYTES, calendars_from_table, read_bounded
+from ..config import calendars_from_table, read_document
 from ..errors import ConfigError, ScheduleError
 from ..jitter import Jittered
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["MAX_EXCLUDED_SHOWN", "MAX_WALKED", "read_calendars", "run_notes"]
 
@@ -33,14 +26,9 @@ def read_calendars(path: str | None) -> dict[str, Calendar] | None:
     """
     if path is None:
         return None
-    try:
-        # Bounded as a schedule file (which is a calendars file too): no FIFO, no /dev/zero.
-        raw = read_bounded(path, MAX_SCHEDULE_FILE_BYTES)
-        data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the calendars: {exc.strerror or exc}") from exc
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML or JSON: {exc}") from exc
+    # Read as a schedule file (which is a calendars file too): bounded, no FIFO, no
+    # /dev/zero, a JSON key given twice and nesting too deep refused in one line.
+    data = read_document(path, "the calendars")
     if not isinstance(data, dict) or "calendars" not in data:
         raise ConfigError(f"{path}: no [calendars] table")
     try:

@@ -17,6 +17,7 @@ from click.core import ParameterSource
 from ..errors import ConfigError, EmqError, RegistryError, RegistryUnavailable
 from ..registry import Repeat
 from ..urls import client_from_url, redact_url, split_userinfo, url_secrets
+from ..utf8 import check_utf8
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -34,6 +35,7 @@ __all__ = [
     "pass_settings",
     "redact_url",
     "usage_line",
+    "utf8_option",
 ]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -128,6 +130,18 @@ class Settings:
 
 
 pass_settings = click.make_pass_decorator(Settings)
+
+
+def utf8_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Return an option's text that Redis is sent (a key name, a prefix); bad usage (exit 2)
+    when it is not valid UTF-8, as an invalid byte on a command line makes it, since redis-py
+    would fail to encode it only at the first command."""
+    if value is None:
+        return None
+    try:
+        return check_utf8(value, "the value")
+    except EmqError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
 
 
 def given_as(name: str) -> str | None:

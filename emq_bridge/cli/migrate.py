@@ -23,7 +23,7 @@ from ..keys import validate_name
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
 from ..migrate.plan import ImportPlan, apply_import, queues_note, result_lines
 from ..urls import client_from_url, redact_url
-from .context import ServerError, Settings, UrlError, pass_settings
+from .context import ServerError, Settings, UrlError, pass_settings, utf8_option
 from .render import to_json
 
 __all__ = ["COMMANDS"]
@@ -174,6 +174,7 @@ def import_group() -> None:
     "key_prefix",
     default="redbeat:",
     show_default=True,
+    callback=utf8_option,
     help="celery-redbeat's key prefix (its redbeat_key_prefix setting).",
 )
 @click.option("--source", default="import:redbeat", show_default=True, help="Owner tag.")

@@ -35,6 +35,7 @@ from .context import (
     given_as,
     pass_settings,
     redact_url,
+    utf8_option,
 )
 from .frameworks import framework_options, given_frameworks, load_target
 from .metrics import metrics_options, serve_pump_metrics
@@ -264,6 +265,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 @click.option(
     "--list-key",
     metavar="KEY",
+    callback=utf8_option,
     help="Push each occurrence as JSON onto this Redis list (no adapter needed).",
 )
 @click.option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -12,6 +12,7 @@ from ..cadence import LATEST_MS, At, Cadence, Cron, Every
 from ..calendars import Excluding
 from ..jitter import Jittered, base_cadence
 from ..keys import parse_lease_member
+from ..millis import utc_datetime
 from ..outcome import HistoryEntry
 from ..registry import Registration
 
@@ -45,7 +46,7 @@ def zone_of(cadence: Cadence) -> ZoneInfo:
 
 
 def _local(ms: int, zone: ZoneInfo) -> datetime:
-    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    instant = utc_datetime(ms)
     try:
         return instant.astimezone(zone)
     except OverflowError:  # the last hours of 9999 in a zone ahead of UTC: shown in UTC

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ..cadence import Cron, Every
@@ -25,6 +24,7 @@ from ..config import declaration_from_entry
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..jitter import Jittered
 from ..keys import validate_name
+from ..millis import iso_utc
 from ..registry import Registration, Repeat, record_digest
 from ..template import TaskTemplate
 
@@ -457,8 +457,7 @@ def _timing(definition: Any) -> dict[str, Any]:
 
 def _iso(ms: int) -> str:
     """Return epoch ms as an ISO 8601 UTC instant (to the ms), which a file reads back."""
-    instant = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso_utc(ms, always_ms=True)
 
 
 def _plain(value: Any) -> Any:

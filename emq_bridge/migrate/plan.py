@@ -17,11 +17,11 @@ a last run stored as 9999-12-31 puts the next in year 10000) is refused too, unw
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 
 from ..cadence import LATEST_MS
 from ..definition import Declaration
 from ..errors import ConfigError
+from ..millis import utc_datetime
 from ..registry import Repeat, Seed
 from ..sync import IMPORT_SOURCE_PREFIX, plan_sync, tasks_of
 
@@ -429,4 +429,4 @@ def _utc(ms: int) -> str:
     registration an import wrote before such seeds were refused) as its epoch ms."""
     if not 0 <= ms <= LATEST_MS:
         return f"epoch ms {ms} ({'before 1970' if ms < 0 else 'past the end of 9999'})"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_datetime(ms).strftime("%Y-%m-%d %H:%M:%S UTC")

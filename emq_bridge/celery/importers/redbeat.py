@@ -24,6 +24,7 @@ from ...migrate.plan import Imported, ImportPlan, Refusal
 from ...registry import Seed
 from ...replies import text
 from ...template import TaskTemplate
+from ...utf8 import check_utf8
 from ..entries import json_options, registry_name, resolve_queue
 from .schedules import Unrepresentable, carry, epoch_ms
 
@@ -82,7 +83,9 @@ def read_redbeat(
 
     Nothing is written. `now_ms` is the instant the next slots are computed from (the
     registry server's clock). An entry that cannot be read or carried is refused, with why.
+    A `key_prefix` that is not valid UTF-8 raises `ScheduleError` before anything is read.
     """
+    check_utf8(key_prefix, "celery-redbeat key prefix")  # else redis-py fails to encode it
     decoder = _decoder()
     plan = ImportPlan(source)
     for key in _keys(client, key_prefix):
