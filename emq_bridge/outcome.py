@@ -20,6 +20,7 @@ from .cadence import LATEST_MS
 from .errors import ScheduleError
 from .keys import lease_member, validate_name
 from .shown import shown
+from .utf8 import check_utf8, is_utf8
 
 __all__ = [
     "FINAL_STATUSES",
@@ -66,13 +67,31 @@ MAX_ERROR_CHARS = 200
 MAX_ID_CHARS = 200
 
 
-def error_text(error: BaseException | None) -> str:
-    """Return `error` as one bounded line, `"<Type>: <message>"` ('' for None)."""
+def error_text(error: BaseException | str | None) -> str:
+    """Return `error` as one bounded line of valid UTF-8, `"<Type>: <message>"` ('' for
+    None; a string as it is, made valid UTF-8). Never raises.
+
+    A task's error may hold a lone surrogate (a file name read with `surrogateescape`): as
+    JSON it becomes an escape Redis's Lua cannot decode, which would fail the whole batch of
+    reports it travels in, so it is written as its backslash escape instead."""
     if error is None:
         return ""
-    message = " ".join(str(error).split())
+    if isinstance(error, str):
+        return _valid_utf8(error)
+    try:
+        message = " ".join(str(error).split())
+    except Exception:  # an exception whose __str__ fails: its type still says what it was
+        message = "(its message could not be read)"
     line = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 1] + "…"
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[: MAX_ERROR_CHARS - 1] + "…"
+    return _valid_utf8(line)
+
+
+def _valid_utf8(text: str) -> str:
+    if text.isascii() or is_utf8(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +150,7 @@ class Report:
             and self.kind in REPORT_KINDS
             and type(ident) is str
             and 0 < len(ident) <= MAX_ID_CHARS
+            and ident.isascii()
             and type(self.queue) is str
             and self.queue in _CHECKED_NAMES
             and type(self.name) is str
@@ -140,6 +160,7 @@ class Report:
             and type(self.hold_ms) is int
             and 0 <= self.hold_ms <= LATEST_MS
             and type(self.error) is str
+            and (self.error.isascii() or is_utf8(self.error))
             and type(self.redelivered) is bool
             and type(self.triggered) is bool
             and (self.task_ran is True or (self.task_ran is False and self.kind == "failed"))
@@ -272,6 +293,9 @@ def _check_report(report: Report) -> None:
         raise ScheduleError(
             f"report error must be a string (error_text(exc)), got {type(report.error).__name__}"
         )
+    # What travels in the script's JSON must be valid UTF-8 (see `error_text`).
+    check_utf8(report.id, "report id")
+    check_utf8(report.error, "report error")
     for flag, field in (
         (report.redelivered, "redelivered"),
         (report.triggered, "triggered"),

@@ -284,7 +284,7 @@ def _report(
         if kind != "started":
             began: tuple[Reporter, Report] | None = getattr(request, _START, None)
             if began is not None:  # this process ran the task: its start has the fields
-                text = error if isinstance(error, str) else error_text(error)
+                text = error_text(error)
                 began[0].finish(began[1], kind, _now_ms(), text, hold_ms=hold_ms)
                 return
         app = getattr(task, "app", None)

@@ -264,7 +264,7 @@ class MessageOutcomes:
         task_ran: bool = True,
     ) -> None:
         try:
-            text = error if isinstance(error, str) else error_text(error)
+            text = error_text(error)
             if run.began and task_ran:  # the start's report made once, carrying it if unsent
                 self.reporter.finish(run.start, kind, at_ms, text, hold_ms=hold_ms)
                 return
