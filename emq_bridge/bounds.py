@@ -25,6 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from .cadence import LATEST_MS, NEVER_MS, At, Cadence, Every, next_runs
+from .calendars import Excluding
 from .errors import ScheduleError
 from .jitter import Jittered, base_cadence
 from .millis import ceil_ms, floor_ms
@@ -203,8 +204,11 @@ class Bounds:
         The result may be past `end_ms` (or `NEVER_MS`): the writing move then completes it.
         """
         start = self.start_ms
+        # `immediately` fires at once, but not at an instant the exclusions cover: then the
+        # first slot comes as without it.
+        immediately = self.immediately and created
         if start is not None and start > now_ms:
-            if self.immediately and created:
+            if immediately and not _excluded(cadence, start):
                 return start
             if isinstance(cadence, Every) and cadence.anchor != "grid":
                 return start  # no fixed slots: the start is the first release
@@ -213,7 +217,7 @@ class Bounds:
                 # jittered instant of a slot before the start may itself fall after it.
                 return cadence.at(cadence.inner.next_after(start - 1))
             return cadence.next_after(start - 1)
-        if self.immediately and created:
+        if immediately and not _excluded(cadence, now_ms):
             return now_ms
         return cadence.first_run(now_ms)
 
@@ -239,6 +243,15 @@ _FIELDS = ("start_ms", "end_ms", "limit", "immediately")
 def _iso(ms: int) -> str:
     spec = "milliseconds" if ms % 1000 else "seconds"
     return (_EPOCH + ms * _MS).isoformat(timespec=spec).replace("+00:00", "Z")
+
+
+def _excluded(cadence: Cadence, instant_ms: int) -> bool:
+    """True when `cadence`'s exclusions (under or over its jitter) cover `instant_ms`."""
+    while isinstance(cadence, Jittered | Excluding):
+        if isinstance(cadence, Excluding):
+            return cadence.excluded_until(instant_ms) is not None
+        cadence = cadence.inner
+    return False
 
 
 def last_instant(cadence: Cadence, bounds: Bounds) -> int | None:

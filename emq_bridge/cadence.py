@@ -833,7 +833,8 @@ def catch_up(
         passed = 1 + max(0, now_ms - due_ms) // cadence.every_ms
         fire = due_ms if low is None or due_ms >= low else None
         missed = passed - (fire is not None)
-        return CatchUp(fire, now_ms + cadence.every_ms, missed, passed, due_ms, due_ms, policy)
+        last = due_ms + (passed - 1) * cadence.every_ms  # the newest interval that passed
+        return CatchUp(fire, now_ms + cadence.every_ms, missed, passed, due_ms, last, policy)
     if due_ms <= now_ms and (after := cadence.next_after(due_ms)) > now_ms:
         # On time, the common case: only the held slot passed (what `_passed_slots` finds).
         held = due_ms if low is None or due_ms >= low else None

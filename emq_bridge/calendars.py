@@ -364,6 +364,11 @@ class Excluding:
             start = max(start, instant_ms(ends.replace(tzinfo=timezone.utc)))
         return start
 
+    def admit(self, slot_ms: int) -> int:
+        """Return the first of `inner`'s slots from `slot_ms` (one of them) on that no rule
+        excludes: `slot_ms` itself if none does (`NEVER_MS` if none is left)."""
+        return self._admit(slot_ms, to_the_end=True)
+
     def first_run(self, now_ms: int) -> int:
         # A definition being written: one that would never run is refused.
         return self._admit(self.inner.first_run(now_ms), to_the_end=False)

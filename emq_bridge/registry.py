@@ -47,6 +47,7 @@ from .keys import (
 from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, LifecycleMoves
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
+from .overdue_edit import SLOT_FIELDS, resumed_slot
 from .overlap import overlapped_calls
 from .pump_options import MAX_BATCH_SIZE
 from .replies import redis_errors, text
@@ -691,6 +692,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         # Per item sent again (digit 5): the slot its old, jittered cadence had not sent yet.
         old_slots: dict[int, int] = {}
+        # Per item sent again (digit 6): the cadence digest and score read, and the slot it
+        # resumes at ('' for none: its overdue slots are dropped).
+        resumes: dict[int, list[str]] = {}
 
         def calls(
             chunks: builtins.list[tuple[str, builtins.list[int]]], pending: bool = False
@@ -708,6 +712,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         shared,
                         pending,
                         old_slots.get(i),
+                        resumes.get(i),
                     )
                     for i in chunk
                 ]
@@ -735,41 +740,54 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             replies = overlapped_calls(self.client, self.scripts.upsert, calls(chunks))
             again: dict[str, builtins.list[int]] = {}
             overdue = 0
+
+            def tally(queue: str, i: int, digit: str) -> None:
+                nonlocal overdue
+                results[i] = _UPSERT_RESULTS[int(digit)]
+                if digit == "3":
+                    overdue += 1
+                    # A deploy may change thousands while no pump runs: a few are named.
+                    log.log(
+                        logging.WARNING if overdue <= OVERDUE_SHOWN else logging.DEBUG,
+                        "%s/%s: its cadence changed while its next run was overdue (no pump "
+                        "claimed it); the old cadence's passed slots are dropped, counted "
+                        "in missed",
+                        queue,
+                        items[i][1],
+                    )
+
             for (queue, chunk), reply in zip(chunks, replies, strict=True):
                 _stale(reply, queue, source, generation)
                 for i, digit in zip(chunk, text(reply), strict=True):
-                    if digit == "5":  # written by the second call, with its pending slot
+                    if digit in "56":  # written by the second call, with what it asks for
                         again.setdefault(queue, []).append(i)
+                        if digit == "6":
+                            resumes[i] = []
                         continue
-                    results[i] = _UPSERT_RESULTS[int(digit)]
-                    if digit == "3":
-                        overdue += 1
-                        # A deploy may change thousands while no pump runs: a few are named.
-                        log.log(
-                            logging.WARNING if overdue <= OVERDUE_SHOWN else logging.DEBUG,
-                            "%s/%s: its cadence changed while its next run was overdue (no pump "
-                            "claimed it); the old cadence's passed slots are dropped, counted "
-                            "in missed",
-                            queue,
-                            items[i][1],
-                        )
+                    tally(queue, i, digit)
+            if again:
+                # The records whose old cadence jittered and whose next run was still ahead
+                # (5), sent again with the slot their new cadence may have to fire at once;
+                # and those whose next run is overdue (6), with the slot they resume at.
+                retried = [(queue, indexes) for queue, indexes in again.items()]
+                for queue, indexes in retried:
+                    jittered = [i for i in indexes if i not in resumes]
+                    if jittered:
+                        old_slots.update(self._unsent_slots(queue, jittered, items))
+                    overdue_edits = [i for i in indexes if i in resumes]
+                    if overdue_edits:
+                        resumes.update(self._resume_slots(queue, overdue_edits, items, declared))
+                replies = overlapped_calls(self.client, self.scripts.upsert, calls(retried, True))
+                for (queue, chunk), reply in zip(retried, replies, strict=True):
+                    _stale(reply, queue, source, generation)
+                    for i, digit in zip(chunk, text(reply), strict=True):
+                        tally(queue, i, digit)
             if overdue > OVERDUE_SHOWN:
                 log.warning(
                     "%d more cadence(s) changed while their next run was overdue; their old "
                     "cadence's passed slots are dropped, counted in missed (listed at DEBUG)",
                     overdue - OVERDUE_SHOWN,
                 )
-            if again:
-                # The records whose old cadence jittered and whose next run was still ahead:
-                # sent again with the slot their new cadence may have to fire at once.
-                retried = [(queue, indexes) for queue, indexes in again.items()]
-                for queue, indexes in retried:
-                    old_slots.update(self._unsent_slots(queue, indexes, items))
-                replies = overlapped_calls(self.client, self.scripts.upsert, calls(retried, True))
-                for (queue, chunk), reply in zip(retried, replies, strict=True):
-                    _stale(reply, queue, source, generation)
-                    for i, digit in zip(chunk, text(reply), strict=True):
-                        results[i] = _UPSERT_RESULTS[int(digit)]
         return [r for r in results if r is not None]
 
     def _upsert_item(
@@ -782,6 +800,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         shared: dict[Any, _Shared],
         pending: bool = False,
         old_slot: int | None = None,
+        resume: list[str] | None = None,
     ) -> list[Any]:
         """Return one item of `upsert.lua`'s ARGV[3], for a `definition` seeded with `name`
         (`Definition.for_name`: the seed of a cron's H and of jitter). `shared` holds, per
@@ -814,7 +833,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         ]
         if created_run is not None or pending:
             item.append(created_run or first_run)
-        if pending:
+        if resume is not None:  # no pending slot (its next run was overdue, not ahead)
+            item += [["", "", ""], resume]
+        elif pending:
             slot = pending_slot(definition.cadence, now)
             sent = ["", ""] if slot is None else [str(slot[0]), str(slot[1])]
             item.append([*sent, "" if old_slot is None else str(old_slot)])
@@ -833,6 +854,39 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             if registration is not None and registration.next_run_ms is not None:
                 cadence = registration.definition.cadence
                 out[i] = nominal_slot(cadence, registration.next_run_ms)
+        return out
+
+    def _resume_slots(
+        self,
+        queue: str,
+        indexes: Sequence[int],
+        items: Sequence[tuple[str, str, Definition]],
+        declared: bool,
+    ) -> dict[int, list[str]]:
+        """For each record upsert.lua answered digit 6 (its cadence digest changes while its
+        next run is overdue), by item index: its cadence digest and score as read now, and
+        the slot the new definition resumes it at, or '' (`overdue_edit.resumed_slot`). One
+        read, on the rare path of an edit while no pump runs."""
+        keys = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        for i in indexes:
+            pipe.hmget(keys.record(items[i][1]), ["cadence_digest", *SLOT_FIELDS])
+            pipe.zscore(keys.registry, items[i][1])
+        replies = pipe.execute()
+        out: dict[int, list[str]] = {}
+        for n, i in enumerate(indexes):
+            fields, score = replies[2 * n], replies[2 * n + 1]
+            name, definition = items[i][1], items[i][2]
+            if not declared:
+                definition = definition.for_name(name)
+            live = None if score is None or not math.isfinite(score) else int(score)
+            stored = [None if v is None else text(v) for v in fields]
+            slot = resumed_slot(definition, stored[1:], live)
+            out[i] = [
+                stored[0] or "",
+                "" if live is None else str(live),
+                "" if slot is None else str(slot),
+            ]
         return out
 
     @staticmethod

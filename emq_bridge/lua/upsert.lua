@@ -17,7 +17,10 @@
 --           may be absent),
 --           the pending slot: [slot, the instant the new cadence sends it at, the nominal
 --           slot of the live score under the old cadence] ('' for any it has not; may be
---           absent: see digit 5)]
+--           absent: see digit 5),
+--           the resumed slot: [the cadence digest and the live score the caller read, the
+--           first slot at or after that score the new definition fires, or '' when its
+--           slots differ from the old one's] (may be absent: see digit 6)]
 -- ARGV[4]  the source the items belong to ('' for none)
 -- ARGV[5]  the generation of that source's declarations ('' for none: no check)
 -- ARGV[6]  JSON array of the distinct lists of fields to delete, which items name by their
@@ -40,12 +43,19 @@
 -- that is past for the new cadence: the caller sends the item again with the pending slot
 -- (item 9), which the update then fires at once (at its new instant) if it is after the
 -- last fired slot and within the old jitter's reach of the old score,
--- 3 updated with its cadence changed while its next run was overdue (a client
--- parses one string faster than an array of integers).
+-- 3 updated with its cadence changed while its next run was overdue,
+-- 6 not written: its cadence digest changes while its next run is overdue: the caller sends
+-- it again with the resumed slot (item 10) (a client parses one string faster than an
+-- array of integers).
 -- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
--- with no pump to claim it. The new cadence re-derives the next run, so they never fire:
--- they are counted in `missed` (an interval's exactly, a cron's or one-off's as one) and the
--- digit 3 has the caller log them, so no slot is dropped silently.
+-- with no pump to claim it. When only what bounds or excludes slots changed (a start or end,
+-- an exclusion: the caller compares the slot-placing fields), the score goes to the first
+-- slot at or after it that the new definition fires, still overdue, so the pump's misfire
+-- policy handles it as it would have. When the slots themselves change, the new cadence
+-- re-derives the next run, so the passed slots never fire: they are counted in `missed` (an
+-- interval's exactly, a cron's or one-off's as one) and the digit 3 has the caller log
+-- them, so no slot is dropped silently. The resumed slot holds only while the record's
+-- cadence digest and score are those the caller read (compare-and-set).
 -- An update keeps the score unless the cadence changed; a paused record stays paused
 -- (score +inf). A record whose registry member went missing gets it back (repair).
 -- A score never moves to a slot at or before the last fired one (`after_fired`).
@@ -250,6 +260,11 @@ local function upsert(record, item)
   if ahead and cur[2] ~= cadence_digest and not paused and not completed and not item[9] then
     return 5  -- nothing written: the caller sends it again with its pending slot
   end
+  local overdue = tonumber(live) and tonumber(live) <= tonumber(ARGV[2])
+  local resumed = type(item[10]) == 'table' and item[10]
+  if overdue and cur[2] ~= cadence_digest and not paused and not completed and not resumed then
+    return 6  -- nothing written: the caller sends it again with the slot it resumes at
+  end
   if cur[12] ~= ARGV[4] then wrote_for(cur[12]) end  -- a takeover (or a release) changes it
   -- The pieces of a template stored in pieces (template_pieces.py) go with it; the new
   -- fields write the new template's own.
@@ -274,8 +289,14 @@ local function upsert(record, item)
       place(record, parked)  -- marks it completed if it is; it stays paused
       redis.call('HSET', record, 'paused_next_ms', parked)
       redis.call('ZADD', registry, '+inf', name)
+    elseif resumed and resumed[3] ~= '' and not completed and cur[2] == resumed[1]
+        and tonumber(live) and tonumber(live) == tonumber(resumed[2]) then
+      -- Only what bounds or excludes slots changed, and nothing moved since the caller read
+      -- the record: the first slot at or after the live score that the new definition fires
+      -- (the live one, unless it is excluded now), still overdue. Nothing is dropped: a slot
+      -- passed over is one the new definition excludes.
+      redis.call('ZADD', registry, place(record, after_fired(record, resumed[3], live, last)), name)
     else
-      local overdue = tonumber(live) and tonumber(live) <= tonumber(ARGV[2])
       -- The slot the old, jittered cadence had not sent yet, past for the new one: fired now.
       local pending = ahead and type(item[9]) == 'table' and item[9]
       local taken = false
