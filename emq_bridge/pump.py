@@ -81,6 +81,10 @@ DECODED_CACHE_BYTES = 32 * 1024 * 1024
 # Once asked to stop, a pump sending a batch one occurrence at a time goes on this long, then
 # hands back the leases of what it has not sent, so a stop ends within about this time.
 STOP_GRACE_S = 0.5
+# A process that runs the pump in its main thread (`emq-bridge pump`, `celery beat -S emq`)
+# interrupts a send still blocked this long after a stop signal (a broker that hangs never
+# lets it see the stop): the grace, then time for the acks and the hand-back.
+STOP_DEADLINE_S = STOP_GRACE_S + 2.5
 # A parked registration's reason is kept to this many characters.
 MAX_PARK_REASON = 500
 

@@ -17,7 +17,7 @@ from ..bulk import gc_paused
 from ..errors import ConfigError, EmqError
 from ..events import PumpEvents
 from ..occurrence import Occurrence
-from ..pump import Pump
+from ..pump import STOP_DEADLINE_S, Pump
 from ..urls import redact_url
 from .declare import AppSchedule, boot_schedule, registry_url, repeat_for
 from .dispatch import CeleryDispatcher
@@ -208,8 +208,10 @@ _HELD = (signal.SIGTERM, signal.SIGINT)
 def _signals_held(stop: threading.Event) -> Iterator[None]:
     """Hold SIGTERM and SIGINT while a tick runs: the first sets `stop`, and is handed on once
     the tick is done to the handler it displaced (Celery's, which raises `SystemExit`; the
-    default action in `worker -B`'s beat process); a second is handed on at once. Off the
-    main thread, or for an ignored signal, nothing is held."""
+    default action in `worker -B`'s beat process); a second is handed on at once, and so is
+    the first if the tick has not ended `STOP_DEADLINE_S` after it (a send blocked on a
+    broker that hangs never sees `stop`: the `SystemExit` interrupts it, and the pump hands
+    back the batch in hand). Off the main thread, or for an ignored signal, nothing is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -233,13 +235,29 @@ def _signals_held(stop: threading.Event) -> Iterator[None]:
             "%s received: settling the batch in hand, then stopping", signal.Signals(signum).name
         )
         stop.set()
+        signal.setitimer(signal.ITIMER_REAL, STOP_DEADLINE_S)
+
+    def overdue(signum: int, frame: FrameType | None) -> None:
+        log.warning(
+            "the tick did not end within %.1fs of the stop (a broker that hangs?): its send is "
+            "interrupted; the rest of the batch is handed back to the next pump",
+            STOP_DEADLINE_S,
+        )
+        signal.setitimer(signal.ITIMER_REAL, STOP_DEADLINE_S)  # should the hand-back hang too
+        hand_on(*held[0])
 
     installed = [s for s, h in previous.items() if callable(h) or h == signal.SIG_DFL]
     for sig in installed:
         signal.signal(sig, hold)
+    previous_alarm = signal.getsignal(signal.SIGALRM)
+    if installed:
+        signal.signal(signal.SIGALRM, overdue)
     try:
         yield
     finally:
+        if installed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous_alarm or signal.SIG_DFL)
         for sig in installed:
             signal.signal(sig, previous[sig])
     if held:

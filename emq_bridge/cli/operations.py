@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import importlib
 import logging
-import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -40,6 +38,7 @@ from .context import (
 from .frameworks import framework_options, given_frameworks, load_target
 from .metrics import metrics_options, serve_pump_metrics
 from .render import to_json
+from .stopping import STOP_DEADLINE_S, StopOverdue, stop_on_signals
 
 __all__ = ["COMMANDS"]
 
@@ -224,30 +223,6 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
 
 
 # -- pump -------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set `stop` on SIGTERM or SIGINT (a second SIGINT interrupts at once)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        # The pump settles the batch in hand: sent within `STOP_GRACE_S`, or handed back.
-        log.info(
-            "%s received: settling the batch in hand, then stopping", signal.Signals(signum).name
-        )
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _unique(items: Sequence[str]) -> tuple[str, ...]:
@@ -439,8 +414,16 @@ def pump_command(
         f"pumping {', '.join(all_queues)} -> {where} on {settings.where}; Ctrl-C to stop", err=True
     )
     stop = threading.Event()
-    with _stop_on_signals(stop):
-        pump.run(stop)
+    try:
+        with stop_on_signals(stop):
+            pump.run(stop)
+    except StopOverdue:
+        log.warning(
+            "a send did not return within %.1fs of the stop (a broker that hangs?): it was "
+            "interrupted; what was sent is acked, the rest handed back to the next pump (the "
+            "occurrence whose send hung may reach its broker twice, same id, marked redelivered)",
+            STOP_DEADLINE_S,
+        )
     click.echo("pump stopped", err=True)
 
 
