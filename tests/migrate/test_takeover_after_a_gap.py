@@ -10,6 +10,7 @@ were at odds in the page; this pins both on real beats' keys and a real `RepeatS
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import redis
@@ -31,6 +32,12 @@ def test_after_a_gap_an_imported_entry_fires_at_once_and_a_taken_over_one_waits_
     run: Run, client: redis.Redis, repeat: Repeat, redis_url: str, prefix: str, redbeat_app: Celery
 ) -> None:
     queue = f"{prefix}-q"
+    # The taken-over entry's next run is the next whole minute: start well before one, so
+    # the ticks below, a second apart, cannot reach it (a start in a minute's last second
+    # made it due at the second tick, and sent).
+    into_minute_ms = repeat.server_time_ms() % (INTERVAL_S * 1000)
+    if into_minute_ms > 45_000:
+        time.sleep((INTERVAL_S * 1000 - into_minute_ms) / 1000 + 0.2)
     now_ms = repeat.server_time_ms()
     last_run = datetime.fromtimestamp(now_ms / 1000 - GAP_S, UTC)
     every = schedule(timedelta(seconds=INTERVAL_S))
