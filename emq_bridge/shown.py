@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-__all__ = ["clipped", "shown"]
+__all__ = ["clipped", "printable", "shown"]
 
 # How much of a string an error quotes: enough to recognise it, short enough for one line.
 QUOTED_CHARS = 80
+
+
+# Control characters (C0, DEL, C1) as escapes: a text from outside (a pause note, a task's
+# error, a name in a file) printed to a terminal must not move its cursor, change its
+# colours, or start a line of its own that reads as another field.
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """Return `text` with its control characters written as `\\xNN` escapes."""
+    return text if text.isprintable() else text.translate(_CONTROLS)
 
 
 def clipped(text: str, limit: int = QUOTED_CHARS) -> str:

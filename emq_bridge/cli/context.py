@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from ..errors import ConfigError, EmqError, RegistryError, RegistryUnavailable
 from ..registry import Repeat
+from ..shown import printable
 from ..urls import client_from_url, redact_url, split_userinfo, url_secrets
 from ..utf8 import check_utf8
 
@@ -207,7 +208,7 @@ def _clean(message: str, settings: Settings | None) -> str:
     if settings is not None:
         for secret in url_secrets(settings.redis_url):
             message = message.replace(secret, "***")
-    line = " ".join(message.split())
+    line = printable(" ".join(message.split()))
     if len(line) > MAX_ERROR_CHARS:
         line = f"{line[:MAX_ERROR_CHARS]}… ({len(line) - MAX_ERROR_CHARS} more characters)"
     return line

@@ -15,6 +15,7 @@ from ..keys import parse_lease_member
 from ..millis import utc_datetime
 from ..outcome import HistoryEntry
 from ..registry import Registration
+from ..shown import printable
 
 __all__ = [
     "absolute",
@@ -311,7 +312,9 @@ def last_run_text(registration: Registration, now_ms: int) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Return rows as left-aligned columns under an upper-case header."""
+    """Return rows as left-aligned columns under an upper-case header (control characters
+    escaped: `shown.printable`)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [len(h) for h in header]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]

@@ -30,6 +30,7 @@ from ..keys import parse_lease_member
 from ..labels import matches, parse_filter, parse_selector
 from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
 from ..registry import CorruptRecords, Registration, Repeat
+from ..shown import printable
 from ..strict_json import JsonInputError, read_json
 from ..template import MAX_TEMPLATE_DEPTH
 from ..utf8 import check_pause_texts
@@ -336,8 +337,8 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
         ("template", json.dumps(data["template"], sort_keys=True)),
     ]
     click.echo(f"{queue}/{name}")
-    for label, value in lines:
-        click.echo(f"  {label:<9} {value}")
+    for label, value in lines:  # a note or an error from outside stays on its line
+        click.echo(f"  {label:<9} {printable(value)}")
 
 
 def _pause_lines(registration: Registration, now_ms: int) -> list[tuple[str, str]]:
