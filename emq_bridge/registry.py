@@ -24,7 +24,7 @@ import redis.cluster
 from .arguments import whole_arg
 from .backfill import BackfillMoves
 from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
-from .cadence import NEVER_MS, Anchor, Misfire, advance, now_arg
+from .cadence import NEVER_MS, Anchor, Misfire, advance, catch_up, now_arg
 from .definition import (
     DEFINITION_FIELDS,
     Declaration,
@@ -1057,6 +1057,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 next_ms = parked
             else:
                 next_ms, _ = advance(cadence, parked, now, "coalesce")
+            dropped = 0 if catchup or seed is not None else _missed_before_pause(registration, now)
             last = registration.last_due_ms
             if last is not None and next_ms <= last:
                 # Parked at or before the last fired slot: resume after it instead.
@@ -1070,6 +1071,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         keys=[keys.registry, keys.record(name)],
                         args=[
                             *(name, min(next_ms, NEVER_MS), keys.wake_channel, *as_read, now),
+                            dropped,
                             *_flatten(_counters(seed)),
                         ],
                     )
@@ -1077,6 +1079,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             if result == -1:
                 raise KeyError(f"no registration {name!r} in queue {queue!r}")
             if result != -2:  # -2: the record changed since it was read
+                if result == 1 and dropped:
+                    log.warning(
+                        "%s/%s: %d slot(s) passed before it was paused, with no pump to send "
+                        "them; dropped at its resume, counted in missed (resume with catch-up "
+                        "hands them to the misfire policy)",
+                        queue,
+                        name,
+                        dropped,
+                    )
                 return result == 1
         raise RegistryError(
             f"resume {queue}/{name}: the registration changed under each of "
@@ -1794,6 +1805,29 @@ def _pause_text(value: str | None, what: str) -> str:
             f"pause {what} is {len(value)} characters; the limit is {MAX_PAUSE_TEXT}"
         )
     return value
+
+
+def _missed_before_pause(registration: Registration, now_ms: int) -> int:
+    """The slots of a paused `registration` that passed before its pause (its parked next
+    run was overdue: no pump ran), which a resume without catch-up drops: a pause is on
+    purpose for the slots after it, not for those it found missed. 0 for a parked one (a
+    park is the claim's, at a slot it handled) or a Celery-decided cadence (no slot of it is
+    ever counted missed), and for a pause older records do not date."""
+    parked, paused_ms = registration.next_run_ms, registration.paused_ms
+    cadence = registration.definition.cadence
+    if (
+        parked is None
+        or paused_ms is None
+        or parked > paused_ms
+        or registration.parked_reason is not None
+        or hasattr(cadence, "check")
+    ):
+        return 0
+    last = registration.last_due_ms
+    if last is not None and parked <= last:
+        return 0
+    end_ms = registration.definition.bounds.end_ms
+    return catch_up(cadence, parked, min(paused_ms, now_ms), "latest", end_ms=end_ms).passed
 
 
 def _flatten(fields: Mapping[str, str]) -> list[str]:

@@ -11,7 +11,9 @@
 -- ARGV[5]  its `cadence_digest` as read ('' when none)
 -- ARGV[6]  its `last_due_ms` as read ('' when none): the last fired slot
 -- ARGV[7]  now, epoch ms (`completed_ms` if the resume completes it)
--- ARGV[8..] record fields and values written when it resumes (an importer's cut-over: the
+-- ARGV[8]  slots to add to `missed` (those that passed before the pause, with no pump to
+--          send them, which a resume without catch-up drops; '' or 0 for none)
+-- ARGV[9..] record fields and values written when it resumes (an importer's cut-over: the
 --          replaced scheduler's run count and last run; may be absent)
 --
 -- The next run was derived from ARGV[4..6]. If one of them changed since the read (another
@@ -36,7 +38,13 @@ if last and tonumber(ARGV[2]) <= last then return -2 end
 -- stopped is resumed the same way; resuming clears the failure streak.
 redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures')
 redis.call('HDEL', KEYS[2], 'paused_note', 'paused_by', 'paused_ms')  -- pause.lua's note
-if #ARGV > 7 then redis.call('HSET', KEYS[2], unpack(ARGV, 8)) end
+local dropped = tonumber(ARGV[8])
+if dropped and dropped > 0 then
+  -- A counter edited by hand into a non-integer restarts (claim.lua's `count`).
+  local counted = redis.pcall('HINCRBY', KEYS[2], 'missed', dropped)
+  if type(counted) == 'table' and counted.err then redis.call('HSET', KEYS[2], 'missed', dropped) end
+end
+if #ARGV > 8 then redis.call('HSET', KEYS[2], unpack(ARGV, 9)) end
 local score = ARGV[2]
 local f = redis.call('HMGET', KEYS[2], 'end_ms', 'at', 'remaining', 'limit', 'completed')
 local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))

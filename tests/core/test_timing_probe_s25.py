@@ -7,6 +7,8 @@ instant (docs/timing.md). Found by a probe.
   or after its score the new definition fires, still overdue, and the pump's misfire policy
   handles it as it would have.
 - `immediately=True` fired at once on an instant its exclusions cover.
+- A slot already overdue when a registration was paused was dropped at its resume without
+  being counted in `missed`, unlike any other slot no pump sent.
 - The catch-up line of an `anchor="release"` interval named the first passed interval as
   the last one too (`2 passed, 10:17:23 to 10:17:23`).
 """
@@ -172,3 +174,51 @@ def test_a_release_anchored_catch_up_names_the_newest_passed_interval() -> None:
     step = catch_up(every, due, due + 13 * 60_000, "latest")
     assert (step.passed, step.missed, step.first_ms) == (2, 1, due)
     assert step.last_ms == due + 600_000
+
+
+def test_slots_missed_before_a_pause_are_counted_when_a_resume_drops_them(
+    repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No pump ran from 09:30; 10:00 and 11:00 passed before the pause at 11:30, 12:00 and
+    # 13:00 while paused. A resume at 13:30 without catch-up fires none of them: the two
+    # before the pause were missed (counted, one line), the two after it were paused.
+    clock = ManualClock(_ms(_at(9, 30)))
+    sent = RecordingDispatcher()
+    pump = manual_pump(repeat, ["q"], clock, sent)
+    repeat.upsert("q", "x", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
+    repeat.upsert("q", "y", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
+    clock.set(_ms(_at(11, 30)))
+    repeat.pause("q", "x", now_ms=clock())
+    clock.set(_ms(_at(12, 10)))
+    pump.run_once()  # y catches up (fires 12:00, 10:00 and 11:00 missed); x is paused
+    repeat.pause("q", "y", now_ms=clock())  # y was on time when paused
+    clock.set(_ms(_at(13, 30)))
+    with caplog.at_level(logging.WARNING, logger="emq_bridge.registry"):
+        assert repeat.resume("q", "x", now_ms=clock())
+        assert repeat.resume("q", "y", now_ms=clock())
+    x, y = repeat.get("q", "x"), repeat.get("q", "y")
+    assert x is not None and y is not None
+    assert (x.missed, x.next_run_ms) == (2, _ms(_at(14)))
+    assert (y.missed, y.next_run_ms) == (2, _ms(_at(14)))  # only its catch-up's two
+    lines = [r.getMessage() for r in caplog.records if "before it was paused" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("q/x: 2 slot(s)")
+    pump.run_once()
+    assert [o.name for o in sent.occurrences] == ["y"]
+
+
+def test_a_resume_with_catch_up_hands_the_slots_before_the_pause_to_the_policy(
+    repeat: Repeat,
+) -> None:
+    clock = ManualClock(_ms(_at(9, 30)))
+    sent = RecordingDispatcher()
+    pump = manual_pump(repeat, ["q"], clock, sent)
+    repeat.upsert("q", "x", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
+    clock.set(_ms(_at(11, 30)))
+    repeat.pause("q", "x", now_ms=clock())
+    clock.set(_ms(_at(13, 30)))
+    assert repeat.resume("q", "x", catchup=True, now_ms=clock())
+    pump.run_once()
+    x = repeat.get("q", "x")
+    assert x is not None
+    assert [o.due_ms for o in sent.occurrences] == [_ms(_at(13))]
+    assert x.missed == 3  # 10:00, 11:00, 12:00: the policy's count, not twice
