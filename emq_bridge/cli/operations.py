@@ -53,7 +53,8 @@ ONCE_MAX_TICKS = 1000
 
 
 def _change(old: Registration | None, new: Declaration, source: str) -> str:
-    """Describe what an update changes: the cadence, the template, the policies, the owner."""
+    """Describe what an update changes: the cadence, the bounds, the template, the policies,
+    the owner."""
     cadence = new.definition.cadence.describe()
     if old is None:
         return f"{cadence}  (recreated)"
@@ -62,6 +63,10 @@ def _change(old: Registration | None, new: Declaration, source: str) -> str:
         notes.append(f"{old.definition.cadence.describe()} -> {cadence}")
     else:
         notes.append(cadence)
+    bounds_before, bounds_after = old.definition.bounds, new.definition.bounds
+    if bounds_before != bounds_after:
+        words_before, words_after = bounds_before.describe(), bounds_after.describe()
+        notes.append(f"bounds {words_before or 'none'} -> {words_after or 'none'}")
     if dict(old.definition.template) != dict(new.definition.template):
         notes.append("template changed")
     if old.definition.misfire != new.definition.misfire:

@@ -9,6 +9,7 @@ instant (docs/timing.md). Found by a probe.
 - `immediately=True` fired at once on an instant its exclusions cover.
 - A slot already overdue when a registration was paused was dropped at its resume without
   being counted in `missed`, unlike any other slot no pump sent.
+- `sync --dry-run` (and `sync`'s diff) showed a bounds-only change as no change at all.
 - The catch-up line of an `anchor="release"` interval named the first passed interval as
   the last one too (`2 passed, 10:17:23 to 10:17:23`).
 """
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runs import cli_runner
 
 from emq_bridge import Repeat, define
 from emq_bridge.cadence import Every, catch_up
@@ -222,3 +225,15 @@ def test_a_resume_with_catch_up_hands_the_slots_before_the_pause_to_the_policy(
     assert x is not None
     assert [o.due_ms for o in sent.occurrences] == [_ms(_at(13))]
     assert x.missed == 3  # 10:00, 11:00, 12:00: the policy's count, not twice
+
+
+def test_sync_dry_run_names_a_bounds_change(redis_url: str, prefix: str, tmp_path: Path) -> None:
+    # It showed `~ q/x  every 1h`, as if nothing changed, for an end_at added.
+    run = cli_runner(redis_url, prefix)
+    path = tmp_path / "schedules.toml"
+    path.write_text('queue = "q"\n[[schedule]]\nname = "x"\ntask = "t"\nevery = "1h"\n')
+    assert run("sync", str(path)).exit_code == 0
+    path.write_text(path.read_text() + 'end_at = "2099-01-01T00:00:00Z"\n')
+    dry = run("sync", str(path), "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.splitlines() == ["~ q/x  every 1h, bounds none -> until 2099-01-01T00:00:00Z"]
