@@ -45,7 +45,6 @@ import os
 import stat
 import sys
 import time
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -74,8 +73,7 @@ from .registry import Repeat
 from .shown import QUOTED_CHARS, clipped, shown
 from .strict_json import number_error, read_json
 from .sync import SyncPlan, sync
-from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure
-from .utf8 import check_utf8
+from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure, check_task_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -499,11 +497,9 @@ def _declaration(
     if not isinstance(task, str) or not task.strip():
         raise _FieldError("task", f"must be a non-empty string, got {_kind(task)}")
     try:
-        check_utf8(task, "task")
+        check_task_name(task)
     except ScheduleError as exc:
         raise _FieldError("task", str(exc)) from exc
-    if not task.isprintable() and any(map(_is_control, task)):  # isprintable: the fast path
-        raise _FieldError("task", f"task {clipped(task)} must not contain control characters")
     cadence = _shaped(entry, _cadence(entry), calendars)
     bounds = _bounds(entry, cadence)
     misfire = entry.get("misfire", "coalesce")
@@ -726,11 +722,6 @@ def _json(entry: Mapping[str, Any], field: str, kind: type) -> Any:
         wanted = "an array" if kind is list else "a table"
         raise _FieldError(field, f"must be {wanted}, got {_kind(value)}")
     return value
-
-
-def _is_control(char: str) -> bool:
-    """A control or format character, or a line break: what names refuse, less spaces."""
-    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")
 
 
 def _check_json(field: str, value: Any) -> None:

@@ -11,12 +11,15 @@ the depth is bounded anyway (`MAX_TEMPLATE_DEPTH`), where a template is accepted
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from .direct_json import direct_encoder
 from .errors import ScheduleError
+from .shown import clipped, shown
+from .utf8 import check_utf8
 
 __all__ = [
     "MAX_TEMPLATE_BYTES",
@@ -25,10 +28,12 @@ __all__ = [
     "FrozenList",
     "TaskTemplate",
     "check_structure",
+    "check_task_name",
     "decode_frozen",
     "decode_template",
     "encode_template",
     "freeze",
+    "is_control",
 ]
 
 # Templates are JSON objects of at most 64 KiB: a recurring task's arguments are small, and
@@ -317,6 +322,24 @@ def freeze(value: Any) -> Any:
             if not stack:
                 return done
             stack[-1].add(done)
+
+
+def check_task_name(task: object) -> str:
+    """Return `task`, a task or actor name as a schedule declares it; `ScheduleError` unless
+    it is a non-empty string of valid UTF-8 with no control character or line break (no
+    framework names a task so, and such a name could not be written back to a file)."""
+    if not isinstance(task, str) or not task.strip():
+        raise ScheduleError(f"must be a non-empty string, got {shown(task)}")
+    if not task.isascii():
+        check_utf8(task, "task")
+    if not task.isprintable() and any(map(is_control, task)):  # isprintable: the fast path
+        raise ScheduleError(f"task {clipped(task)} must not contain control characters")
+    return task
+
+
+def is_control(char: str) -> bool:
+    """A control or format character, or a line break: what names refuse, less spaces."""
+    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from ..definition import (
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..keys import MAX_NAME_BYTES, validate_name
 from ..millis import ceil_ms
-from ..template import TaskTemplate
+from ..template import TaskTemplate, check_task_name
 from .dispatch import routing_option_error
 from .kombu_entities import ENTITY_OPTIONS, entity_json
 from .routing import resolve_queue
@@ -594,6 +594,8 @@ def _convert_plain(ctx: Entries, key: Any, raw: dict[str, Any]) -> Declaration |
     task = raw.get("task")
     if type(task) is not str or not task.strip() or (ctx.check_task and task not in ctx.tasks):
         return None
+    if not task.isprintable():  # a control character: the slow path refuses it
+        return None
     if type(key) is not str or len(key) > MAX_NAME_BYTES or not _ASCII_NAME.fullmatch(key):
         return None  # registry_name would change it, or refuse it
     label = f"beat_schedule[{key!r}]"
@@ -661,6 +663,10 @@ def convert_entry(
     task = entry.task
     if not isinstance(task, str) or not task:
         raise ConfigError(f"{label} has no 'task' (the name of the task to send)")
+    try:
+        check_task_name(task)
+    except ScheduleError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
     if ctx.check_task and task not in ctx.tasks:
         raise ConfigError(
             f"{label}: unknown task {task!r}; import the module that defines it "

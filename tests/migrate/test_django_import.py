@@ -294,6 +294,27 @@ def test_a_row_celery_refuses_is_listed_with_the_reason_and_the_others_are_read(
         db.all().delete()
 
 
+def test_a_row_whose_task_name_holds_a_line_break_is_refused(databases: dict[str, str]) -> None:
+    # Imported before (session 25's probe found it with redbeat): a schedule file refuses
+    # such a name, so `export` then left the schedule out.
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from emq_bridge.celery.importers.django.reader import read_periodic_tasks
+
+    minute = IntervalSchedule.objects.using("default").create(every=1, period="minutes")
+    db = PeriodicTask.objects.using("default")
+    db.create(name="broken", task="proj.tasks.run\nproj.tasks.other", interval=minute)
+    db.create(name="fine", task="proj.tasks.run", interval=minute)
+    try:
+        plan = read_periodic_tasks(now_ms=ms(datetime.now(timezone.utc)), using="default")
+        assert [e.declaration.name for e in plan.entries] == ["fine"]
+        reasons = {r.origin: r.reason for r in plan.refused}
+        assert list(reasons) == ["periodic task 'broken'"]
+        assert "must not contain control characters" in reasons["periodic task 'broken'"]
+    finally:
+        db.all().delete()
+
+
 def _import_from(url: str, redis_url: str, prefix: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
     command += ["import", "django-celery-beat", "--database-url", url, "--dry-run"]

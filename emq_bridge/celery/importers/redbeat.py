@@ -18,12 +18,12 @@ from typing import Any
 from celery import Celery
 
 from ...definition import Declaration, Definition
-from ...errors import ConfigError, EmqError
+from ...errors import ConfigError, EmqError, ScheduleError
 from ...keys import validate_name
 from ...migrate.plan import Imported, ImportPlan, Refusal
 from ...registry import Seed
 from ...replies import text
-from ...template import TaskTemplate
+from ...template import TaskTemplate, check_task_name
 from ...utf8 import check_utf8
 from ..entries import json_options, registry_name, resolve_queue
 from .schedules import Unrepresentable, carry, epoch_ms
@@ -131,6 +131,10 @@ def _entry(
     task = definition.get("task")
     if not isinstance(task, str) or not task:
         raise Unrepresentable("it names no task")
+    try:
+        check_task_name(task)
+    except ScheduleError as exc:
+        raise Unrepresentable(f"its task: {exc}") from None
     args = definition.get("args") or []
     kwargs = definition.get("kwargs") or {}
     options = definition.get("options") or {}

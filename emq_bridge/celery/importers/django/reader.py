@@ -27,12 +27,12 @@ from celery.schedules import crontab, schedule
 
 from ....cadence import At
 from ....definition import Declaration, Definition
-from ....errors import ConfigError, EmqError
+from ....errors import ConfigError, EmqError, ScheduleError
 from ....keys import validate_name
 from ....migrate.plan import Imported, ImportPlan, Refusal
 from ....millis import floor_ms
 from ....registry import Seed
-from ....template import TaskTemplate
+from ....template import TaskTemplate, check_task_name
 from ...entries import json_options, registry_name, resolve_queue
 from ..redbeat import importer_app
 from ..schedules import Carried, Unrepresentable, carry, epoch_ms
@@ -161,6 +161,10 @@ def _refuse_if_ran(row: Any, now_ms: int) -> None:
 
 def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: str) -> Imported:
     label = f"periodic task {row.name!r}"
+    try:
+        check_task_name(row.task)
+    except ScheduleError as exc:
+        raise Unrepresentable(f"its task: {exc}") from None
     end_ms = None
     expires = _aware(row.expires) if row.expires is not None else None
     if expires is not None:
