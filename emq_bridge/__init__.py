@@ -31,6 +31,7 @@ from .errors import (
     RegistryError,
     RegistryUnavailable,
     ScheduleError,
+    UnknownRegistration,
 )
 from .events import PumpEvents, Tick
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_name
@@ -81,6 +82,7 @@ __all__ = [
     "SyncPlan",
     "TaskTemplate",
     "Tick",
+    "UnknownRegistration",
     "Upserted",
     "advance",
     "apply_plan",

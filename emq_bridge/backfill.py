@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .bounds import Instant, epoch_ms
 from .cadence import LATEST_MS, Cadence, now_arg
 from .definition import Definition
-from .errors import CorruptRecord, RegistryError, ScheduleError
+from .errors import CorruptRecord, RegistryError, ScheduleError, UnknownRegistration
 from .jitter import Jittered, nominal_slot
 from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
@@ -150,9 +150,10 @@ class BackfillMoves:
         `start`/`end` are aware datetimes, ISO 8601 strings with an offset, or epoch ms;
         `end` must not be in the future. `rate` is occurrences per second (0: no spacing).
         `dry_run` decides and writes nothing. Slots outside the registration's bounds
-        (`start_at`, `end_at`, a one-off's `at`) are never sent (`outside`). KeyError if
-        there is no such registration; `ScheduleError` on a bad range or rate, a
-        registration with a `limit`, or a cadence decided at each check (Celery `is_due`).
+        (`start_at`, `end_at`, a one-off's `at`) are never sent (`outside`).
+        `UnknownRegistration` (a `KeyError`) if there is no such registration;
+        `ScheduleError` on a bad range or rate, a registration with a `limit`, or a cadence
+        decided at each check (Celery `is_due`).
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
@@ -173,7 +174,7 @@ class BackfillMoves:
                 raw, score = pipe.execute()
             fields = {text(k): text(v) for k, v in raw.items()}
             if not fields:
-                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+                raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
             try:
                 definition = Definition.from_fields(fields)
             except ScheduleError as exc:
@@ -240,7 +241,7 @@ class BackfillMoves:
                 )
             if not isinstance(reply, list):
                 if int(reply) == -1:
-                    raise KeyError(f"no registration {name!r} in queue {keys.queue!r}")
+                    raise UnknownRegistration(f"no registration {name!r} in queue {keys.queue!r}")
                 if int(reply) == -3:
                     _refuse_limit(keys.queue, name)
                 return None

@@ -12,6 +12,7 @@ __all__ = [
     "RegistryError",
     "RegistryUnavailable",
     "ScheduleError",
+    "UnknownRegistration",
 ]
 
 
@@ -55,3 +56,11 @@ class PermanentDispatchError(DispatchError):
     registration (it stops firing, `list`/`show` say why) until it is resumed; any other
     `DispatchError` is transient (a broker that is down) and retried after the lease.
     """
+
+
+class UnknownRegistration(EmqError, KeyError):
+    """No registration of that name in that queue (a `KeyError` too, as the moves that
+    raise it have always said)."""
+
+    def __str__(self) -> str:  # the message, not KeyError's quoted repr of it
+        return str(self.args[0]) if self.args else "no such registration"

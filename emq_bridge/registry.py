@@ -34,7 +34,14 @@ from .definition import (
     definition_or_define,
     shape_key,
 )
-from .errors import ConfigError, CorruptRecord, RegistryError, RegistryUnavailable, ScheduleError
+from .errors import (
+    ConfigError,
+    CorruptRecord,
+    RegistryError,
+    RegistryUnavailable,
+    ScheduleError,
+    UnknownRegistration,
+)
 from .heartbeat import HeartbeatMoves
 from .jitter import nominal_slot, pending_slot
 from .keys import (
@@ -983,7 +990,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         by: str | None = None,
         now_ms: int | None = None,
     ) -> bool:
-        """Stop firing `name` until resumed; True if it was running. KeyError if unknown.
+        """Stop firing `name` until resumed; True if it was running. `UnknownRegistration` (a
+        `KeyError`) if unknown.
 
         `note` (why) and `by` (who) are kept in the record with the instant, shown by `show`
         and cleared by `resume`; pausing a paused registration changes nothing.
@@ -1001,7 +1009,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 )
             )
         if result < 0:
-            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+            raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
         return result == 1
 
     # Reads of a resume whose record changed before its write (resume.lua's conflict).
@@ -1025,8 +1033,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         next claim fires and drops them as after an outage (`latest` fires the newest).
         The next run is computed here (cron math is Python's) from the record as read;
         `resume.lua` writes it only if the record is still as read, else it is read again.
-        KeyError if there is no such registration, `CorruptRecord` if its record cannot be
-        read (nothing written); `RegistryError` if the record kept changing for every attempt.
+        `UnknownRegistration` (a `KeyError`) if there is no such registration, `CorruptRecord`
+        if its record cannot be read (nothing written); `RegistryError` if the record kept
+        changing for every attempt.
 
         `seed` (an importer's cut-over, `emq_bridge.migrate`) resumes it where the scheduler
         it replaces would fire next, `seed.first_run_ms`, instead of the slot it was paused
@@ -1042,7 +1051,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         for _ in range(self._RESUME_ATTEMPTS):
             read = self._read_parked(queue, name)
             if read is None:
-                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+                raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
             registration, as_read = read
             if not registration.paused:
                 return False
@@ -1077,7 +1086,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     )
                 )
             if result == -1:
-                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+                raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
             if result != -2:  # -2: the record changed since it was read
                 if result == 1 and dropped:
                     log.warning(
@@ -1212,8 +1221,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     def trigger(self, queue: str, name: str, *, now_ms: int | None = None) -> str:
         """Fire `name` once now, as a fresh occurrence, leaving its cadence alone.
 
-        Returns the occurrence id. KeyError if there is no such registration, `CorruptRecord`
-        if its record cannot be read (a pump could not send it): nothing is written then.
+        Returns the occurrence id. `UnknownRegistration` (a `KeyError`) if there is no such
+        registration, `CorruptRecord` if its record cannot be read (a pump could not send
+        it): nothing is written then.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
@@ -1228,7 +1238,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 )
             )
         if not done:
-            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+            raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
         return occurrence_id(self.prefix, queue, name, now, triggered=True)
 
     # -- reads ----------------------------------------------------------------------------
@@ -1240,9 +1250,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         return found[0] if found else None
 
     def read(self, queue: str, name: str) -> Registration:
-        """Return the registration `name`. KeyError if there is none; `CorruptRecord` if its
-        record cannot be read (edited by hand: a field of the wrong type), where `get`
-        returns None and logs it."""
+        """Return the registration `name`. `UnknownRegistration` (a `KeyError`) if there is
+        none; `CorruptRecord` if its record cannot be read (edited by hand: a field of the
+        wrong type), where `get` returns None and logs it."""
         validate_name(name, "registration name")
         keys = self.keys(queue)
         with redis_errors(f"read {queue}/{name}"):
@@ -1251,7 +1261,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             pipe.zscore(keys.registry, name)
             raw, score = pipe.execute()
         if not raw:
-            raise KeyError(f"no registration {name!r} in queue {queue!r}")
+            raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
         return _checked(queue, name, {text(k): text(v) for k, v in raw.items()}, score)
 
     def get_many(self, queue: str, names: Sequence[str]) -> builtins.dict[str, Registration]:
@@ -1388,7 +1398,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
     def next_runs(self, queue: str, name: str, n: int = 5) -> builtins.list[int]:
         """Return the next `n` runs of `name` in epoch ms (`n` up to `MAX_NEXT_RUNS`).
-        KeyError if unknown, `CorruptRecord` if its record cannot be read."""
+        `UnknownRegistration` (a `KeyError`) if unknown, `CorruptRecord` if its record cannot
+        be read."""
         whole_arg(n, "n", 0, MAX_NEXT_RUNS)
         return self.read(queue, name).upcoming(n)
 

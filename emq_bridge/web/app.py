@@ -35,7 +35,7 @@ from ..cli.render import (
     utc_iso,
     zone_of,
 )
-from ..errors import EmqError, RegistryError, RegistryUnavailable
+from ..errors import EmqError, RegistryError, RegistryUnavailable, UnknownRegistration
 from ..health import served, unserved
 from ..registry import Registration, Repeat
 from .auth import Guard, WriteCheck
@@ -340,7 +340,7 @@ def app(
             elif action == "trigger":
                 result["occurrence_id"], result["changed"] = repeat.trigger(queue, name), True
             elif not repeat.cancel(queue, name):
-                raise KeyError(f"no registration {name!r} in queue {queue!r}")
+                raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
             else:
                 result["changed"] = True
                 view.queues.forget()
