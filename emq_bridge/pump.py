@@ -314,6 +314,8 @@ class Pump:
             if scan is None:
                 scan = self.repeat.scan(queue, size, now_ms)
             tick.now_ms = max(tick.now_ms, scan.now_ms)
+            if scan.unreadable:
+                self._set_aside(queue, scan)
             if scan.lost:
                 self._mark_lost(queue, scan.lost)
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
@@ -330,6 +332,18 @@ class Pump:
                 return
             size = min(size * 4, self.batch_size)
             scan = None
+
+    def _set_aside(self, queue: str, scan: Scan) -> None:
+        """Hold the registry members that are not valid UTF-8 for `CORRUPT_PARK_MS` (told as
+        a corrupt record's park is), and drop such lease and in-flight members."""
+        self.repeat.set_aside(queue, scan.unreadable, scan.now_ms + CORRUPT_PARK_MS)
+        for where, member in scan.unreadable:
+            shown = member.decode("utf-8", "backslashreplace")
+            if where == "due":
+                reason = "registry member is not valid UTF-8 (written by hand?)"
+                self.events.on_park(queue, shown, reason, CORRUPT_PARK_MS)
+            else:
+                self.events.on_lease_dropped(queue, shown, "the member is not valid UTF-8")
 
     def _mark_lost(self, queue: str, members: list[str]) -> None:
         marked = self.repeat.mark_lost(

@@ -62,7 +62,7 @@ from .scripts import Scripts
 from .stamps import StampMoves
 from .template_pieces import split_template
 from .urls import client_from_url
-from .utf8 import check_pause_texts
+from .utf8 import check_pause_texts, is_utf8
 
 __all__ = [
     "EVICTING_POLICIES",
@@ -214,6 +214,10 @@ class Scan:
     # deadline of those still in flight (server clock): when the next may be lost.
     lost: list[str] = field(default_factory=list)
     earliest_running_ms: int | None = None
+    # Members that are not valid UTF-8, by the set they are in ("due", "expired", "lost"),
+    # as their bytes: planted by hand (every name is checked when written), they match no
+    # record and no move by name, so the pump sets them aside (`Repeat.set_aside`).
+    unreadable: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +251,17 @@ def _page_args(offset: object, limit: object) -> None:
 
 
 def _scan_reply(reply: Any) -> Scan:
-    """Decode a `scan.lua` reply: the JSON text of one array."""
-    now, due, expired, first, first_lease, lost, first_running = json.loads(text(reply))
+    """Decode a `scan.lua` reply: the JSON text of one array. A member that is not valid
+    UTF-8 keeps its bytes (`surrogateescape`), and goes to `Scan.unreadable`: decoded with
+    replacement characters, it would name nothing, and stay due for ever."""
+    raw = reply.decode("utf-8", "surrogateescape") if isinstance(reply, bytes) else str(reply)
+    now, due, expired, first, first_lease, lost, first_running = json.loads(raw)
     pairs = [(due[i], _due_ms(due[i + 1])) for i in range(0, len(due), 2)]
+    unreadable: list[tuple[str, bytes]] = []
+    if not raw.isascii() and not is_utf8(raw):  # the common reply: ASCII, nothing to split
+        pairs = [p for p in pairs if _readable(p[0], "due", unreadable)]
+        expired = [m for m in expired if _readable(m, "expired", unreadable)]
+        lost = [m for m in lost if _readable(m, "lost", unreadable)]
     return Scan(
         int(now),
         pairs,
@@ -258,7 +270,16 @@ def _scan_reply(reply: Any) -> Scan:
         _score(first_lease),
         lost,
         _score(first_running),
+        unreadable,
     )
+
+
+def _readable(member: str, where: str, unreadable: list[tuple[str, bytes]]) -> bool:
+    """True if `member` is valid UTF-8; else note its bytes in `unreadable`."""
+    if is_utf8(member):
+        return True
+    unreadable.append((where, member.encode("utf-8", "surrogateescape")))
+    return False
 
 
 def _call_or_error(script: Any, keys: list[str], args: list[Any], action: str) -> Any:
@@ -1461,6 +1482,24 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 keys=[keys.registry, keys.leases, keys.running], args=[now, batch]
             )
         return _scan_reply(reply)
+
+    def set_aside(
+        self, queue: str, unreadable: Sequence[tuple[str, bytes]], until_ms: int
+    ) -> None:
+        """Set aside the members of `queue` a scan could not read (`Scan.unreadable`): a
+        registry member is held until `until_ms` (its score raised, never lowered: `ZADD XX
+        GT`, as a corrupt record is), an expired lease or an occurrence in flight is dropped
+        (garbage holds no lease of ours). One round trip."""
+        keys = self.keys(queue)
+        sets = {"due": keys.registry, "expired": keys.leases, "lost": keys.running}
+        pipe = self.client.pipeline(transaction=False)
+        for where, member in unreadable:
+            if where == "due":
+                pipe.zadd(sets[where], {member: until_ms}, xx=True, gt=True)
+            else:
+                pipe.zrem(sets[where], member)
+        with redis_errors(f"set aside {queue}"):
+            pipe.execute()
 
     def scan_many(
         self, queues: Sequence[str], batch: int, now_ms: int | None = None

@@ -18,6 +18,8 @@
 --          be sent, and of a retry after its countdown
 -- ARGV[5]  wake channel
 --
+-- A report whose history key is of another type (written by hand) is not applied, and the
+-- others are: one registration's garbage does not drop its queue's reports.
 -- Idempotent: an occurrence's entry (found by id in its history) is changed only by a report
 -- that outranks it: a later attempt, or in the same attempt lost < running < retrying < a
 -- final status (succeeded, failed, skipped, revoked): an attempt a framework retried without
@@ -50,7 +52,9 @@ local function find(history, id)
   local prefix = '["' .. id .. '"'
   local offset = 0
   for _, range in ipairs({{0, 7}, {8, -1}}) do
-    for index, raw in ipairs(redis.call('LRANGE', history, range[1], range[2])) do
+    local items = redis.pcall('LRANGE', history, range[1], range[2])
+    if items.err then return nil, nil end  -- not a list: its write below refuses the report
+    for index, raw in ipairs(items) do
       if string.sub(raw, 1, #prefix) == prefix then
         return offset + index - 1, cjson.decode(raw)
       end
@@ -187,18 +191,26 @@ for i, report in ipairs(reports) do
         sets[1], sets[2], sets[3], sets[4], sets[5], sets[6] =
           'last_status', status, 'last_id', id, 'last_due', due
         ns, nd = 6, 0
+        local wrote
         if index then
-          redis.call('LSET', history, index, encoded)
+          wrote = redis.pcall('LSET', history, index, encoded)
         else
           -- Trimmed only once it is past the cap (a full history: every time; a command
           -- spared while it fills).
-          if redis.call('LPUSH', history, encoded) > cap then
+          wrote = redis.pcall('LPUSH', history, encoded)
+          if type(wrote) == 'number' and wrote > cap then
             redis.call('LTRIM', history, 0, cap - 1)
           end
           if later then set('history_due', due) end
         end
+        -- A history key of another type (written by hand) refuses this report alone, before
+        -- anything of it is written: the other reports of the batch are applied.
+        local refused = type(wrote) == 'table' and wrote.err ~= nil
+        if refused then applied = applied - 1 end
         local inflight = cur[3]
-        if kind == 'started' then
+        if refused then
+          -- the record is left as it was
+        elseif kind == 'started' then
           set('last_started_ms', at)
           redis.call('ZADD', running, now + ttl, member)
           if not (inflight and inflight ~= member and live(inflight)) then
