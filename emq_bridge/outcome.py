@@ -94,6 +94,10 @@ def _valid_utf8(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# The kinds a report of a copy that never reached its task may have (`Report.task_ran`).
+_UNRUN_KINDS = frozenset({"failed", "skipped"})
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """One thing a worker tells of an occurrence, with what its message carried.
@@ -103,17 +107,22 @@ class Report:
     starts (the retry's countdown); a running occurrence stays in flight as long as its worker
     heartbeats.
 
-    `task_ran=False` says a `failed` occurrence's task never ran: no worker of this version
-    has it (Dramatiq's `ActorNotFound`, Celery's `NotRegistered`, as an old worker meets a
-    new task's message during a rolling deploy). It is still `failed` (it ends in the history,
-    and frees a guarded registration), but it neither counts toward `pause_after_failures`
-    nor ends a failure streak, as `lost`, `skipped` and `revoked` do not.
+    `task_ran=False` says the copy of the occurrence this report is about never reached its
+    task. On a `failed` report: no worker of this version has it (Dramatiq's `ActorNotFound`,
+    Celery's `NotRegistered`, as an old worker meets a new task's message during a rolling
+    deploy). It is still `failed` (it ends in the history, and frees a guarded registration),
+    but it neither counts toward `pause_after_failures` nor ends a failure streak, as `lost`,
+    `skipped` and `revoked` do not. On a `skipped` report: a middleware skipped the message
+    before the worker started it (Dramatiq's `AgeLimit`). Either way, a copy that never ran
+    does not end the same attempt running elsewhere (a broker's redelivery of a message
+    another worker still runs): report.lua leaves a `running` entry of that attempt as it is.
 
     Checked at construction, so that `Repeat.report` never stores what the registry cannot
     read back: times are `int` epoch ms from 1970 to the end of 9999 (`int(time.time() *
     1000)`, not a float), `attempt` an `int` from 1, `id` a non-empty string, `queue` and
     `name` valid names (`keys.validate_name`), `error` a string (kept cut to
-    `MAX_ERROR_CHARS`), the flags `bool`s (`task_ran=False` on a `failed` report only).
+    `MAX_ERROR_CHARS`), the flags `bool`s (`task_ran=False` on a `failed` or `skipped`
+    report only).
     Anything else raises `ScheduleError` (`InvalidName` for a name).
     """
 
@@ -163,7 +172,7 @@ class Report:
             and (self.error.isascii() or is_utf8(self.error))
             and type(self.redelivered) is bool
             and type(self.triggered) is bool
-            and (self.task_ran is True or (self.task_ran is False and self.kind == "failed"))
+            and (self.task_ran is True or (self.task_ran is False and self.kind in _UNRUN_KINDS))
         ):
             _check_report(self)
 
@@ -303,9 +312,10 @@ def _check_report(report: Report) -> None:
     ):
         if not isinstance(flag, bool):
             raise ScheduleError(f"report {field} must be True or False, got {shown(flag)}")
-    if not report.task_ran and report.kind != "failed":
+    if not report.task_ran and report.kind not in _UNRUN_KINDS:
         raise ScheduleError(
-            f"report task_ran=False is for a failed report only, got a {report.kind!r} report"
+            "report task_ran=False is for a failed or skipped report only, got a "
+            f"{report.kind!r} report"
         )
 
 

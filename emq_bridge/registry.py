@@ -1483,9 +1483,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             )
         return _scan_reply(reply)
 
-    def set_aside(
-        self, queue: str, unreadable: Sequence[tuple[str, bytes]], until_ms: int
-    ) -> None:
+    def set_aside(self, queue: str, unreadable: Sequence[tuple[str, bytes]], until_ms: int) -> None:
         """Set aside the members of `queue` a scan could not read (`Scan.unreadable`): a
         registry member is held until `until_ms` (its score raised, never lowered: `ZADD XX
         GT`, as a corrupt record is), an expired lease or an occurrence in flight is dropped

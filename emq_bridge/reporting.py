@@ -119,6 +119,15 @@ class Reporter:
         if kind == "heartbeat":
             self._append(item)
             return
+        if not item.task_ran:
+            # A copy that never ran (`Report.task_ran`) ends nothing of this process: a run
+            # of the same occurrence here goes on, heartbeated. Its start, if still waiting
+            # aside, is sent first (not folded), so the registry sees the run, then the copy.
+            waiting = self._unsent.pop(key, None)
+            if waiting is not None:
+                self._append(waiting[0])
+            self._append(item, after_claims=waiting is None)
+            return
         if kind != "started":
             self._running.pop(key, None)
             start, claimed = self._claim_start(key, item.name)

@@ -15,7 +15,9 @@ after every middleware ran:
   (`before_enqueue`): `retrying`, held in flight for the retry's delay;
 * acked after the actor raised, with no re-enqueue (no `Retries` middleware): `failed`;
 * acked otherwise: `succeeded`;
-* `after_skip_message` (a middleware or the actor raised `SkipMessage`): `skipped`.
+* `after_skip_message` (a middleware or the actor raised `SkipMessage`): `skipped`; one
+  skipped before its start (`AgeLimit`, ahead of ours) is a copy that never ran
+  (`Report.task_ran`), which leaves the same attempt running elsewhere as it is.
 
 `started` is reported in `before_process_message`, with the attempt (`retries + 1`). Every
 report goes through one `emq_bridge.reporting.Reporter` per worker process, which only queues
@@ -179,7 +181,9 @@ class MessageOutcomes:
         run = self._run_of(message, create=True)
         if run is not None and not run.skipped:
             run.skipped = True
-            self._send("skipped", run, _now_ms())
+            # Skipped before its start (a middleware ahead of ours: `AgeLimit`): this copy
+            # never ran, so it does not end the attempt if it runs elsewhere (a redelivery).
+            self._send("skipped", run, _now_ms(), task_ran=run.began)
 
     def acked(self, message: Any) -> None:
         """`after_ack`: succeeded, or retrying/failed if the actor raised (module docstring)."""

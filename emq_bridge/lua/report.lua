@@ -7,7 +7,8 @@
 -- KEYS[2 + 2i], KEYS[3 + 2i]  the record and the history list of report i
 -- ARGV[1]  JSON array of reports, each [kind, member, id, due_ms, attempt, at_ms,
 --          released_ms or '', redelivered 0|1, triggered 0|1, error, hold_ms, started_ms
---          or '', and, only for a `failed` occurrence whose task never ran, a trailing 0]
+--          or '', and, only for a `failed` or `skipped` copy that never reached its task, a
+--          trailing 0]
 --          (`started_ms`: a final report that carries its own start; the trailing element,
 --          `task_ran`, absent or anything but 0/false: the task ran)
 --          (`member` is the occurrence's "<name> <due_ms>[ triggered]"; `at_ms` the
@@ -168,7 +169,12 @@ for i, report in ipairs(reports) do
       -- worker revokes it on receipt) leaves it lost: nothing ran, and the loss is what
       -- happened to it (a revoke would also give it the lost run's start as its own).
       local hides_loss = (status == 'skipped' or status == 'revoked') and entry[6] == 'lost'
-      if not hides_loss and (fresh or attempt > old_attempt
+      -- A copy that never reached its task (`task_ran` 0: skipped before its start, or its
+      -- actor unknown to an old worker) does not end the same attempt running elsewhere (a
+      -- broker's redelivery of a message another worker still runs).
+      local unrun_copy = (task_ran == 0 or task_ran == false) and entry[6] == 'running'
+        and attempt == old_attempt
+      if not hides_loss and not unrun_copy and (fresh or attempt > old_attempt
           or (attempt == old_attempt and RANK[status] > old_rank)
           or (kind == 'started' and restarted)) then
         applied = applied + 1

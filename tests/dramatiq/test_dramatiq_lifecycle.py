@@ -189,6 +189,14 @@ APP = textwrap.dedent("""
             time.sleep(120)
 
 
+    @schedule("aged", every=1, overlap="skip")
+    @dramatiq.actor(queue_name=Q, max_age=5000)
+    def aged_slow():  # AgeLimit skips a copy sent with an old timestamp, before it starts
+        message = CurrentMessage.get_current_message()
+        note("aged_slow", id=current_occurrence().id, options=message.options)
+        time.sleep(float(env["LC_SLOW_S"]))
+
+
     @schedule("outage", every="1h")
     @dramatiq.actor(queue_name=Q)
     def outlives():
