@@ -97,10 +97,10 @@ class _Process:
         self.used: set[int] = set()
         self.lock = threading.Lock()
         # Ids of the copies revoked on receipt since their occurrence ran or runs elsewhere
-        # (`_on_received`): their `task_revoked` reports nothing, nor that of a later copy,
-        # which Celery revokes by the same id before any receiver hears of it. The oldest
-        # go past `MAX_COPIES`.
-        self.copies: dict[str, None] = {}
+        # (`_on_received`), each with the request of its run in this worker, if any: their
+        # `task_revoked` reports nothing, nor that of a later copy, which Celery revokes by
+        # the same id before any receiver hears of it. The oldest go past `MAX_COPIES`.
+        self.copies: dict[str, Any] = {}
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held) and nothing used;
@@ -365,7 +365,9 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             return
         if verdict in ("copy", "running"):  # the first copy's reports stand: not this one's
             copies = _process.copies
-            copies[request.id] = None
+            # Its run here, if any: Celery keeps one request per id (`worker_state.requests`),
+            # which the copy takes over, then drops as it discards it (`_on_revoked`).
+            copies[request.id] = worker_state.requests.get(request.id)
             if len(copies) > MAX_COPIES:
                 del copies[next(iter(copies))]
         worker_state.revoked.add(request.id)  # what the revoke command does: never run
@@ -430,8 +432,18 @@ def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: 
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    if _process.copies and getattr(request, "id", None) in _process.copies:
-        return  # a copy revoked on receipt (or after): not its occurrence's revoke
+    ident = getattr(request, "id", None)
+    if _process.copies and ident in _process.copies:
+        run = _process.copies[ident]
+        live = worker_state.active_requests, worker_state.reserved_requests
+        if run is None or any(run in requests for requests in live):
+            # A copy revoked on receipt (or after): not its occurrence's revoke. Its discard
+            # dropped the run of the same id from Celery's requests: put back, so that a
+            # revoke (a `replace`, an operator's `terminate=True`) still finds it.
+            if run is not None:
+                worker_state.requests[ident] = run
+            return
+        del _process.copies[ident]  # the run's own revoke (it was terminated): reported
     _report("revoked", sender, request)
 
 

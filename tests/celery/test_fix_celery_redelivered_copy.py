@@ -169,3 +169,40 @@ def test_a_task_the_worker_does_not_know_is_reported_failed_and_holds_nothing(
         assert registration.failures == 0  # its task never ran: no failure streak (s24)
     finally:
         stop(worker)
+
+
+def test_a_run_whose_copy_was_revoked_on_receipt_can_still_be_terminated(
+    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # Found by a probe (session 25): Celery keeps one request per id, which the copy took
+    # over and dropped as it was discarded, so a revoke with terminate=True (an operator's,
+    # or `overlap="replace"`'s) found nothing to terminate, and the run went on to its end.
+    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    repeat = Repeat(client, prefix)
+    occurrence = send_one(repeat, redis_url, queue, "rc.long")
+    env = environment(app_dir, redis_url, prefix, queue)
+    log = app_dir / "worker.log"
+    worker = start_worker(app_dir, env, queue)
+    try:
+        wait_until(
+            lambda: "a copy of it runs or ran already" in log.read_text(errors="replace"),
+            60,
+            "a copy revoked on receipt",
+            then=lambda: log.read_text(errors="replace")[-3000:],
+        )
+        controller = Celery("rc-control", broker=redis_url)
+        controller.conf.update(result_backend=None)
+        controller.control.revoke(occurrence.id, terminate=True)
+
+        def revoked() -> bool:
+            return [e.status for e in repeat.history(queue, "nightly")] == ["revoked"]
+
+        wait_until(revoked, 30, "its revoke", then=lambda: log.read_text(errors="replace")[-3000:])
+        output = log.read_text(errors="replace")
+        assert f"Terminating {occurrence.id}" in output, output[-3000:]
+        [entry] = repeat.history(queue, "nightly")
+        assert entry.duration_ms is not None and entry.duration_ms < RUN_S * 1000 - 500
+        registration = repeat.get(queue, "nightly")
+        assert registration is not None and registration.inflight is None
+    finally:
+        stop(worker)
