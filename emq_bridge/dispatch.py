@@ -32,7 +32,13 @@ __all__ = [
 
 @runtime_checkable
 class Dispatcher(Protocol):
-    """Hands occurrences to a broker."""
+    """Hands occurrences to a broker.
+
+    Optional: `expiry_ms(template) -> int | None`, how long after its send an occurrence of
+    `template` may still be started (a message that expires, as a Celery task's `expires`),
+    which bounds how long a guarded occurrence stays in flight before a worker reports its
+    start (`Pump`); without it, the start timeout does.
+    """
 
     def dispatch(self, occurrence: Occurrence) -> None:
         """Send one occurrence; return only once the broker has accepted it.

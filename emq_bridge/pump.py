@@ -31,7 +31,7 @@ from .heartbeat import Heartbeat
 from .jitter import Jittered, nominal_slot
 from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .lease_keeper import SentAcker
-from .lifecycle import START_TIMEOUT_MS, check_history_size
+from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
 from .pump_options import check_pump_options
@@ -85,6 +85,10 @@ STOP_GRACE_S = 0.5
 # interrupts a send still blocked this long after a stop signal (a broker that hangs never
 # lets it see the stop): the grace, then time for the acks and the hand-back.
 STOP_DEADLINE_S = STOP_GRACE_S + 2.5
+# A guarded occurrence whose message expires (`Dispatcher.expiry_ms`) stays in flight this
+# long past its expiry before it is lost: a worker that took it just before may report its
+# start a little later.
+EXPIRY_MARGIN_MS = 5_000
 # A parked registration's reason is kept to this many characters.
 MAX_PARK_REASON = 500
 
@@ -405,6 +409,7 @@ class Pump:
             start_timeout_ms=self.start_timeout_ms,
             history_size=self.history_size,
             cadence_digests=[records.get(c[0], {}).get("cadence_digest", "") for c in candidates],
+            start_timeouts=self._start_timeouts(candidates, firings),
         )
         for index in claim.dropped:  # told once, by the pump whose claim counted them
             if index in steps:
@@ -428,6 +433,29 @@ class Pump:
             queue, now_ms, batch, sending.outcomes, sending.deadline, records, tick
         )
         return claim.earliest_ms, earliest_lease
+
+    def _start_timeouts(
+        self, candidates: Sequence[tuple[Any, ...]], firings: Mapping[str, _Firing]
+    ) -> list[int | None]:
+        """Per candidate, how long a guarded occurrence stays in flight before a worker starts
+        it, when its message expires sooner than `start_timeout_ms` (the dispatcher's
+        `expiry_ms`: a broker may drop it unseen, as RabbitMQ drops a Celery task past its
+        `expires`, and nothing would report it); None for the default. Empty when the
+        dispatcher knows no expiry (the common case: nothing is computed)."""
+        expiry_of = getattr(self.dispatcher, "expiry_ms", None)
+        if expiry_of is None:
+            return []
+        bounds: list[int | None] = []
+        for candidate in candidates:
+            firing = firings.get(candidate[0])
+            expiry = None
+            if firing is not None and candidate[4] in GUARDED_MODES:
+                expiry = expiry_of(firing.template)
+            if expiry is None or expiry + EXPIRY_MARGIN_MS >= self.start_timeout_ms:
+                bounds.append(None)
+            else:
+                bounds.append(max(0, expiry) + EXPIRY_MARGIN_MS)
+        return bounds
 
     def _send_claimed(
         self,

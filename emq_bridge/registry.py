@@ -1629,6 +1629,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         start_timeout_ms: int = START_TIMEOUT_MS,
         history_size: int = HISTORY_SIZE,
         cadence_digests: Sequence[str] = (),
+        start_timeouts: Sequence[int | None] = (),
     ) -> Claim:
         """Compare-and-set claim; see `lua/claim.lua`.
 
@@ -1640,12 +1641,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `cadence_digests`, one per candidate (or none), are the records' `cadence_digest`
         as read with the definitions the next scores were computed from ('' for none): a
         candidate whose record holds another one now is not claimed (an edit came between).
+        `start_timeouts`, one per candidate (or none), replace `start_timeout_ms` for the
+        guarded candidates that have one (a message that expires sooner: the dispatcher's
+        `expiry_ms`).
         """
         keys = self.keys(queue)
         n = len(candidates)
         history_keys: builtins.list[str] = []
         items: builtins.list[builtins.list[str]] = []
-        for candidate in candidates:
+        for index, candidate in enumerate(candidates):
             name, score, nxt, missed, mode = candidate[:5]
             # The slot that fires: the score read, unless the misfire policy chose another.
             fire = candidate[5] if len(candidate) > 5 else score
@@ -1657,6 +1661,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     str(n + 3 + len(history_keys)),
                     occurrence_id(self.prefix, queue, name, fire),
                 ]
+                if start_timeouts and start_timeouts[index] is not None:
+                    item.append(str(start_timeouts[index]))
             items.append(item)
         args = [
             now_ms,

@@ -23,6 +23,7 @@ from ..dispatch import batch_failure
 from ..errors import DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
+from .expiry import expires_in_ms
 from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
 from .routing import resolve_queue
 
@@ -115,6 +116,12 @@ class CeleryDispatcher:
         # while every `task_routes` route is a plain map (those see no arguments).
         self._routed: dict[tuple[str, str], bool] = {}
         self._batch_at_once: bool | None = None
+
+    def expiry_ms(self, template: Mapping[str, Any]) -> int | None:
+        """How long after its send a task of `template` may still be started: its `expires`
+        (`expiry.expires_in_ms`), or None. The pump bounds a guarded occurrence's wait for
+        its start by it: RabbitMQ drops an expired task unseen, and nothing reports it."""
+        return expires_in_ms(template)
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any]:
         """Return the headers of `occurrence`'s task: `occurrence_headers` and `extra_headers`'."""

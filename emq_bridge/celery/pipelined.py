@@ -43,7 +43,7 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, cast
 
 from celery import Celery, Task, signals
@@ -157,6 +157,10 @@ class PipelinedCeleryDispatcher:
         # (queue, id(template)) -> (template, plan key, parts), for templates the pump shares.
         self._parts: dict[tuple[str, int], tuple[Any, Hashable, tuple[str, str, str]]] = {}
         self._lock = threading.Lock()  # one plan is built at a time (the capture is shared)
+
+    def expiry_ms(self, template: Mapping[str, Any]) -> int | None:
+        """`CeleryDispatcher.expiry_ms` (a task with `expires` is sent on that path)."""
+        return self.fallback.expiry_ms(template)
 
     def _connect(self) -> _Capture:
         """Open the private channel whose final push is captured; return its capture."""

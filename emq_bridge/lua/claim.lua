@@ -8,7 +8,8 @@
 -- ARGV[1]  now, epoch ms
 -- ARGV[2]  lease deadline, epoch ms
 -- ARGV[3]  JSON array of the n candidates, each [name, score read by scan, next score,
---          missed, mode, slot to fire (, history key index, occurrence id)], numbers as
+--          missed, mode, slot to fire (, history key index, occurrence id (, start
+--          timeout ms: ARGV[5] for this one, when its message expires sooner))], numbers as
 --          decimal strings. The slot to fire is the nominal time of the occurrence leased
 --          (the lease member's, `last_due_ms`): the score read, or the slot the misfire
 --          policy chose (cadence.catch_up, pure math of the score read and ARGV[1]).
@@ -200,7 +201,7 @@ local function in_flight(record)
 end
 
 for i, candidate in ipairs(candidates) do
-  local name, expected, next_score, missed, mode, fire, history, id = unpack(candidate)
+  local name, expected, next_score, missed, mode, fire, history, id, start_ms = unpack(candidate)
   local score = redis.call('ZSCORE', KEYS[1], name)
   -- `moved`: the score moves only at the end, so a name given twice is claimed once.
   local record = KEYS[2 + i]
@@ -255,7 +256,9 @@ for i, candidate in ipairs(candidates) do
           replaced[#replaced + 1] = busy
         end
         writes[1], writes[2] = 'inflight', member
-        redis.call('ZADD', running, start_deadline, member)
+        local start_at = start_deadline
+        if start_ms and start_ms ~= '' then start_at = server_now + tonumber(start_ms) end
+        redis.call('ZADD', running, start_at, member)
         mode = 'fire'
       end
     end
