@@ -447,9 +447,8 @@ class Pump:
             return []
         bounds: list[int | None] = []
         for candidate in candidates:
-            firing = firings.get(candidate[0])
             expiry = None
-            if firing is not None and candidate[4] in GUARDED_MODES:
+            if candidate[4] in GUARDED_MODES and (firing := firings.get(candidate[0])):
                 expiry = expiry_of(firing.template)
             if expiry is None or expiry + EXPIRY_MARGIN_MS >= self.start_timeout_ms:
                 bounds.append(None)
