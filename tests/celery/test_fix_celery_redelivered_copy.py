@@ -115,15 +115,24 @@ def send_one(repeat: Repeat, redis_url: str, queue: str, task: str) -> Any:
     return occurrence
 
 
+def started(
+    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis, task: str
+) -> tuple[str, Repeat, Any, dict[str, str], subprocess.Popen[bytes]]:
+    """A queue of its own, the first slot of a guarded schedule of `task` sent to it, and a
+    worker started on it: the queue, the registry, the occurrence, the worker's environment
+    and process."""
+    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    repeat = Repeat(client, prefix)
+    occurrence = send_one(repeat, redis_url, queue, task)
+    env = environment(app_dir, redis_url, prefix, queue)
+    return queue, repeat, occurrence, env, start_worker(app_dir, env, queue)
+
+
 def test_a_copy_delivered_while_the_task_runs_is_revoked_on_receipt_and_reports_nothing(
     app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
 ) -> None:
-    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    repeat = Repeat(client, prefix)
-    occurrence = send_one(repeat, redis_url, queue, "rc.long")
-    env = environment(app_dir, redis_url, prefix, queue)
+    queue, repeat, occurrence, env, worker = started(app_dir, redis_url, prefix, client, "rc.long")
     log = app_dir / "worker.log"
-    worker = start_worker(app_dir, env, queue)
     try:
 
         def ended() -> bool:
@@ -151,11 +160,8 @@ def test_a_task_the_worker_does_not_know_is_reported_failed_and_holds_nothing(
 ) -> None:
     # Before: Celery rejected it for good (NotRegistered) and nothing was reported: a guarded
     # schedule stayed held, every later slot skipped, until its start timeout (10 minutes).
-    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    repeat = Repeat(client, prefix)
-    occurrence = send_one(repeat, redis_url, queue, "rc.ghost")
+    queue, repeat, occurrence, _, worker = started(app_dir, redis_url, prefix, client, "rc.ghost")
     log = app_dir / "worker.log"
-    worker = start_worker(app_dir, environment(app_dir, redis_url, prefix, queue), queue)
     try:
 
         def failed() -> bool:
@@ -177,12 +183,8 @@ def test_a_run_whose_copy_was_revoked_on_receipt_can_still_be_terminated(
     # Found by a probe (session 25): Celery keeps one request per id, which the copy took
     # over and dropped as it was discarded, so a revoke with terminate=True (an operator's,
     # or `overlap="replace"`'s) found nothing to terminate, and the run went on to its end.
-    queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    repeat = Repeat(client, prefix)
-    occurrence = send_one(repeat, redis_url, queue, "rc.long")
-    env = environment(app_dir, redis_url, prefix, queue)
+    queue, repeat, occurrence, _, worker = started(app_dir, redis_url, prefix, client, "rc.long")
     log = app_dir / "worker.log"
-    worker = start_worker(app_dir, env, queue)
     try:
         wait_until(
             lambda: "a copy of it runs or ran already" in log.read_text(errors="replace"),

@@ -19,9 +19,8 @@ from test_dramatiq_lifecycle import (
     HEARTBEAT_S,
     SLOW_S,
     App,
-    build_app,
-    clean,
     notes,
+    running_group,
     runs,
     wait_for,
 )
@@ -33,16 +32,7 @@ from emq_bridge import HistoryEntry, Repeat
 def aged(
     tmp_path_factory: pytest.TempPathFactory, redis_url: str
 ) -> Iterator[tuple[App, Repeat, redis.Redis]]:
-    client = redis.Redis.from_url(redis_url)
-    app = build_app(tmp_path_factory.mktemp("aged"), redis_url, "aged")
-    repeat = Repeat(client, app.prefix)
-    app.start(processes=2, threads=4)
-    try:
-        yield app, repeat, client
-    finally:
-        app.stop()
-        clean(client, app)
-        client.close()
+    yield from running_group(tmp_path_factory, redis_url, "aged", processes=2, threads=4)
 
 
 def _send_aged_copy(redis_url: str, app: App, options: dict[str, object], ident: str) -> None:

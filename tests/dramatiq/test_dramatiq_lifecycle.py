@@ -344,20 +344,32 @@ def finished_runs(repeat: Repeat, queue: str, name: str, n: int) -> list[History
 # -- the `outcomes` group: 3 worker processes, 3 pumps --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def outcomes(
-    tmp_path_factory: pytest.TempPathFactory, redis_url: str
+def running_group(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    group: str,
+    processes: int,
+    threads: int,
 ) -> Iterator[tuple[App, Repeat, redis.Redis]]:
+    """The app of `group`, its workers started; stopped and its keys removed after (the
+    body of a module fixture)."""
     client = redis.Redis.from_url(redis_url)
-    app = build_app(tmp_path_factory.mktemp("outcomes"), redis_url, "outcomes")
+    app = build_app(tmp_path_factory.mktemp(group), redis_url, group)
     repeat = Repeat(client, app.prefix)
-    app.start(processes=3, threads=6)
+    app.start(processes=processes, threads=threads)
     try:
         yield app, repeat, client
     finally:
         app.stop()
         clean(client, app)
         client.close()
+
+
+@pytest.fixture(scope="module")
+def outcomes(
+    tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> Iterator[tuple[App, Repeat, redis.Redis]]:
+    yield from running_group(tmp_path_factory, redis_url, "outcomes", processes=3, threads=6)
 
 
 slow = pytest.mark.slow
