@@ -80,6 +80,9 @@ class Occurrence:
     # Its registration has an overlap policy (not `allow`) and it is a slot, not a trigger or
     # a backfill: a worker asks `Repeat.begin` before it runs it (lua/begin.lua).
     guarded: bool = False
+    # The instant the pump was to send it, when that is not `due_ms`: a jittered slot's
+    # jittered instant (jitter.py). Not in its message: what the pump's lag is measured from.
+    send_at_ms: int | None = None
 
     @property
     def lease_member(self) -> str:

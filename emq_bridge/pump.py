@@ -470,7 +470,7 @@ class Pump:
         """Build the occurrences of `claim` into `batch` and send them, outcomes into `sending`."""
         replaced = dict(claim.replaced)
         for index in claim.claimed:
-            name, _, _, missed, _, fire = candidates[index]
+            name, score, _, missed, _, fire = candidates[index]
             template = firings[name].template
             occurrence = self._occurrence(
                 queue,
@@ -481,6 +481,8 @@ class Pump:
                 missed=missed,
                 record=records.get(name),
                 guarded=firings[name].overlap != "allow",
+                # A jittered score is the instant its slot was to be sent (the lag's start).
+                send_at_ms=score if score > fire else None,
             )
             if index in replaced:
                 self._replace(occurrence, replaced[index])
@@ -828,6 +830,7 @@ class Pump:
         triggered: bool = False,
         record: Mapping[str, str] | None = None,
         guarded: bool = False,
+        send_at_ms: int | None = None,
     ) -> Occurrence:
         # The previous-run context, from the record as fetched before this claim.
         previous = last_success = None
@@ -854,6 +857,7 @@ class Pump:
             previous_due_ms=previous,
             last_success_ms=last_success,
             guarded=guarded,
+            send_at_ms=send_at_ms,
         )
 
     def _dispatch_all(self, queue: str, batch: list[Occurrence], sending: _Sending) -> None:

@@ -53,11 +53,13 @@ class MetricsEvents(PumpEvents):
     def on_dispatch(self, occurrence: Occurrence) -> None:
         queue = occurrence.queue
         self._child("dispatched", queue).inc()
-        # Sent - nominal on the server's clock: the claim's time (released_ms) plus the time
-        # since the claim. A host clock would mix two clocks.
+        # Sent - when it was to be sent (its nominal time, or a jittered slot's jittered
+        # instant: the jitter is on purpose, not lateness), on the server's clock: the claim's
+        # time (released_ms) plus the time since the claim. A host clock would mix two clocks.
         claimed = self._claimed_at.get(queue)
         since_s = time.monotonic() - claimed if claimed is not None else 0.0
-        lag_s = (occurrence.released_ms - occurrence.due_ms) / 1000 + since_s
+        due_ms = occurrence.send_at_ms or occurrence.due_ms
+        lag_s = (occurrence.released_ms - due_ms) / 1000 + since_s
         self._child("dispatch_lag", queue).observe(max(0.0, lag_s))
 
     def on_dispatch_failure(self, occurrence: Occurrence, error: BaseException) -> None:

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from emq_bridge import Occurrence, Pump, PumpEvents, Repeat
+from emq_bridge import Occurrence, Pump, PumpEvents, Repeat, define
 from emq_bridge.errors import DispatchError
 from emq_bridge.events import outcome_listeners
 from emq_bridge.lifecycle import report_of
@@ -258,3 +258,25 @@ def test_importing_emq_bridge_metrics_does_not_import_prometheus_client() -> Non
     # directory only after the app module was loaded.
     code = "import sys, emq_bridge.metrics; assert 'prometheus_client' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_jittered_slot_is_late_from_its_jittered_instant_not_its_nominal_time(
+    repeat: Repeat, registry: CollectorRegistry
+) -> None:
+    # Found by a probe (session 25): the jitter counted as lateness, so an on-time pump put a
+    # jittered schedule's sends in the 2.5-10 s buckets, and latency alerts could not tell.
+    clock = ManualClock(T0)
+    spread = define(every="1m", jitter="50s", template=TEMPLATE)
+    repeat.upsert("mq", "spread", definition=spread, now_ms=T0)
+    registration = repeat.get("mq", "spread")
+    assert registration is not None and registration.next_run_ms is not None
+    send_at = registration.next_run_ms  # the jittered instant its slot is sent at
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["mq"], sent, clock=clock)
+    install(pump, registry, registrations=False)
+    clock.set(send_at + 1_000)  # 1 s late
+    [occurrence] = pump.run_once().dispatched
+    assert send_at - occurrence.due_ms >= 5_000  # a jitter well above the lag below
+    assert occurrence.send_at_ms == send_at
+    lag = value(registry, "emq_bridge_dispatch_lag_seconds_sum", queue="mq")
+    assert 1.0 <= lag < 1.5
