@@ -764,7 +764,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 )
 
         # Chunk k+1 is encoded while the server applies chunk k (see `overlap`).
-        with redis_errors(f"upsert {', '.join(q for q, _ in chunks)}"):
+        with redis_errors(f"upsert {', '.join(dict.fromkeys(q for q, _ in chunks))}"):
             replies = overlapped_calls(self.client, self.scripts.upsert, calls(chunks))
             again: dict[str, builtins.list[int]] = {}
             overdue = 0
