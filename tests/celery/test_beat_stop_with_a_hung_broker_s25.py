@@ -12,26 +12,23 @@ at once, same ids, marked redelivered.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import redis
+from hung_broker import assert_handed_back, stop_while_hung
+from processes import wait_until
 
-from emq_bridge import Pump, Repeat
-from emq_bridge.definition import define
-from emq_bridge.dispatch import ListPushDispatcher
+from emq_bridge import Repeat
 from emq_bridge.embedded import EmbeddedServer
 from emq_bridge.pump import STOP_DEADLINE_S
 
 pytestmark = [pytest.mark.timeout(180)]
 
 DUE = 300
-HOUR = 3_600_000
 
 APP = textwrap.dedent("""
     import os
@@ -82,29 +79,16 @@ def test_sigterm_to_a_beat_whose_broker_hangs_exits_and_hands_the_batch_back(
                 stderr=subprocess.STDOUT,
             )
         try:
-            deadline = time.monotonic() + 60
-            while "beat: Starting" not in log.read_text(errors="replace"):
+
+            def started() -> bool:
                 assert beat.poll() is None, log.read_text(errors="replace")
-                assert time.monotonic() < deadline, "the beat did not start in 60 s"
-                time.sleep(0.02)
-            os.kill(broker.process.pid, signal.SIGSTOP)  # the broker hangs
-            try:
-                definition = define(every="1h", template={"task": "hb.noop"})
-                now = repeat.server_time_ms()
-                repeat.upsert_many(
-                    [(queue, f"r{i:04d}", definition) for i in range(DUE)], now_ms=now - HOUR
-                )
-                deadline = time.monotonic() + 30  # the beat wakes, claims, and its send blocks
-                while not repeat.leases(queue) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert repeat.leases(queue), log.read_text(errors="replace")
-                time.sleep(0.5)
-                beat.send_signal(signal.SIGTERM)
-                stopping = time.monotonic()
-                code = beat.wait(timeout=60)
-                took_s = time.monotonic() - stopping
-            finally:
-                os.kill(broker.process.pid, signal.SIGCONT)
+                return "beat: Starting" in log.read_text(errors="replace")
+
+            wait_until(started, 60, "the beat's start")
+            took_s = stop_while_hung(
+                repeat, broker, beat, queue, "hb.noop", DUE, then=log.read_text
+            )
+            code = beat.returncode
         finally:
             if beat.poll() is None:
                 beat.kill()
@@ -113,9 +97,4 @@ def test_sigterm_to_a_beat_whose_broker_hangs_exits_and_hands_the_batch_back(
     assert code == 0, output
     assert took_s < STOP_DEADLINE_S + 3, f"the beat took {took_s:.1f}s to stop"
     assert "did not end within" in output, output[-2000:]
-    now = repeat.server_time_ms()
-    assert [lease for lease in repeat.leases(queue) if lease[2] > now] == []
-    rescued = Pump(repeat, [queue], ListPushDispatcher(client, f"{prefix}:rescued")).run_once()
-    assert any(o.redelivered for o in rescued.dispatched), "nothing was handed back"
-    assert repeat.leases(queue) == []
-    assert sum(r.fired for r in repeat.list(queue)) == DUE
+    assert_handed_back(repeat, client, prefix, queue, DUE)

@@ -11,25 +11,22 @@ occurrence at a time (Dramatiq with `pipelined=False`).
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import pytest
 import redis
+from hung_broker import assert_handed_back, stop_while_hung
+from processes import wait_until
 
-from emq_bridge import Pump, Repeat
+from emq_bridge import Repeat
 from emq_bridge.cli.stopping import STOP_DEADLINE_S
-from emq_bridge.definition import define
-from emq_bridge.dispatch import ListPushDispatcher
 from emq_bridge.embedded import EmbeddedServer
 
 QUEUE = "hung"
@@ -71,13 +68,6 @@ def _lines_of(stream: IO[str]) -> list[str]:
     return lines
 
 
-def _wait_for(ready: Callable[[], bool], lines: list[str], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("framework", ["celery", "dramatiq"])
 def test_sigterm_while_the_broker_hangs_stops_the_pump_and_hands_the_batch_back(
     framework: str, tmp_path: Path, redis_url: str, prefix: str, repeat: Repeat, client: redis.Redis
@@ -97,29 +87,18 @@ def test_sigterm_while_the_broker_hangs_stops_the_pump_and_hands_the_batch_back(
         process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
         )
-        assert process.stderr is not None and broker.process is not None
+        assert process.stderr is not None
+        lines = _lines_of(process.stderr)
         try:
-            lines = _lines_of(process.stderr)
-            _wait_for(lambda: any(line.startswith("pumping ") for line in lines), lines)
-            os.kill(broker.process.pid, signal.SIGSTOP)  # the broker hangs
-            try:
-                definition = define(every="1h", template={"task": "t"})
-                now = repeat.server_time_ms()
-                repeat.upsert_many(
-                    [(QUEUE, f"job-{i:04d}", definition) for i in range(DUE)],
-                    now_ms=now - 3_600_000,
-                )
-                deadline = time.monotonic() + 30  # the pump claims, then its send blocks
-                while not repeat.leases(QUEUE) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert repeat.leases(QUEUE), "the pump claimed nothing"
-                time.sleep(0.5)
-                process.send_signal(signal.SIGTERM)
-                stopping = time.monotonic()
-                process.wait(timeout=60)
-                took_s = time.monotonic() - stopping
-            finally:
-                os.kill(broker.process.pid, signal.SIGCONT)
+            wait_until(
+                lambda: any(line.startswith("pumping ") for line in lines),
+                60,
+                "the pump's start",
+                then=lambda: "".join(lines),
+            )
+            took_s = stop_while_hung(
+                repeat, broker, process, QUEUE, "t", DUE, then=lambda: "".join(lines)
+            )
         finally:
             if process.poll() is None:
                 process.kill()
@@ -130,17 +109,7 @@ def test_sigterm_while_the_broker_hangs_stops_the_pump_and_hands_the_batch_back(
         assert took_s < STOP_DEADLINE_S + 3, f"the pump took {took_s:.1f}s to stop"
         assert "a send did not return within" in rest, rest
         assert "pump stopped" in rest
-        now = repeat.server_time_ms()
-        assert [lease for lease in repeat.leases(QUEUE) if lease[2] > now] == []
-    # The next pump sends what was handed back at once: every occurrence reaches a broker
-    # (the stopped one, or this list), none is lost.
-    out_key = f"{prefix}:rescued"
-    rescued = Pump(repeat, [QUEUE], ListPushDispatcher(client, out_key)).run_once()
-    # The batch in hand was handed back (redelivered); the rest of the due ones were never
-    # claimed (the stopping pump claimed nothing more).
-    assert any(o.redelivered for o in rescued.dispatched), "nothing was handed back"
-    ids = Counter(json.loads(raw)["id"] for raw in client.lrange(out_key, 0, -1))
+    # Every occurrence reaches a broker (the stopped one, or the next pump's list): none is
+    # lost, and the next pump sends each it was handed once.
+    ids = Counter(assert_handed_back(repeat, client, prefix, QUEUE, DUE))
     assert set(ids.values()) == {1}
-    assert repeat.leases(QUEUE) == []
-    fired = sum(r.fired for r in repeat.list(QUEUE))
-    assert fired == DUE, fired

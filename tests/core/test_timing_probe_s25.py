@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from cli_runs import cli_runner
 
-from emq_bridge import Repeat, define
+from emq_bridge import Pump, Repeat, define
 from emq_bridge.cadence import Every, catch_up
 from emq_bridge.testing import ManualClock, RecordingDispatcher, manual_pump
 
@@ -39,14 +39,19 @@ def _ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
 
+def _pumped(repeat: Repeat, start: datetime) -> tuple[ManualClock, RecordingDispatcher, Pump]:
+    """A clock at `start`, and a pump of queue q on it that records what it sends."""
+    clock = ManualClock(_ms(start))
+    sent = RecordingDispatcher()
+    return clock, sent, manual_pump(repeat, ["q"], clock, sent)
+
+
 def _edited_while_overdue(
     repeat: Repeat, before: dict[str, Any], after: dict[str, Any]
 ) -> tuple[list[int], int, RecordingDispatcher]:
     """Register `before` at 09:30, edit it to `after` at 10:30 (10:00 overdue, no pump ran),
     then pump at 10:30 and 11:00: the slots fired and the missed count."""
-    clock = ManualClock(_ms(_at(9, 30)))
-    sent = RecordingDispatcher()
-    pump = manual_pump(repeat, ["q"], clock, sent)
+    clock, sent, pump = _pumped(repeat, _at(9, 30))
     repeat.upsert("q", "x", definition=define(template=TEMPLATE, **before), now_ms=clock())
     clock.set(_ms(_at(10, 30)))
     repeat.upsert("q", "x", definition=define(template=TEMPLATE, **after), now_ms=clock())
@@ -101,9 +106,7 @@ def test_an_excluded_overdue_slot_resumes_at_the_next_passed_one_under_the_misfi
 ) -> None:
     # The pump was down 08:00 to 10:30; 08:00 is excluded by the edit, 09:00 and 10:00 are
     # not: the default policy (latest) fires 10:00 and counts 09:00 missed, as without it.
-    clock = ManualClock(_ms(_at(7, 30)))
-    sent = RecordingDispatcher()
-    pump = manual_pump(repeat, ["q"], clock, sent)
+    clock, sent, pump = _pumped(repeat, _at(7, 30))
     repeat.upsert("q", "x", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
     clock.set(_ms(_at(10, 30)))
     excluded = define(every="1h", exclude=["2030-01-01T07:45..2030-01-01T08:15"], template=TEMPLATE)
@@ -128,9 +131,7 @@ def test_a_changed_cadence_while_overdue_still_drops_and_counts(
 def test_a_pump_claim_between_the_two_calls_keeps_the_claimed_score(repeat: Repeat) -> None:
     # The second call resumes only if the score is still the one read: a slot claimed in
     # between (the score moved) is not put back, so it cannot fire twice.
-    clock = ManualClock(_ms(_at(9, 30)))
-    sent = RecordingDispatcher()
-    pump = manual_pump(repeat, ["q"], clock, sent)
+    clock, sent, pump = _pumped(repeat, _at(9, 30))
     repeat.upsert("q", "x", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
     clock.set(_ms(_at(10, 30)))
     client = repeat.client
@@ -156,9 +157,7 @@ def test_a_pump_claim_between_the_two_calls_keeps_the_claimed_score(repeat: Repe
 
 
 def test_immediately_does_not_fire_on_an_excluded_instant(repeat: Repeat) -> None:
-    clock = ManualClock(_ms(_at(9, 30)))
-    sent = RecordingDispatcher()
-    pump = manual_pump(repeat, ["q"], clock, sent)
+    clock, _, pump = _pumped(repeat, _at(9, 30))
     held = define(every="1h", immediately=True, exclude=["2030-01-01"], template=TEMPLATE)
     repeat.upsert("q", "held", definition=held, now_ms=clock())
     registration = repeat.get("q", "held")
@@ -185,9 +184,7 @@ def test_slots_missed_before_a_pause_are_counted_when_a_resume_drops_them(
     # No pump ran from 09:30; 10:00 and 11:00 passed before the pause at 11:30, 12:00 and
     # 13:00 while paused. A resume at 13:30 without catch-up fires none of them: the two
     # before the pause were missed (counted, one line), the two after it were paused.
-    clock = ManualClock(_ms(_at(9, 30)))
-    sent = RecordingDispatcher()
-    pump = manual_pump(repeat, ["q"], clock, sent)
+    clock, sent, pump = _pumped(repeat, _at(9, 30))
     repeat.upsert("q", "x", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
     repeat.upsert("q", "y", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
     clock.set(_ms(_at(11, 30)))
@@ -212,9 +209,7 @@ def test_slots_missed_before_a_pause_are_counted_when_a_resume_drops_them(
 def test_a_resume_with_catch_up_hands_the_slots_before_the_pause_to_the_policy(
     repeat: Repeat,
 ) -> None:
-    clock = ManualClock(_ms(_at(9, 30)))
-    sent = RecordingDispatcher()
-    pump = manual_pump(repeat, ["q"], clock, sent)
+    clock, sent, pump = _pumped(repeat, _at(9, 30))
     repeat.upsert("q", "x", definition=define(every="1h", template=TEMPLATE), now_ms=clock())
     clock.set(_ms(_at(11, 30)))
     repeat.pause("q", "x", now_ms=clock())
