@@ -26,7 +26,10 @@
 -- non-integer restarts at 1; a record gone (or not a hash) is left alone, never created.
 -- Two calls, not three: HINCRBY creates a hash that is gone, which then holds that one
 -- field, so only a count of 1 (a record's first fire, or a record gone) is checked.
+-- `gone`: the records this ack deleted, touched no more (cluster slot migration: below).
+local gone = {}
 local function count(record, released_ms)
+  if gone[record] then return end  -- a second count would make it and delete it again
   local result = redis.pcall('HINCRBY', record, 'fired', 1)
   if type(result) == 'table' and result.err then
     if redis.call('TYPE', record).ok ~= 'hash' then return end  -- gone is 'none': no error
@@ -37,26 +40,38 @@ local function count(record, released_ms)
   end
   if result == 1 and redis.call('HLEN', record) == 1 then
     redis.call('DEL', record)  -- the record was gone: made by the HINCRBY, not kept
+    gone[record] = true
     return
   end
   redis.pcall('HSET', record, 'last_fired_ms', released_ms)
 end
 
+-- Cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
+-- script emptied fails ("non local key": the server takes it for a key moved away) and the
+-- writes made before it stay: an ack that dropped the last lease would fail at its next
+-- read of the key, applied but reported failed. So the ack counts what the key holds, and
+-- once it holds nothing it is touched no more (the hand-backs find nothing, and there is no
+-- earliest deadline).
+
 -- ZREM in chunks: Lua's unpack fails past a few thousand values (LUAI_MAXCSTACK), and a
--- failed ack would leave a large batch to be re-dispatched every lease.
+-- failed ack would leave a large batch to be re-dispatched every lease. Returns the number
+-- removed and whether the key is empty after (no chunk is sent once it is).
 local function zrem_all(key, members, from, to)
-  local removed = 0
+  if from > to then return 0, false end
+  local removed, left = 0, redis.call('ZCARD', key)
   for i = from, to, 1000 do
-    removed = removed + redis.call('ZREM', key, unpack(members, i, math.min(i + 999, to)))
+    if left == 0 then break end
+    local n = redis.call('ZREM', key, unpack(members, i, math.min(i + 999, to)))
+    removed, left = removed + n, left - n
   end
-  return removed
+  return removed, left == 0
 end
 
 local fence, released_ms = ARGV[1], ARGV[2]
 local last = 4 + tonumber(ARGV[4])
-local dropped = 0
+local dropped, emptied = 0, false
 if fence == '' then
-  dropped = zrem_all(KEYS[1], ARGV, 5, last)
+  dropped, emptied = zrem_all(KEYS[1], ARGV, 5, last)
 else
   -- The fenced leases are read one by one and dropped in one ZREM (a chunk), before any is
   -- handed back; `held` counts a member given twice once.
@@ -71,9 +86,11 @@ else
       if released_ms ~= '' then count(KEYS[i - 3], released_ms) end
     end
   end
-  dropped = zrem_all(KEYS[1], drop, 1, #drop)
+  dropped, emptied = zrem_all(KEYS[1], drop, 1, #drop)
   local handed = 0
-  for i = last + 1, #ARGV do
+  local first_back = last + 1
+  if emptied then first_back = #ARGV + 1 end  -- nothing left to hand back
+  for i = first_back, #ARGV do
     local deadline = redis.call('ZSCORE', KEYS[1], ARGV[i])
     if deadline and tonumber(deadline) == number then
       redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[i])
@@ -82,5 +99,6 @@ else
   end
   if handed > 0 then redis.call('PUBLISH', ARGV[3], 'ack') end
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local first = {}
+if not emptied then first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES') end
 return {dropped, first[2] or ''}

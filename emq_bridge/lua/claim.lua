@@ -154,6 +154,24 @@ local function zadd_all(key, pairs)
   end
 end
 
+-- ZREM the served pending members from `key` in chunks, but those in `leased`: a member
+-- edited by hand can be both served and the lease of another one, and it stays leased, as
+-- when the removal came before the leases. Stops once the key is empty, so that no command
+-- touches it after (cluster slot migration, below). Returns true when the key was emptied.
+local function remove_served(key, served, leased)
+  local gone = {}
+  for _, member in ipairs(served) do
+    if not leased[member] then gone[#gone + 1] = member end
+  end
+  if #gone == 0 then return false end
+  local left = redis.call('ZCARD', key)
+  for i = 1, #gone, 1000 do
+    left = left - redis.call('ZREM', key, unpack(gone, i, math.min(i + 999, #gone)))
+    if left == 0 then return true end
+  end
+  return false
+end
+
 local now = ARGV[1]
 local deadline = ARGV[2]
 local candidates = cjson.decode(ARGV[3])
@@ -313,13 +331,17 @@ for _, member in ipairs(expired) do
     end
   end
 end
-for i = 1, #served, 1000 do
-  redis.call('ZREM', KEYS[2], unpack(served, i, math.min(i + 999, #served)))
-end
+-- Cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
+-- script emptied fails ("non local key": the server takes it for a key moved away) and the
+-- writes made before it stay. Removing the served members first could empty the leases key
+-- and lose the leases written after, with the slot and the trigger already consumed; so the
+-- leases go in first, and the key is read no more if the removal emptied it.
 zadd_all(KEYS[1], moves)
 zadd_all(KEYS[2], leases)
+local emptied = remove_served(KEYS[2], served, held)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local first_lease = {}
+if not emptied then first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES') end
 return {
   claimed, released, first[2] or '', first_lease[2] or '', replaced, skipped, buffered, dropped
 }

@@ -14,16 +14,19 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local key, id, info, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-if info == '' then
-  redis.call('HDEL', key, id)
-else
+if info ~= '' then
   redis.call('HSET', key, id, string.format('%d %d %s', now + ttl, now, info))
 end
+-- A stopping pump's field is removed with the expired ones, after the table is read:
+-- cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
+-- script emptied fails ("non local key": the server takes it for a key moved away), so the
+-- HGETALL must not follow a delete of the last field. Each field is deleted once, and the
+-- key is touched no more once it is empty (an expiry is set only while a field is kept).
 local latest = 0
 local entries = redis.call('HGETALL', key)
 for i = 1, #entries, 2 do
   local expires = tonumber(string.match(entries[i + 1], '^(%d+) '))
-  if expires == nil or expires <= now then
+  if (info == '' and entries[i] == id) or expires == nil or expires <= now then
     redis.call('HDEL', key, entries[i])
   elseif expires > latest then
     latest = expires

@@ -23,13 +23,42 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap, start_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local leases, running = KEYS[1], KEYS[2]
+
+-- Cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
+-- script emptied fails ("non local key": the server takes it for a key moved away) and the
+-- writes made before it stay: the release of a buffered slot after its occurrence left
+-- `running` empty would lose that slot. So the last member of `running` is not removed at
+-- once: it is held out (read as gone) until a member is added, or the script ends.
+local running_size, held_out = nil, nil  -- its size, read at the first removal
+local function running_score(member)
+  if member == held_out then return nil end
+  return redis.call('ZSCORE', running, member)
+end
+local function leave_running(member)
+  if member == held_out then return end
+  running_size = running_size or redis.call('ZCARD', running)
+  if running_size == 1 and redis.call('ZSCORE', running, member) then
+    held_out = member
+    return
+  end
+  running_size = running_size - redis.call('ZREM', running, member)
+end
+local function enter_running(deadline, member)
+  local added = redis.call('ZADD', running, deadline, member)
+  if running_size then running_size = running_size + added end
+  if held_out and held_out ~= member then
+    running_size = running_size - redis.call('ZREM', running, held_out)
+  end
+  held_out = nil
+end
+
 local marked = {}
 for i, item in ipairs(cjson.decode(ARGV[5])) do
   local member, id, due = unpack(item)
   local record, history = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
-  local deadline = redis.call('ZSCORE', running, member)
+  local deadline = running_score(member)
   if deadline and tonumber(deadline) <= now then
-    redis.call('ZREM', running, member)
+    leave_running(member)
     marked[#marked + 1] = i
     if redis.call('EXISTS', record) == 1 then
       local name = string.match(member, '^(%S+)')
@@ -70,7 +99,7 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       if state[2] then
         local kept = {}
         for other in string.gmatch(state[2], '[^\n]+') do
-          local live = redis.call('ZSCORE', running, other)
+          local live = running_score(other)
           if other ~= member and live and tonumber(live) > now then
             if state[1] == member and not promoted then
               promoted = other
@@ -108,7 +137,7 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
             redis.call('HSET', record, 'inflight', next_member, 'last_due_ms', slot,
                        'buffered_previous_ms', previous)
           end
-          redis.call('ZADD', running, now + start_ttl, next_member)
+          enter_running(now + start_ttl, next_member)
           redis.call('ZADD', leases, 'NX', 0, next_member .. ' buffered')
           redis.call('PUBLISH', ARGV[4], name)
         end
@@ -116,4 +145,5 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
     end
   end
 end
+if held_out then redis.call('ZREM', running, held_out) end  -- nothing touches it after
 return marked

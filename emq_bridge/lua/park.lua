@@ -49,12 +49,21 @@ if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): 
   cur[1] = table.concat(parts)
 end
 if cur[1] ~= ARGV[3] then return -2 end
+-- Every deadline is read before the first ZREM, and each member is dropped once: cluster
+-- slot migration: while the queue's slot is MIGRATING, a command on a key this script
+-- emptied fails ("non local key": the server takes it for a key moved away) with the writes
+-- before it kept, and a read after the drop of the last lease would leave the leases
+-- dropped and the registration not parked. Removing distinct members it holds, the key
+-- can only empty at the last ZREM.
+local drop, seen = {}, {}
 for i = 10, #ARGV do
   local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
-  if deadline and tonumber(deadline) == tonumber(ARGV[2]) then
-    redis.call('ZREM', KEYS[3], ARGV[i])
+  if deadline and tonumber(deadline) == tonumber(ARGV[2]) and not seen[ARGV[i]] then
+    seen[ARGV[i]] = true
+    drop[#drop + 1] = ARGV[i]
   end
 end
+for _, member in ipairs(drop) do redis.call('ZREM', KEYS[3], member) end
 if cur[3] then return 0 end
 if cur[2] ~= '1' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])

@@ -47,6 +47,35 @@ local reports = cjson.decode(ARGV[1])
 local cap, ttl, start_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local registry, leases, running = KEYS[1], KEYS[2], KEYS[3]
 
+-- Cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
+-- script emptied fails ("non local key": the server takes it for a key moved away) and the
+-- writes made before it stay: a final report that left `running` empty would fail the
+-- release of a buffered slot (lost) and every later report of the batch. So the last member
+-- of `running` is not removed at once: it is held out (read as gone) until a member is
+-- added, or the script ends.
+local running_size, held_out = nil, nil  -- its size, read at the first removal
+local function running_score(member)
+  if member == held_out then return nil end
+  return redis.call('ZSCORE', running, member)
+end
+local function leave_running(member)
+  if member == held_out then return end
+  running_size = running_size or redis.call('ZCARD', running)
+  if running_size == 1 and redis.call('ZSCORE', running, member) then
+    held_out = member
+    return
+  end
+  running_size = running_size - redis.call('ZREM', running, member)
+end
+local function enter_running(deadline, member)
+  local added = redis.call('ZADD', running, deadline, member)
+  if running_size then running_size = running_size + added end
+  if held_out and held_out ~= member then
+    running_size = running_size - redis.call('ZREM', running, held_out)
+  end
+  held_out = nil
+end
+
 -- Find the history entry of `id`: its 0-based index and its decoded array, or nil. The
 -- entry of a report is nearly always among the newest, so those are read first.
 local function find(history, id)
@@ -79,7 +108,7 @@ local function members_of(raw)
   return out
 end
 local function live(member)
-  local deadline = redis.call('ZSCORE', running, member)
+  local deadline = running_score(member)
   return deadline and tonumber(deadline) > now
 end
 
@@ -106,7 +135,7 @@ local function release_buffered(record, name)
     redis.call('HSET', record, 'inflight', member, 'last_due_ms', slot,
                'buffered_previous_ms', previous)
   end
-  redis.call('ZADD', running, now + start_ttl, member)
+  enter_running(now + start_ttl, member)
   redis.call('ZADD', leases, 'NX', 0, member .. ' buffered')
   redis.call('PUBLISH', ARGV[5], name)
 end
@@ -143,7 +172,9 @@ for i, report in ipairs(reports) do
                           'overlap', 'inflight_also')
   if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
-      if redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
+      -- (A member held out is gone: XX leaves it out.)
+      if member ~= held_out
+          and redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
         applied = applied + 1
       end
     else
@@ -218,7 +249,7 @@ for i, report in ipairs(reports) do
           -- the record is left as it was
         elseif kind == 'started' then
           set('last_started_ms', at)
-          redis.call('ZADD', running, now + ttl, member)
+          enter_running(now + ttl, member)
           if not (inflight and inflight ~= member and live(inflight)) then
             set('inflight', member)
           elseif cur[5] then  -- guarded, and another occurrence runs: in flight beside it
@@ -235,7 +266,7 @@ for i, report in ipairs(reports) do
           -- In flight until its next attempt starts: the retry's countdown, then as long as a
           -- sent occurrence may wait in the broker for a free worker (the start timeout),
           -- since the retry waits in the queue as a fresh send does; then heartbeats.
-          redis.call('ZADD', running, now + tonumber(hold) + math.max(ttl, start_ttl), member)
+          enter_running(now + tonumber(hold) + math.max(ttl, start_ttl), member)
           if error ~= '' then set('last_error', error) end
           redis.call('HSET', record, unpack(sets, 1, ns))
         else
@@ -244,7 +275,7 @@ for i, report in ipairs(reports) do
           -- policy) put it in `running`: an unguarded occurrence's first report has nothing to
           -- remove there, and spares the command (a folded start and end is such a report).
           if not (later and not inflight and not cur[5]) then
-            redis.call('ZREM', running, member)
+            leave_running(member)
           end
           set('last_finished_ms', at)
           local started = tonumber(entry[4])
@@ -317,4 +348,5 @@ for i, report in ipairs(reports) do
     end
   end
 end
+if held_out then redis.call('ZREM', running, held_out) end  -- nothing touches it after
 return applied

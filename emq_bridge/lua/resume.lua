@@ -34,10 +34,6 @@ for i = 2, 4 do
 end
 local last = tonumber(cur[4])
 if last and tonumber(ARGV[2]) <= last then return -2 end
--- `parked_reason`/`parked_ms`: a registration park.lua (or report.lua, after failures)
--- stopped is resumed the same way; resuming clears the failure streak.
-redis.call('HDEL', KEYS[2], 'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures')
-redis.call('HDEL', KEYS[2], 'paused_note', 'paused_by', 'paused_ms')  -- pause.lua's note
 local dropped = tonumber(ARGV[8])
 if dropped and dropped > 0 then
   -- A counter edited by hand into a non-integer restarts (claim.lua's `count`).
@@ -62,6 +58,20 @@ elseif reason then
   score = '+inf'
   redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', ARGV[7] or '')
 end
+-- `parked_reason`/`parked_ms`: a registration park.lua (or report.lua, after failures)
+-- stopped is resumed the same way; resuming clears the failure streak; `paused_note`,
+-- `paused_by`, `paused_ms`: pause.lua's note. Deleted last, but a field ARGV[9..] wrote (kept
+-- as when the delete came first): cluster slot migration: while the queue's slot is
+-- MIGRATING, a command on a key this script emptied fails ("non local key": the server
+-- takes it for a key moved away) with the writes before it kept, so the record is not
+-- touched after a delete that could empty it.
+local cleared, written = {}, {}
+for i = 9, #ARGV - 1, 2 do written[ARGV[i]] = true end
+for _, field in ipairs({'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures',
+                        'paused_note', 'paused_by', 'paused_ms'}) do
+  if not written[field] then cleared[#cleared + 1] = field end
+end
+if #cleared > 0 then redis.call('HDEL', KEYS[2], unpack(cleared)) end
 redis.call('ZADD', KEYS[1], score, ARGV[1])
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1

@@ -269,15 +269,27 @@ local function upsert(record, item)
   -- The pieces of a template stored in pieces (template_pieces.py) go with it; the new
   -- fields write the new template's own.
   local pieces = tonumber(redis.call('HGET', record, 'template_pieces'))
+  write(record, digest, cadence_digest, unpack(fields))
+  -- The old pieces and the stale fields are deleted after the write, but those it wrote
+  -- (a piece the new template has too), as when the delete came first: cluster slot
+  -- migration: while the queue's slot is MIGRATING, a command on a key this script emptied
+  -- fails ("non local key": the server takes it for a key moved away) with the writes before
+  -- it kept. The record keeps the digests just written, so it never empties.
+  local written = {digest = true, cadence_digest = true, updated_ms = true}
+  if ARGV[4] ~= '' then written.source = true end
+  for j = 1, #fields, 2 do written[fields[j]] = true end
+  local gone = {}
   if pieces and pieces > 1 then
-    local old_pieces = {}
     -- At most MAX_PIECES (32), the most a template is written in: a count edited by hand
     -- (even 'inf') is no loop.
-    for n = 2, math.min(pieces, 32) do old_pieces[n - 1] = 'template.' .. n end
-    redis.call('HDEL', record, unpack(old_pieces))
+    for n = 2, math.min(pieces, 32) do
+      if not written['template.' .. n] then gone[#gone + 1] = 'template.' .. n end
+    end
   end
-  if #stale > 0 then redis.call('HDEL', record, unpack(stale)) end
-  write(record, digest, cadence_digest, unpack(fields))
+  for _, field in ipairs(stale) do
+    if not written[field] then gone[#gone + 1] = field end
+  end
+  if #gone > 0 then redis.call('HDEL', record, unpack(gone)) end
   rebase_limit(record, cur[6], cur[7])
   if completed then
     redis.call('HDEL', record, 'completed', 'completed_ms')
