@@ -156,6 +156,20 @@ class _Sending:
 
 
 @dataclass(frozen=True, slots=True)
+class _PendingAck:
+    """A batch's ack that failed after the broker accepted it (Redis restarting, a slot
+    migrating), kept to be tried again while its leases last: a transient failure must not
+    become a re-send once they expire."""
+
+    accepted: tuple[str, ...]  # the lease members of what the broker accepted
+    deadline_ms: int  # the deadline they hold (the claim's server clock): the ack's fence
+    released_ms: int  # when the claim released them: what the ack counts in `fired`
+    unsent: tuple[Occurrence, ...]  # handed back by the same ack (a stop), told once it is
+    # When (monotonic) the leases expire, about: from before the claim, so a little early.
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class _Firing:
     """What firing one registration needs: its cadence, misfire policy and own template."""
 
@@ -187,13 +201,15 @@ class Pump:
     Any number of pumps may run on the same queues: a claim is a compare-and-set, so each
     occurrence is dispatched by one pump. If a pump dies between claim and ack, the lease
     expires after `lease_ms` and any pump re-dispatches the occurrence with the same id.
-    What it does is told to `listeners` (`emq_bridge.events.PumpEvents`); its log lines
-    are one such listener, always installed. `code` is the (source, generation) of the
-    declarations the process runs, when it has one (the generation None without one): a
-    registration it can never send is then not parked while the queue holds a newer
-    generation, nor, with `code_synced_ms` (when those declarations were synced, server ms),
-    while its record is one that source rewrote since: newer code of a rolling deploy wrote
-    it (see `Repeat.park`).
+    An ack that fails (Redis restarting, a cluster slot migrating) is tried again before the
+    queue's next drains while its leases last, and once more when `run` ends, so a failure
+    shorter than the lease sends nothing twice. What it does is told to `listeners`
+    (`emq_bridge.events.PumpEvents`); its log lines are one such listener, always installed.
+    `code` is the (source, generation) of the declarations the process runs, when it has
+    one (the generation None without one): a registration it can never send is then not
+    parked while the queue holds a newer generation, nor, with `code_synced_ms` (when those
+    declarations were synced, server ms), while its record is one that source rewrote
+    since: newer code of a rolling deploy wrote it (see `Repeat.park`).
     """
 
     def __init__(
@@ -246,6 +262,8 @@ class Pump:
         # The wake-up subscription `listen` makes and `sleep` waits on (None: polling).
         self._wakeups: WakeSubscription | None = None
         self._broken: dict[str, str] = {}
+        # Per queue, oldest first: the acks that failed, retried before its next drains.
+        self._pending_acks: dict[str, list[_PendingAck]] = {}
         self.eviction_check_s = EVICTION_CHECK_S
         self._policy: str | None = None
         self._policy_read_at: float | None = None
@@ -276,7 +294,9 @@ class Pump:
 
         The first scan of every queue goes in one pipeline (`Repeat.scan_many`), so an idle
         tick is one round trip however many queues the pump serves; only the queues with
-        something due, expired or lost are then drained, one after the other.
+        something due, expired or lost are then drained, one after the other. A queue with
+        acks that failed has them tried again first (`_retry_acks`); one that fails again
+        fails the queue as its drain would.
         """
         if now_ms is None and self.clock is not None:
             now_ms = self.clock()
@@ -299,6 +319,7 @@ class Pump:
             # An idle queue's scan only says when to wake: no round trip more, however old.
             fresh = _idle(scan) or time.monotonic() - scanned_at < fresh_s
             try:
+                self._retry_acks(queue, scan.now_ms)
                 self._drain(queue, now_ms, tick, size, scan if fresh else None)
             except RegistryUnavailable:
                 raise
@@ -419,6 +440,8 @@ class Pump:
         for index in claim.buffered:
             self.events.on_buffer(queue, candidates[index][0], candidates[index][5])
         if corrupt:  # garbage holds no deadline of ours: dropped unfenced
+            # Not kept when it fails (`_retry_acks`): nothing was sent yet, the next scan
+            # finds the garbage again.
             self.repeat.ack(queue, sorted(corrupt))
         batch: list[Occurrence] = []
         sending = _Sending(now_ms + self.lease_ms, begun, released_ms=now_ms)
@@ -429,9 +452,7 @@ class Pump:
             # known before it goes on, so no claimed occurrence waits out its lease.
             self._hand_back_interrupted(queue, now_ms, batch, sending)
             raise
-        earliest_lease = self._settle(
-            queue, now_ms, batch, sending.outcomes, sending.deadline, records, tick
-        )
+        earliest_lease = self._settle(queue, now_ms, batch, sending, records, tick)
         return claim.earliest_ms, earliest_lease
 
     def _start_timeouts(
@@ -546,13 +567,19 @@ class Pump:
         queue: str,
         now_ms: int,
         batch: list[Occurrence],
-        outcomes: list[BaseException | None],
-        deadline: int,
+        sending: _Sending,
         records: Mapping[str, Mapping[str, str]],
         tick: Tick,
     ) -> int | None:
         """Ack (and count) what was accepted, hand back what was not sent, park what never can
-        be; return the earliest lease deadline after the ack."""
+        be; return the earliest lease deadline after the ack.
+
+        An ack that fails (`RegistryError`, an outage too) is kept for `_retry_acks` and
+        raised: the tick reports it as any failed move of the queue, whose next ticks try it
+        again while its leases last. What can never be sent is then not parked: its leases
+        expire, and it is tried (and parked) again.
+        """
+        outcomes, deadline = sending.outcomes, sending.deadline
         accepted: list[str] = []
         unsent: list[Occurrence] = []
         permanent: dict[str, list[tuple[Occurrence, PermanentDispatchError]]] = {}
@@ -572,18 +599,70 @@ class Pump:
                 tick.failed.append(occurrence)
                 self.events.on_dispatch_failure(occurrence, outcome)
         # Fenced by the deadline this pump wrote: a lease another pump re-took stays its own.
-        earliest_lease = self.repeat.ack(
-            queue,
-            accepted,
-            deadline_ms=deadline,
-            released_ms=now_ms,
-            hand_back=[o.lease_member for o in unsent],
-        )
+        try:
+            earliest_lease = self.repeat.ack(
+                queue,
+                accepted,
+                deadline_ms=deadline,
+                released_ms=now_ms,
+                hand_back=[o.lease_member for o in unsent],
+            )
+        except RegistryError:
+            if accepted or unsent:
+                lease_s = (deadline - now_ms) / 1000  # as held since the claim
+                failed = _PendingAck(
+                    tuple(accepted), deadline, now_ms, tuple(unsent), sending.begun + lease_s
+                )
+                self._pending_acks.setdefault(queue, []).append(failed)
+            raise
         if unsent:
             self.events.on_hand_back(queue, unsent)
         for name, failures in permanent.items():
             self._park(queue, name, failures, records.get(name, {}), deadline, now_ms, tick)
         return earliest_lease
+
+    def _retry_acks(self, queue: str, now_ms: int) -> None:
+        """Try again, oldest first, the acks of `queue` that failed (`_settle`), whose leases
+        are still held at `now_ms` (its scan's server clock, the one their deadlines are in).
+
+        The ack is fenced by the deadline, so a retry drops and counts in `fired` only what
+        the failed try did not (its script may have run before the reply was lost), and
+        nothing another pump re-took. An ack whose leases expired is dropped, told once: its
+        occurrences may be sent again (same ids, marked redelivered), as after a crash. A
+        retry that fails raises as the first try did, and stays for the next tick.
+        """
+        pending = self._pending_acks.get(queue)
+        if not pending:
+            return
+        expired = [ack for ack in pending if ack.deadline_ms <= now_ms]
+        if expired:
+            pending[:] = [ack for ack in pending if ack.deadline_ms > now_ms]
+            lost = sum(len(ack.accepted) for ack in expired)
+            if lost:  # what was handed back only goes out as it was to
+                log.warning(
+                    "%s: the ack of %d sent occurrence(s) failed and their leases expired "
+                    "before it could be retried: they may be sent again (same ids, marked "
+                    "redelivered)",
+                    queue,
+                    lost,
+                )
+        while pending:
+            self._ack_again(queue, pending[0])
+            pending.pop(0)
+        del self._pending_acks[queue]
+
+    def _ack_again(self, queue: str, ack: _PendingAck) -> None:
+        """Make the failed `ack` again (fenced, counted, handing back what it did)."""
+        self.repeat.ack(
+            queue,
+            ack.accepted,
+            deadline_ms=ack.deadline_ms,
+            released_ms=ack.released_ms,
+            hand_back=[o.lease_member for o in ack.unsent],
+        )
+        log.info("%s: the failed ack of %d occurrence(s) went through", queue, len(ack.accepted))
+        if ack.unsent:
+            self.events.on_hand_back(queue, list(ack.unsent))
 
     def _park(
         self,
@@ -636,7 +715,8 @@ class Pump:
 
         The occurrence being sent when it came may have left: it is handed back too, and
         the pump that sends it marks it redelivered (same id). Redis failing here is logged;
-        the leases then expire as after a crash.
+        the leases then expire as after a crash: this ack is not kept for `_retry_acks`, the
+        process is on its way out (a `SystemExit`, a `KeyboardInterrupt`).
         """
         known = list(zip(batch, sending.outcomes, strict=False))  # the rest was not sent yet
         sent = [o for o, out in known if out is None]
@@ -985,7 +1065,8 @@ class Pump:
 
         Sleeps until the earliest next run, or until a registry change is published, at most
         `max_sleep_s`. Redis outages are reported once and retried with backoff. On return
-        the pump's heartbeat is removed (a pump that dies is forgotten when it expires).
+        the acks that failed and were not retried yet are tried once more (never raising),
+        and the pump's heartbeat is removed (a pump that dies is forgotten when it expires).
         """
         if stop is not None:
             self._stop = stop
@@ -996,14 +1077,41 @@ class Pump:
                 self.sleep(delay)
         finally:
             self.unlisten()
+        self._retry_acks_at_stop()
         self.heartbeat.remove(self.repeat)
+
+    def _retry_acks_at_stop(self) -> None:
+        """Try each failed ack once more, whatever the clock: the fence alone makes it safe
+        (a lease still at its deadline is this pump's, expired or not; one another pump
+        re-took stays). What fails again is logged in one line; its leases expire."""
+        left = 0
+        failure: Exception | None = None
+        for queue, pending in self._pending_acks.items():
+            while pending and failure is None:
+                try:
+                    self._ack_again(queue, pending[0])
+                except Exception as exc:  # never raised from a stop; Redis may be gone
+                    failure = exc
+                    break
+                pending.pop(0)
+            left += sum(len(ack.accepted) for ack in pending)
+        self._pending_acks.clear()
+        if failure is not None:
+            log.warning(
+                "stopping: %d sent occurrence(s) could not be acked; they may be sent again "
+                "(same ids, marked redelivered) once their leases expire: %s",
+                left,
+                failure,
+            )
 
     def step(self, stop: threading.Event | None = None) -> tuple[Tick | None, float]:
         """Run one tick as `run` does, errors handled; return it and the seconds to sleep.
 
         An outage is reported once, then its end once, and retried with backoff (the tick
         is None). A queue whose moves fail is reported once and retried every second while
-        the other queues are served. For loops owned by someone else, such as Celery's beat.
+        the other queues are served. While an ack that failed can still be made (its leases
+        not expired), the sleep is at most a second, outage or not. For loops owned by
+        someone else, such as Celery's beat.
         With `stop`, setting it (or calling `self.stop()`) ends this tick as `stop()` says.
         A tick also writes the pump's heartbeat (`self.heartbeat`), at most every few seconds.
         """
@@ -1020,7 +1128,7 @@ class Pump:
                 self._outage_since = began
                 self.events.on_outage_begin(exc)
             self._failures += 1
-            return None, min(5.0, 0.05 * 2**self._failures)
+            return None, self._ack_retry_delay(min(5.0, 0.05 * 2**self._failures))
         if self._outage_since is not None:
             self.events.on_outage_end(time.monotonic() - self._outage_since)
             self._outage_since, self._failures = None, 0
@@ -1034,8 +1142,17 @@ class Pump:
             sent=tick.dispatched,
             refused=tick.failed,
         )
-        delay = self._delay(tick)
+        delay = self._ack_retry_delay(self._delay(tick))
         return tick, min(delay, BROKEN_RETRY_S) if errors else delay
+
+    def _ack_retry_delay(self, delay_s: float) -> float:
+        """`delay_s`, at most `BROKEN_RETRY_S` while a failed ack's leases last (about), so
+        it is tried again long before they expire."""
+        now = time.monotonic()
+        acks = (ack for pending in self._pending_acks.values() for ack in pending)
+        if any(ack.expires_at > now for ack in acks):
+            return min(delay_s, BROKEN_RETRY_S)
+        return delay_s
 
     def _report_broken(
         self, broken: dict[str, str], errors: Mapping[str, RegistryError]
