@@ -186,7 +186,8 @@ class Seed:
     paused: bool = False
     fired: int = 0
     last_fired_ms: int | None = None
-    # More record fields carried as they are: a moved registration's pause note (sync.py).
+    # More record fields carried as they are: a moved registration's pause note, counters,
+    # runs left and completion (sync.py).
     carried: Mapping[str, str] = field(default_factory=dict)
 
     def fields(self) -> dict[str, str]:

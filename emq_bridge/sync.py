@@ -594,13 +594,12 @@ def apply_plan(repeat: Repeat, plan: SyncPlan, *, stamp: Stamp | None = None) ->
 
 
 def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
-    """Upsert what `plan` creates or updates, cancel what it removes; record it in `applied`."""
-    source, generation = plan.source, applied.generation
-    buckets: dict[Upserted, list[Declaration]] = {
-        "created": applied.create,
-        "updated": applied.update,
-        "unchanged": applied.unchanged,
-    }
+    """Upsert what `plan` creates or updates, cancel what it removes; record it in `applied`.
+
+    A declaration created in one queue while the plan removes its name from another (its
+    task's route changed: `task_routes`, a default queue) is a move: the old record is frozen
+    first (`_freeze`), so that from then on only one of the two can fire, and the new one is
+    created as the old one stands (`_moved_seeds`) before the old one is cancelled."""
     applied.unchanged.extend(plan.unchanged)  # nothing to send: an upsert would write nothing
     applied.kept = list(plan.kept)
     # Each upsert is atomic and re-checks the digest, so concurrent syncs converge: an item
@@ -609,8 +608,37 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
         imported = plan.adopted.get((declaration.queue, declaration.name))
         if imported is not None and _relocate(repeat, declaration, imported):
             applied.adopted[(declaration.queue, declaration.name)] = imported
+    moves = _moves(plan)
+    if not moves:
+        _write(repeat, plan, applied, {})
+        return
+    frozen = _freeze(repeat, plan, moves)
+    try:
+        _write(repeat, plan, applied, _moved_seeds(repeat, moves), frozen)
+    except StaleGeneration:
+        # A newer generation is live: this move is not to happen, so what it froze fires
+        # again where it is (a crash here instead leaves it to the next sync's move).
+        cancelled = set(applied.remove)
+        _unfreeze(repeat, [key for key in frozen if key not in cancelled])
+        raise
+
+
+def _write(
+    repeat: Repeat,
+    plan: SyncPlan,
+    applied: SyncPlan,
+    seeds: Mapping[tuple[str, str], Seed],
+    frozen: Collection[tuple[str, str]] = (),
+) -> None:
+    """Upsert the creates and updates of `plan` (a created one starting from its seed, if
+    any), then cancel its removals; record what each did in `applied`."""
+    source, generation = plan.source, applied.generation
+    buckets: dict[Upserted, list[Declaration]] = {
+        "created": applied.create,
+        "updated": applied.update,
+        "unchanged": applied.unchanged,
+    }
     todo = [*plan.create, *plan.update]
-    seeds = _moved_pauses(repeat, plan)
     results = repeat.upsert_declared(
         todo,
         source=source,
@@ -622,61 +650,175 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
     for queue, name in plan.remove:
         if repeat.cancel(queue, name, if_source=source, generation=generation):
             applied.remove.append((queue, name))
+        elif (queue, name) in frozen:  # another source took it since the plan: not moved
+            _unfreeze(repeat, [(queue, name)])
 
 
-# What a paused registration carries as it is when its declaration moves to another queue,
-# and what else is read of it for the move.
-# What a paused registration that moves queue takes along (besides its pause, `fired` and
-# `last_fired_ms`): the note and reason, its counters and its last outcome. Not what names
-# its occurrences (the last id, the one in flight): their history stays behind.
-_CARRIED = (
-    *("paused_ms", "paused_note", "paused_by", "parked_reason", "parked_ms"),
+# Who pauses the old record of a registration that moves queue (its `paused_by`). A sync
+# that stopped between that freeze and the cancel leaves it paused so: the next sync, which
+# plans the same move, carries it as the move's (its next run), not as a pause.
+MOVING_BY = "emq-bridge sync (moving queue)"
+
+# What a paused registration that moves queue takes along as its pause (besides `paused`
+# and its next run): the note, author and instant, and the reason it was parked.
+_PAUSE_STATE = ("paused_ms", "paused_note", "paused_by", "parked_reason", "parked_ms")
+# Its counters and its last outcome. Not what names its occurrences (the last id, the one
+# in flight): their history stays behind.
+_RUN_STATE = (
     *("missed", "failures", "skipped", "lost"),
     *("last_status", "last_error", "last_started_ms", "last_finished_ms", "last_duration_ms"),
     *("last_success_ms", "last_success_due_ms", "last_failure_ms"),
 )
-_PAUSE_FIELDS = ("paused", "paused_next_ms", *_CARRIED, "fired", "last_fired_ms", "cadence_digest")
+# What an import's registration taken over in another queue carries (`_relocate`).
+_CARRIED = (*_PAUSE_STATE, *_RUN_STATE)
+# What every moved registration carries: its run state, the last slot it fired (no slot at
+# or before it fires again) and the runs of slots fired live (a backfill skips them).
+_MOVED_STATE = (*_RUN_STATE, "last_due_ms", "run", "runs")
+_MOVE_FIELDS = (
+    *("paused", "paused_next_ms", "cadence_digest", "fired", "last_fired_ms"),
+    *_PAUSE_STATE,
+    *_MOVED_STATE,
+    *("limit", "remaining", "completed", "completed_ms"),
+)
 
 
-def _moved_pauses(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], Seed]:
-    """Return, per created declaration whose name the plan removes from another queue (its
-    task's route changed: `task_routes`, a default queue), the pause of the registration it
-    replaces when that one is paused, so the move does not resume it. Its next run is kept
-    when the cadence is the same, else it is the new cadence's first."""
+def _moves(plan: SyncPlan) -> list[tuple[Declaration, str]]:
+    """Return the created declarations whose name the plan removes from another queue, each
+    with that queue (the first, should it be removed from several)."""
+    if not (plan.remove and plan.create):
+        return []
     removed: dict[str, str] = {}
     for queue, name in plan.remove:
         removed.setdefault(name, queue)
-    moves = [d for d in plan.create if removed.get(d.name, d.queue) != d.queue]
-    if not moves:
-        return {}
+    return [(d, removed[d.name]) for d in plan.create if removed.get(d.name, d.queue) != d.queue]
+
+
+def _freeze(
+    repeat: Repeat, plan: SyncPlan, moves: list[tuple[Declaration, str]]
+) -> set[tuple[str, str]]:
+    """Pause (by `MOVING_BY`) every record `plan` removes whose name `moves` creates
+    elsewhere, and return those that exist. The pause parks the next run in the record and
+    the score at +inf, atomically, so a pump cannot claim a slot of the old record once its
+    state is read for the new one; an occurrence already leased or in flight goes on. One
+    paused by someone else stays paused by them (and moves paused)."""
+    target = {d.name: d.queue for d, _ in moves}
+    frozen: set[tuple[str, str]] = set()
+    for queue, name in plan.remove:
+        new_queue = target.get(name)
+        if new_queue is None:
+            continue
+        try:
+            repeat.pause(queue, name, note=f"moving to queue {new_queue}", by=MOVING_BY)
+        except KeyError:  # gone since the plan: another sync moved it
+            continue
+        frozen.add((queue, name))
+    return frozen
+
+
+def _unfreeze(repeat: Repeat, keys: Sequence[tuple[str, str]]) -> None:
+    """Resume those of `keys` that the move's own pause still holds, handing the slots that
+    passed while frozen to their misfire policy (`resume(catchup=True)`)."""
     by_queue: dict[str, list[str]] = {}
-    for declaration in moves:
-        by_queue.setdefault(removed[declaration.name], []).append(declaration.name)
+    for queue, name in keys:
+        by_queue.setdefault(queue, []).append(name)
+    for queue, names in sorted(by_queue.items()):
+        for name, record in repeat.load_records(queue, names, ("paused", "paused_by")).items():
+            if record.get("paused") != "1" or record.get("paused_by") != MOVING_BY:
+                continue
+            try:
+                repeat.resume(queue, name, catchup=True)
+            except (KeyError, EmqError) as exc:
+                log.warning(
+                    "sync: %s/%s stays paused by its move, which did not happen (%s); "
+                    "resume it by hand",
+                    queue,
+                    name,
+                    exc,
+                )
+
+
+def _moved_seeds(
+    repeat: Repeat, moves: list[tuple[Declaration, str]]
+) -> dict[tuple[str, str], Seed]:
+    """Return, per moved declaration, the seed of its new record: the old record as the
+    freeze left it (read after it, so nothing fires from it any more). None for one whose
+    old record is gone (another sync moved it: the upsert finds the new one)."""
+    by_queue: dict[str, list[str]] = {}
+    for declaration, old_queue in moves:
+        by_queue.setdefault(old_queue, []).append(declaration.name)
     old = {
-        name: record
+        (queue, name): record
         for queue, names in by_queue.items()
-        for name, record in repeat.load_records(queue, names, _PAUSE_FIELDS).items()
+        for start in range(0, len(names), OWNER_CHUNK)
+        for name, record in repeat.load_records(
+            queue, names[start : start + OWNER_CHUNK], _MOVE_FIELDS
+        ).items()
     }
     now_ms = repeat.server_time_ms()
     seeds: dict[tuple[str, str], Seed] = {}
-    for declaration in moves:
-        record = old.get(declaration.name, {})
-        if record.get("paused") != "1":
-            continue
-        definition = declaration.definition
-        kept = record.get("paused_next_ms", "")
-        same = record.get("cadence_digest") == definition.cadence_digest and kept.isdigit()
-        carried = {k: record[k] for k in _CARRIED if k in record}
-        fired = record.get("fired", "")
-        last_fired = record.get("last_fired_ms", "")
-        seeds[(declaration.queue, declaration.name)] = Seed(
-            first_run_ms=int(kept) if same else definition.first_run(now_ms),
-            paused=True,
-            fired=int(fired) if fired.isdigit() else 0,
-            last_fired_ms=int(last_fired) if last_fired.isdigit() else None,
-            carried=carried,
-        )
+    for declaration, old_queue in moves:
+        record = old.get((old_queue, declaration.name))
+        if record:
+            seeds[(declaration.queue, declaration.name)] = _moved_seed(
+                record, declaration.definition, now_ms
+            )
     return seeds
+
+
+def _moved_seed(record: Mapping[str, str], definition: Definition, now_ms: int) -> Seed:
+    """The seed of a registration moved to `definition`'s queue from its frozen `record`.
+
+    Its next run is the one the freeze kept when the cadence is the same, else the new
+    cadence's first after now and after the last slot fired (`immediately` does not fire
+    again); its pause only when someone else than the move paused it."""
+    by_user = record.get("paused") == "1" and record.get("paused_by") != MOVING_BY
+    same = record.get("cadence_digest") == definition.cadence_digest
+    kept = _int_field(record, "paused_next_ms")  # None for +inf
+    if same and kept is not None:
+        first = kept
+    else:  # a completed one parked +inf: its new cadence's run, which claim then completes
+        last_due = _int_field(record, "last_due_ms")
+        start = now_ms if last_due is None else max(now_ms, last_due + 1)
+        first = definition.first_run(start, created=False)
+    carried = {k: record[k] for k in _MOVED_STATE if k in record}
+    if by_user:
+        carried.update((k, record[k]) for k in _PAUSE_STATE if k in record)
+    carried.update(_bounds_state(record, definition, same))
+    return Seed(
+        first_run_ms=first,
+        paused=by_user,
+        fired=_int_field(record, "fired") or 0,
+        last_fired_ms=_int_field(record, "last_fired_ms"),
+        carried=carried,
+    )
+
+
+def _bounds_state(record: Mapping[str, str], definition: Definition, same: bool) -> dict[str, str]:
+    """The runs left and the completion a moved `record` keeps under `definition`, as an
+    upsert of the edit would leave them: a changed limit moves `remaining` by the change
+    (upsert.lua's `rebase_limit`); it stays completed while that still holds (no run left;
+    an end or last instant unchanged, `same` cadence), else the new bounds decide."""
+    out: dict[str, str] = {}
+    limit, old_limit = definition.bounds.limit, _int_field(record, "limit")
+    left = _int_field(record, "remaining")
+    if limit is None or old_limit is None or left is None:
+        left = None  # the created record's own: the new limit whole, or none
+    else:
+        left += limit - old_limit
+        out["remaining"] = str(left)
+    reason = record.get("completed")
+    if reason and ((left is not None and left <= 0) if reason == "limit" else same):
+        out["completed"] = reason
+        if "completed_ms" in record:
+            out["completed_ms"] = record["completed_ms"]
+    return out
+
+
+def _int_field(record: Mapping[str, str], key: str) -> int | None:
+    """`record[key]` as an int, None when absent or not a whole number (edited by hand)."""
+    value = record.get(key, "")
+    digits = value[1:] if value.startswith("-") else value
+    return int(value) if digits.isascii() and digits.isdigit() else None
 
 
 def _old_records(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], dict[str, str]]:
