@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "ConfigError",
     "CorruptRecord",
@@ -11,6 +13,8 @@ __all__ = [
     "PermanentDispatchError",
     "RegistryError",
     "RegistryUnavailable",
+    "ReportBatchError",
+    "ReportBatchUnavailable",
     "ScheduleError",
     "UnknownRegistration",
 ]
@@ -39,6 +43,30 @@ class RegistryError(EmqError):
 class RegistryUnavailable(RegistryError):
     """Redis could not be reached, answered with a connection-level error, or cannot serve
     the request while a failover is under way (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, READONLY)."""
+
+
+class ReportBatchError(RegistryError):
+    """The script calls of some queues of a report batch failed (`Repeat.report`); every
+    other queue's call was still made.
+
+    `queues` names the queues whose call failed and `unsent` counts their reports (not
+    applied, or some of them only: a call may fail partway); `applied` counts the reports the
+    other queues' calls applied.
+    """
+
+    def __init__(
+        self, message: str, *, queues: Sequence[str] = (), applied: int = 0, unsent: int = 0
+    ) -> None:
+        # Defaults only so that pickle, which calls it with the message alone and then sets
+        # the attributes, can rebuild it (a pool child's error sent to its parent).
+        super().__init__(message)
+        self.queues = tuple(queues)
+        self.applied = applied
+        self.unsent = unsent
+
+
+class ReportBatchUnavailable(ReportBatchError, RegistryUnavailable):
+    """A `ReportBatchError` where every failed call met an outage (`RegistryUnavailable`)."""
 
 
 class CorruptRecord(RegistryError):

@@ -1,7 +1,8 @@
 """The registry's lifecycle moves: what workers report of occurrences, and what it keeps.
 
 Part of `Repeat` (a base class of it, so `registry.py` stays one responsibility a module):
-`report` applies a batch of `outcome.Report`s (one `report.lua` call per queue),
+`report` applies a batch of `outcome.Report`s (one `report.lua` call per queue, each made
+whatever another's does),
 `started`/`finished` report one occurrence from what its message carries and never raise,
 `history` reads a registration's last occurrences, and `mark_lost` is the pump's move for
 occurrences whose worker went silent.
@@ -17,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from .arguments import whole_arg
-from .errors import EmqError
+from .errors import (
+    EmqError,
+    RegistryError,
+    RegistryUnavailable,
+    ReportBatchError,
+    ReportBatchUnavailable,
+)
 from .events import outcome_listeners
 from .keys import QueueKeys, parse_lease_member, validate_name
 from .occurrence import Occurrence, occurrence_id
@@ -61,6 +68,25 @@ HEARTBEAT_TTL_MS = 30_000
 
 def _nominal(entry: HistoryEntry) -> int:
     return entry.due_ms
+
+
+def _batch_error(
+    failed: Sequence[tuple[str, int, RegistryError]], applied: int, total: int
+) -> ReportBatchError:
+    """The error of a report batch whose `failed` queues' calls (queue, reports, error)
+    failed; an outage only (`ReportBatchUnavailable`) when every one of them was."""
+    queues = [queue for queue, _, _ in failed]
+    unsent = sum(count for _, count, _ in failed)
+    outage = all(isinstance(exc, RegistryUnavailable) for _, _, exc in failed)
+    kind = ReportBatchUnavailable if outage else ReportBatchError
+    reasons = "; ".join(str(exc) for _, _, exc in failed)  # each "report <queue>: ..."
+    return kind(
+        f"report: {unsent} of {total} reports not sent ({applied} applied of the others), "
+        f"as these calls failed: {reasons}",
+        queues=queues,
+        applied=applied,
+        unsent=unsent,
+    )
 
 
 def check_history_size(history_size: int) -> int:
@@ -139,9 +165,13 @@ class LifecycleMoves:
         changed something (a repeated report changes nothing).
 
         A running occurrence stays in flight `heartbeat_ttl_ms` after its last report or
-        heartbeat; the history keeps the last `history_size` occurrences. Raises
-        `RegistryUnavailable`/`RegistryError`; `started`/`finished` are the forms that never
-        raise.
+        heartbeat; the history keeps the last `history_size` occurrences. Every queue's call
+        is made whatever another's does (a slot migrating, a master failing over, a key of
+        the wrong type fail one queue's call only); when some failed, this raises, once all
+        were made, a `ReportBatchError` naming those queues (`queues`), with the reports
+        the others applied (`applied`) and the failed queues' reports (`unsent`): a
+        `ReportBatchUnavailable` (a `RegistryUnavailable`) when every failure was an
+        outage. `started`/`finished` are the forms that never raise.
         """
         check_history_size(history_size)
         if outcome_listeners:  # metrics; on the caller's thread (the Reporter's, not a task's)
@@ -150,25 +180,44 @@ class LifecycleMoves:
         for item in reports:
             by_queue.setdefault(item.queue, []).append(item)
         applied = 0
+        failed: builtins.list[tuple[str, int, RegistryError]] = []
         for queue, items in by_queue.items():
-            keys = self.keys(queue)
-            report_keys = []
-            for item in items:
-                report_keys += [keys.record(item.name), keys.history(item.name)]
-            with redis_errors(f"report {queue}"):
-                applied += int(
-                    self.scripts.report(
-                        keys=[keys.registry, keys.leases, keys.running, *report_keys],
-                        args=[
-                            json.dumps([item.to_json_item() for item in items]),
-                            history_size,
-                            heartbeat_ttl_ms,
-                            start_timeout_ms,
-                            keys.wake_channel,
-                        ],
-                    )
+            try:
+                applied += self._report_queue(
+                    queue, items, history_size, heartbeat_ttl_ms, start_timeout_ms
                 )
+            except RegistryError as exc:  # one queue's failure must not drop the others'
+                failed.append((queue, len(items), exc))
+        if failed:
+            raise _batch_error(failed, applied, len(reports)) from failed[0][2]
         return applied
+
+    def _report_queue(
+        self,
+        queue: str,
+        items: Sequence[Report],
+        history_size: int,
+        heartbeat_ttl_ms: int,
+        start_timeout_ms: int,
+    ) -> int:
+        """Apply the reports of one queue, one `report.lua` call; return how many applied."""
+        keys = self.keys(queue)
+        report_keys = []
+        for item in items:
+            report_keys += [keys.record(item.name), keys.history(item.name)]
+        with redis_errors(f"report {queue}"):
+            return int(
+                self.scripts.report(
+                    keys=[keys.registry, keys.leases, keys.running, *report_keys],
+                    args=[
+                        json.dumps([item.to_json_item() for item in items]),
+                        history_size,
+                        heartbeat_ttl_ms,
+                        start_timeout_ms,
+                        keys.wake_channel,
+                    ],
+                )
+            )
 
     def started(
         self, occurrence: Occurrence | Mapping[str, Any], *, attempt: int = 1, **options: Any

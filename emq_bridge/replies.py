@@ -47,5 +47,13 @@ def redis_errors(action: str) -> Iterator[None]:
         # A cluster or a replica in the middle of a failover: an outage, retried and told
         # once, not a broken registry (a read-only replica named by mistake says so too).
         raise RegistryUnavailable(f"{action}: Redis cannot serve it now: {exc}") from exc
+    except redis.exceptions.ClusterError as exc:  # ClusterDownError is caught above
+        # redis-py gave up after its redirections ran out ("TTL exhausted."): the slot moved
+        # again and again (ASK, then TRYAGAIN for a script whose keys are split mid-migration)
+        # or its master was failing over. This move failed; a pump serves the other queues.
+        raise RegistryError(
+            f"{action}: the Redis Cluster kept redirecting (a slot migrating or failing "
+            f"over): {exc}"
+        ) from exc
     except redis.RedisError as exc:
         raise RegistryError(f"{action}: {exc}") from exc

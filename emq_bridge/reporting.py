@@ -12,8 +12,10 @@ then reports its start in its final report (`started_ms`), one update for a shor
 its start never goes to the queue; a longer run's start is sent on its own.
 
 If Redis cannot be reached, reports are dropped: one WARNING when that begins, one INFO with
-the count when reports go through again. A forked child (Celery's prefork pool) gets a
-thread of its own on its first report; what the parent had queued stays the parent's.
+the count when reports go through again. A queue whose call fails (its slot migrating, its
+master failing over, a key of the wrong type) drops only its own reports of the batch. A
+forked child (Celery's prefork pool) gets a thread of its own on its first report; what the
+parent had queued stays the parent's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
+from .errors import ReportBatchError
 from .lifecycle import BeginVerdict, check_history_size
 from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report, ReportKind
 from .registry import Repeat
@@ -264,6 +267,16 @@ class Reporter:
             return "run"
         return repeat.begin_verdict(item, heartbeat_ttl_ms=self.heartbeat_ttl_ms, mark=mark)
 
+    def mark_running(self, start: Report) -> None:
+        """Make `start`'s occurrence of a guarded registration the one in flight now, from
+        the calling thread (`begin` with its mark; one round trip), so it is lost within the
+        heartbeats' bound even if this process dies before its start report leaves. Whatever
+        the answer, the run goes on (the adapter checked before); while reports are being
+        dropped (Redis down) nothing is asked. Never raises."""
+        if self._failing:
+            return
+        self.begin(start)
+
     def _registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""
         if self._repeat is None:
@@ -381,9 +394,12 @@ class Reporter:
             self._registry().report(
                 batch, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
             )
-        except Exception as exc:  # never into the tasks: the reports are dropped
+        except Exception as exc:  # never into the tasks: the reports not sent are dropped
+            # A batch error counts the reports of the queues whose call failed: the other
+            # queues' reports went through.
+            unsent = exc.unsent if isinstance(exc, ReportBatchError) else len(batch)
             with self._lock:
-                self._drop(len(batch), f"{type(exc).__name__}: {exc}")
+                self._drop(unsent, f"{type(exc).__name__}: {exc}")
             return
         if self._failing:
             with self._lock:
