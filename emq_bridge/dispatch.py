@@ -61,7 +61,9 @@ class PumpTarget:
     `repeat` is the registry the application's own pumps use (Celery's beat, the workers'
     pump threads), when the adapter knows one: the command pumps it unless told otherwise,
     so a standalone pump never fires a second copy of the schedules under another prefix.
-    `lease_ms` and `max_sleep_s` are the application's pump settings, when it has any.
+    `lease_ms` and `max_sleep_s` are the application's pump settings, when it has any;
+    `history_size` the history its workers keep (the pump's skipped and lost entries are
+    trimmed to it).
 
     `sync`, when set, is the application's own sync of what it declares, as its beat or
     workers do it at boot (its generation, its schedule file, its prune setting): the
@@ -83,6 +85,7 @@ class PumpTarget:
     repeat: Repeat | None = None
     lease_ms: int | None = None
     max_sleep_s: float | None = None
+    history_size: int | None = None
     sync: Callable[[Repeat], list[SyncPlan]] | None = None
     code: tuple[str, int | None] | None = None
     check: Callable[[Repeat, Sequence[tuple[str, Sequence[Declaration]]]], None] | None = None

@@ -22,6 +22,7 @@ from ..urls import redact_url
 from .declare import AppSchedule, boot_schedule, registry_url, repeat_for
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
+from .reporting import history_size_setting
 from .sentry import beat_monitors, monitoring
 
 __all__ = ["BeatRefused", "RepeatScheduler"]
@@ -98,6 +99,8 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         """
         repeat = None
         try:
+            # The history its skipped and lost entries are trimmed to: the workers' setting.
+            history_size = history_size_setting(self.app)
             repeat = repeat_for(self.app)
             plan = boot_schedule(self.app, repeat)
         except Exception as exc:
@@ -129,6 +132,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             ),
             resolve_cadence=plan.resolve_cadence,
             max_sleep_s=float(self.max_interval),
+            history_size=history_size,
             listeners=[BeatLog()],
         )
         self.pump.heartbeat.role = "celery-beat"

@@ -59,7 +59,7 @@ from celery import Celery, signals
 from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
-from ..lifecycle import report_of
+from ..lifecycle import check_history_size, report_of
 from ..occurrence import occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
@@ -75,7 +75,7 @@ from .dispatch import (
     header,
 )
 
-__all__ = ["FLUSH_S", "occurrence_of", "reporter_for", "started_report"]
+__all__ = ["FLUSH_S", "history_size_setting", "occurrence_of", "reporter_for", "started_report"]
 
 log = logging.getLogger("emq_bridge.celery")
 
@@ -121,15 +121,25 @@ def _settings(app: Celery) -> tuple[bool, int, float]:
     report = True if report is None else report
     if not isinstance(report, bool):
         raise ConfigError(f"emq_bridge_report must be True or False, got {report!r}")
-    size = conf.get("emq_bridge_history_size")
-    size = HISTORY_SIZE if size is None else size
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise ConfigError(f"emq_bridge_history_size must be a whole number, got {size!r}")
+    size = history_size_setting(app)
     beat = conf.get("emq_bridge_heartbeat_s")
     beat = HEARTBEAT_S if beat is None else beat
     if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not beat > 0:
         raise ConfigError(f"emq_bridge_heartbeat_s must be a positive number, got {beat!r}")
     return report, size, float(beat)
+
+
+def history_size_setting(app: Celery) -> int:
+    """Return `emq_bridge_history_size` (default `HISTORY_SIZE`): what the workers' reports
+    and the beat's own history entries (skipped, lost) keep; `ConfigError` if unusable."""
+    size = app.conf.get("emq_bridge_history_size")
+    size = HISTORY_SIZE if size is None else size
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ConfigError(f"emq_bridge_history_size must be a whole number, got {size!r}")
+    try:
+        return check_history_size(size)
+    except ValueError as exc:  # its bounds
+        raise ConfigError(f"emq_bridge_history_size: {exc}") from exc
 
 
 def _make_reporter(app: Celery) -> Reporter | None:
@@ -143,10 +153,7 @@ def _make_reporter(app: Celery) -> Reporter | None:
             app, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
         )
 
-    try:
-        return Reporter(connect, history_size=size, heartbeat_s=heartbeat_s)
-    except ValueError as exc:  # the history size's bounds
-        raise ConfigError(f"emq_bridge_history_size: {exc}") from exc
+    return Reporter(connect, history_size=size, heartbeat_s=heartbeat_s)
 
 
 def reporter_for(app: Celery) -> Reporter | None:
@@ -299,6 +306,12 @@ def _report(
             if start is None:
                 return
             _process.used.add(id(reporter))
+            if not start.triggered and header(request, GUARDED_HEADER):
+                # A guarded run is in flight, heartbeated, from its start on (one round trip,
+                # as Dramatiq's middleware does): its start report waits aside for the linger,
+                # and a worker killed in that while would hold the schedule until the start
+                # timeout (10 minutes) instead of `3 * emq_bridge_heartbeat_s`.
+                reporter.mark_running(start)
             reporter.report(start)
             setattr(request, _START, (reporter, start))
             return

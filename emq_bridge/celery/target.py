@@ -11,6 +11,7 @@ from ..targets import app_failed
 from .declare import app_schedule, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
+from .reporting import history_size_setting
 
 __all__ = ["load_target"]
 
@@ -53,6 +54,7 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         plan.resolve_cadence,
         repeat=_beat_registry(app),
         max_sleep_s=float(max_loop_s) if max_loop_s else None,
+        history_size=history_size_setting(app),
         sync=lambda repeat: sync_app(app, repeat, plan, stamp=True),
     )
 

@@ -20,6 +20,7 @@ from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
 from ..errors import RegistryError
 from ..file_stamp import FileStamp, file_stamp
 from ..heartbeat import MAX_HEARTBEAT_TTL_S, Heartbeat
+from ..outcome import HISTORY_SIZE
 from ..pump import Pump
 from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
@@ -390,6 +391,7 @@ def pump_command(
         max_sleep_s=_app_default("max_sleep", max_sleep, target.max_sleep_s if target else None),
         resolve_cadence=target.resolve_cadence if target else None,
         code=target.code if target else None,
+        history_size=_history_size(target),
     )
     if heartbeat_ttl is not None:
         try:
@@ -553,6 +555,14 @@ def _same_server(given: Any, app: Any) -> bool:
 
 def _where(repeat: Repeat) -> str:
     return f"{client_address(repeat.client)} (prefix {repeat.prefix!r})"
+
+
+def _history_size(target: PumpTarget | None) -> int:
+    """`Pump(history_size=...)` as the app's workers keep it, when the app says: the pump's
+    skipped and lost entries must not trim a longer history to the default."""
+    if target is None or target.history_size is None:
+        return HISTORY_SIZE
+    return target.history_size
 
 
 def _app_default(param: str, value: T, app_value: T | None) -> T:

@@ -112,6 +112,7 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         repeat=_worker_registry(middleware, broker),
         lease_ms=middleware.lease_ms,
         max_sleep_s=middleware.max_sleep_s,
+        history_size=middleware.history_size,
         # The workers' own sync: their generation, schedule file and prune setting.
         sync=lambda repeat: middleware.sync_declared(broker, repeat),
         code=(middleware.source, generation),
