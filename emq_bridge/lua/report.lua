@@ -252,7 +252,8 @@ for i, report in ipairs(reports) do
           enter_running(now + ttl, member)
           if not (inflight and inflight ~= member and live(inflight)) then
             set('inflight', member)
-          elseif cur[5] then  -- guarded, and another occurrence runs: in flight beside it
+          else  -- another occurrence runs: in flight beside it, whatever the policy (an
+            -- edit to a guarded one must still see it: its claim and begin read this)
             local also, known = members_of(cur[6]), false
             for _, other in ipairs(also) do known = known or other == member end
             if not known then
