@@ -264,6 +264,11 @@ class Pump:
         self._broken: dict[str, str] = {}
         # Per queue, oldest first: the acks that failed, retried before its next drains.
         self._pending_acks: dict[str, list[_PendingAck]] = {}
+        # Per queue, the leases this (old) code could not send while newer code is live
+        # (`NewerCodeLive`), each with when (server ms) this pump may take it again: until
+        # then they are left to the newer pumps, which would otherwise lose the race for them
+        # at every expiry to this pump, which wakes at exactly that instant.
+        self._left_to_newer: dict[str, dict[str, int]] = {}
         self.eviction_check_s = EVICTION_CHECK_S
         self._policy: str | None = None
         self._policy_read_at: float | None = None
@@ -344,11 +349,16 @@ class Pump:
             if scan.lost:
                 self._mark_lost(queue, scan.lost)
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
-            if scan.due or scan.expired:
+            left = self._left_to_newer_code(queue, scan.now_ms)
+            expired = [m for m in scan.expired if m not in left] if left else scan.expired
+            if scan.due or expired:
                 earliest, earliest_lease = self._fire_batch(
-                    queue, scan.now_ms, scan.due, scan.expired, tick
+                    queue, scan.now_ms, scan.due, expired, tick
                 )
-            full = max(len(scan.due), len(scan.expired), len(scan.lost)) >= size
+            if left and earliest_lease is not None and earliest_lease <= scan.now_ms:
+                # Expired, and left to newer code: wake when this pump may take it again.
+                earliest_lease = min(left.values())
+            full = max(len(scan.due), len(expired), len(scan.lost)) >= size
             if not full or self._stop.is_set():
                 # After a full batch, look again; otherwise the earliest score says when.
                 tick.wake_at(earliest if not full else scan.now_ms)
@@ -357,6 +367,16 @@ class Pump:
                 return
             size = min(size * 4, self.batch_size)
             scan = None
+
+    def _left_to_newer_code(self, queue: str, now_ms: int) -> dict[str, int]:
+        """The leases of `queue` this pump leaves to newer code at `now_ms` (those whose
+        time passed are forgotten)."""
+        left = self._left_to_newer.get(queue)
+        if not left:
+            return {}
+        for member in [m for m, until in left.items() if until <= now_ms]:
+            del left[member]
+        return left
 
     def _set_aside(self, queue: str, scan: Scan) -> None:
         """Hold the registry members that are not valid UTF-8 for `CORRUPT_PARK_MS` (told as
@@ -702,7 +722,11 @@ class Pump:
             for failed, exc in failures:
                 self.events.on_dispatch_failure(failed, exc)
         elif parked == -3:  # this is old code of a rolling deploy: a newer pump may send it
+            left = self._left_to_newer.setdefault(queue, {})
             for failed, exc in failures:
+                # Its lease expires at `deadline` for the newer pumps to take; this one keeps
+                # off it for one lease more (then tries again, should none have come).
+                left[failed.lease_member] = deadline + self.lease_ms
                 self.events.on_dispatch_failure(
                     failed, NewerCodeLive(f"{exc}; not parked: newer code of its source is live")
                 )
