@@ -463,9 +463,11 @@ def _shaped(
         jitter_ms = parse_jitter(value)
         tz = cadence.tz if isinstance(cadence, Cron) else "UTC"
         shaped = shape(cadence, tz=tz, exclude=rules, calendars=names, jitter_ms=jitter_ms)
-        if rules and entry.get("immediately") is not True:
+        if rules:
             # Exclusions that leave no run are refused here, naming the field, as the
-            # registry would refuse them: before a sync writes anything of the file.
+            # registry would refuse them: before a sync writes anything of the file (an
+            # `immediately` run does not spare it: the registry asks for a run after it).
+            # On this host's clock: the registry checks again on the server's.
             shaped.first_run(time.time_ns() // 1_000_000)
         return shaped
     except ScheduleError as exc:

@@ -731,20 +731,27 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             for queue, chunk in chunks:
                 keys = self.keys(queue)
                 shared: dict[Any, _Shared] = {}
-                payload = [
-                    self._upsert_item(
-                        items[i][1],
-                        items[i][2] if declared else items[i][2].for_name(items[i][1]),
-                        source,
-                        now,
-                        seeds[i] if seeds else None,
-                        shared,
-                        pending,
-                        old_slots.get(i),
-                        resumes.get(i),
-                    )
-                    for i in chunk
-                ]
+                try:
+                    payload = [
+                        self._upsert_item(
+                            items[i][1],
+                            items[i][2] if declared else items[i][2].for_name(items[i][1]),
+                            source,
+                            now,
+                            seeds[i] if seeds else None,
+                            shared,
+                            pending,
+                            old_slots.get(i),
+                            resumes.get(i),
+                        )
+                        for i in chunk
+                    ]
+                except ScheduleError as exc:  # no run left on the server's clock: say whose
+                    definitions = {
+                        items[i][1]: items[i][2] if declared else items[i][2].for_name(items[i][1])
+                        for i in chunk
+                    }
+                    raise _named(exc, queue, definitions, now) from exc
                 shapes = _share_stale(payload)
                 yield (
                     [
@@ -1999,3 +2006,16 @@ def _completed(fields: Mapping[str, str]) -> Completed | None:
 def _counter(fields: Mapping[str, str], key: str) -> int:
     raw = fields.get(key) or "0"
     return int(raw) if raw.lstrip("-").isdigit() else 0
+
+
+def _named(
+    exc: ScheduleError, queue: str, definitions: Mapping[str, Definition], now: int
+) -> ScheduleError:
+    """`exc`, raised making the upsert items of `definitions` (by name), naming the
+    registration it is of: the first whose first run fails again (the error path only)."""
+    for name, definition in definitions.items():
+        try:
+            definition.first_run(now, created=False)
+        except ScheduleError:
+            return ScheduleError(f"{queue}/{name}: {exc}")
+    return exc

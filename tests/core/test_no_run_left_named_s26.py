@@ -1,0 +1,62 @@
+"""A schedule whose exclusions leave it no run is refused naming it, whichever check finds
+it (found by a probe, session 26).
+
+The schedule file's check (on this host's clock) skipped entries with `immediately`, and the
+registry's own refusal (on the server's clock: the one that counts when the two disagree)
+named no schedule: `Error: the exclusions cover every run ...`. Real server, the CLI as a
+process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from processes import run_cli
+
+from emq_bridge import Declaration, Repeat, define
+from emq_bridge.errors import ScheduleError
+from emq_bridge.sync import sync
+
+FILE = """\
+source = "s"
+queue = "q"
+
+[[schedule]]
+name = "ok"
+task = "t"
+every = "1h"
+
+[[schedule]]
+name = "never"
+task = "t"
+cron = "0 9 * * *"
+immediately = true
+exclude = ["cron:* * * * *"]
+"""
+
+
+def test_a_files_immediately_entry_with_no_run_left_is_refused_naming_entry_and_field(
+    tmp_path: Path, redis_url: str, prefix: str, any_repeat: Repeat
+) -> None:
+    path = tmp_path / "never.toml"
+    path.write_text(FILE)
+    result = run_cli(redis_url, prefix, "sync", str(path))
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert f"{path}: schedule #2 (q/never), field 'exclude': the exclusions cover every run" in line
+    assert run_cli(redis_url, prefix, "list", "q").stdout.strip() == "", "nothing written"
+
+
+@pytest.mark.parametrize("immediately", [False, True])
+def test_the_registrys_refusal_names_the_schedule(any_repeat: Repeat, immediately: bool) -> None:
+    # Past the host's check (a declaration made in code, or a host clock behind the
+    # server's): the registry refuses it on the server's clock, naming it.
+    never = define(
+        cron="0 9 * * *", template={"task": "t"}, exclude=["cron:* * * * *"], immediately=immediately
+    )
+    fine = define(every="1h", template={"task": "t"})
+    declared = [Declaration("q", "fine", fine), Declaration("q", "never", never)]
+    with pytest.raises(ScheduleError, match=r"^q/never: the exclusions cover every run"):
+        sync(any_repeat, declared, "s")
+    assert any_repeat.get("q", "fine") is None  # one call: nothing of it written
