@@ -25,6 +25,7 @@ from .arguments import whole_arg
 from .backfill import BackfillMoves
 from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
 from .cadence import NEVER_MS, Anchor, Misfire, advance, catch_up, now_arg
+from .calendars import Excluding
 from .definition import (
     DEFINITION_FIELDS,
     Declaration,
@@ -43,7 +44,7 @@ from .errors import (
     UnknownRegistration,
 )
 from .heartbeat import HeartbeatMoves
-from .jitter import nominal_slot, pending_slot
+from .jitter import Jittered, nominal_slot, pending_slot
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -709,6 +710,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         for index, item in enumerate(items):
             by_queue.setdefault(item[0], []).append(index)
         now = self._now(now_ms)
+        _check_runs_left(items, now, declared)
         results: list[Upserted | None] = [None] * len(items)
         chunks = [
             (queue, indexes[start : start + UPSERT_CHUNK])
@@ -731,27 +733,20 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             for queue, chunk in chunks:
                 keys = self.keys(queue)
                 shared: dict[Any, _Shared] = {}
-                try:
-                    payload = [
-                        self._upsert_item(
-                            items[i][1],
-                            items[i][2] if declared else items[i][2].for_name(items[i][1]),
-                            source,
-                            now,
-                            seeds[i] if seeds else None,
-                            shared,
-                            pending,
-                            old_slots.get(i),
-                            resumes.get(i),
-                        )
-                        for i in chunk
-                    ]
-                except ScheduleError as exc:  # no run left on the server's clock: say whose
-                    definitions = {
-                        items[i][1]: items[i][2] if declared else items[i][2].for_name(items[i][1])
-                        for i in chunk
-                    }
-                    raise _named(exc, queue, definitions, now) from exc
+                payload = [
+                    self._upsert_item(
+                        items[i][1],
+                        items[i][2] if declared else items[i][2].for_name(items[i][1]),
+                        source,
+                        now,
+                        seeds[i] if seeds else None,
+                        shared,
+                        pending,
+                        old_slots.get(i),
+                        resumes.get(i),
+                    )
+                    for i in chunk
+                ]
                 shapes = _share_stale(payload)
                 yield (
                     [
@@ -2008,14 +2003,20 @@ def _counter(fields: Mapping[str, str], key: str) -> int:
     return int(raw) if raw.lstrip("-").isdigit() else 0
 
 
-def _named(
-    exc: ScheduleError, queue: str, definitions: Mapping[str, Definition], now: int
-) -> ScheduleError:
-    """`exc`, raised making the upsert items of `definitions` (by name), naming the
-    registration it is of: the first whose first run fails again (the error path only)."""
-    for name, definition in definitions.items():
+def _check_runs_left(
+    items: Sequence[tuple[str, str, Definition]], now: int, declared: bool
+) -> None:
+    """Raise `ScheduleError` naming the first of `items` whose exclusions leave it no run
+    from `now` (the server's clock), before any chunk is written: a call refused for it
+    writes nothing. Only a cadence with exclusions can have none, so the others cost a
+    type check."""
+    for queue, name, definition in items:
+        cadence = definition.cadence
+        while isinstance(cadence, Jittered):
+            cadence = cadence.inner
+        if not isinstance(cadence, Excluding):
+            continue
         try:
-            definition.first_run(now, created=False)
-        except ScheduleError:
-            return ScheduleError(f"{queue}/{name}: {exc}")
-    return exc
+            (definition if declared else definition.for_name(name)).first_run(now, created=False)
+        except ScheduleError as exc:
+            raise ScheduleError(f"{queue}/{name}: {exc}") from exc

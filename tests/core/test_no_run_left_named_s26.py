@@ -16,6 +16,7 @@ from processes import run_cli
 
 from emq_bridge import Declaration, Repeat, define
 from emq_bridge.errors import ScheduleError
+from emq_bridge.registry import UPSERT_CHUNK
 from emq_bridge.sync import sync
 
 FILE = """\
@@ -56,7 +57,9 @@ def test_the_registrys_refusal_names_the_schedule(any_repeat: Repeat, immediatel
         cron="0 9 * * *", template={"task": "t"}, exclude=["cron:* * * * *"], immediately=immediately
     )
     fine = define(every="1h", template={"task": "t"})
-    declared = [Declaration("q", "fine", fine), Declaration("q", "never", never)]
+    # More than one upsert call's worth before it: none of them is written either.
+    declared = [Declaration("q", f"fine-{i}", fine) for i in range(UPSERT_CHUNK + 1)]
+    declared.append(Declaration("q", "never", never))
     with pytest.raises(ScheduleError, match=r"^q/never: the exclusions cover every run"):
         sync(any_repeat, declared, "s")
-    assert any_repeat.get("q", "fine") is None  # one call: nothing of it written
+    assert any_repeat.list("q", limit=5) == []
