@@ -54,7 +54,10 @@ def test_the_registrys_refusal_names_the_schedule(any_repeat: Repeat, immediatel
     # Past the host's check (a declaration made in code, or a host clock behind the
     # server's): the registry refuses it on the server's clock, naming it.
     never = define(
-        cron="0 9 * * *", template={"task": "t"}, exclude=["cron:* * * * *"], immediately=immediately
+        cron="0 9 * * *",
+        template={"task": "t"},
+        exclude=["cron:* * * * *"],
+        immediately=immediately,
     )
     fine = define(every="1h", template={"task": "t"})
     # More than one upsert call's worth before it: none of them is written either.
