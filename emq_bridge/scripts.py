@@ -6,6 +6,7 @@ a failover to a replica that never saw the script is handled for us.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -34,12 +35,22 @@ MOVES = (
 )
 
 
+# A move's line `-- #include NAME` stands for `lua/NAME.lib.lua`: what two moves share.
+_INCLUDE = re.compile(r"^-- #include (\w+)$", re.MULTILINE)
+
+
 def _read_sources() -> dict[str, str]:
     folder = resources.files("emq_bridge").joinpath("lua")
-    return {
-        entry.name.removesuffix(".lua"): entry.read_text("utf-8")
+    files = {
+        entry.name: entry.read_text("utf-8")
         for entry in folder.iterdir()
         if entry.name.endswith(".lua")
+    }
+    libs = {n.removesuffix(".lib.lua"): t for n, t in files.items() if n.endswith(".lib.lua")}
+    return {
+        name.removesuffix(".lua"): _INCLUDE.sub(lambda m: libs[m.group(1)], text)
+        for name, text in files.items()
+        if not name.endswith(".lib.lua")
     }
 
 

@@ -24,33 +24,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap, start_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local leases, running = KEYS[1], KEYS[2]
 
--- Cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
--- script emptied fails ("non local key": the server takes it for a key moved away) and the
--- writes made before it stay: the release of a buffered slot after its occurrence left
--- `running` empty would lose that slot. So the last member of `running` is not removed at
--- once: it is held out (read as gone) until a member is added, or the script ends.
-local running_size, held_out = nil, nil  -- its size, read at the first removal
-local function running_score(member)
-  if member == held_out then return nil end
-  return redis.call('ZSCORE', running, member)
-end
-local function leave_running(member)
-  if member == held_out then return end
-  running_size = running_size or redis.call('ZCARD', running)
-  if running_size == 1 and redis.call('ZSCORE', running, member) then
-    held_out = member
-    return
-  end
-  running_size = running_size - redis.call('ZREM', running, member)
-end
-local function enter_running(deadline, member)
-  local added = redis.call('ZADD', running, deadline, member)
-  if running_size then running_size = running_size + added end
-  if held_out and held_out ~= member then
-    running_size = running_size - redis.call('ZREM', running, held_out)
-  end
-  held_out = nil
-end
+-- #include running
 
 local marked = {}
 for i, item in ipairs(cjson.decode(ARGV[5])) do
@@ -145,5 +119,5 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
     end
   end
 end
-if held_out then redis.call('ZREM', running, held_out) end  -- nothing touches it after
+running_done()
 return marked
