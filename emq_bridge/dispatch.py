@@ -61,7 +61,11 @@ class PumpTarget:
     `repeat` is the registry the application's own pumps use (Celery's beat, the workers'
     pump threads), when the adapter knows one: the command pumps it unless told otherwise,
     so a standalone pump never fires a second copy of the schedules under another prefix.
-    `lease_ms` and `max_sleep_s` are the application's pump settings, when it has any;
+    `registry_missing` says why the application names no registry, when it names none (a
+    Celery app on a non-Redis broker without `emq_bridge_redis_url`), and `registry_prefix`
+    is its key prefix then: the command pumps the server the user names under that prefix,
+    and refuses to guess one. `lease_ms` and `max_sleep_s` are the application's pump
+    settings, when it has any;
     `history_size` the history its workers keep (the pump's skipped and lost entries are
     trimmed to it).
 
@@ -86,6 +90,8 @@ class PumpTarget:
     lease_ms: int | None = None
     max_sleep_s: float | None = None
     history_size: int | None = None
+    registry_missing: str | None = None
+    registry_prefix: str | None = None
     sync: Callable[[Repeat], list[SyncPlan]] | None = None
     code: tuple[str, int | None] | None = None
     check: Callable[[Repeat, Sequence[tuple[str, Sequence[Declaration]]]], None] | None = None

@@ -19,7 +19,7 @@ from ..events import PumpEvents
 from ..occurrence import Occurrence
 from ..pump import STOP_DEADLINE_S, Pump
 from ..urls import redact_url
-from .declare import AppSchedule, boot_schedule, registry_url, repeat_for
+from .declare import AppSchedule, boot_schedule, flag_setting, registry_url, repeat_for
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 from .reporting import history_size_setting
@@ -101,6 +101,9 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         try:
             # The history its skipped and lost entries are trimmed to: the workers' setting.
             history_size = history_size_setting(self.app)
+            # Its dispatcher too, before anything is written: the fast path refuses a broker
+            # it cannot send on (ConfigError), as the sync refuses a bad entry.
+            dispatcher = self._dispatcher()
             repeat = repeat_for(self.app)
             plan = boot_schedule(self.app, repeat)
         except Exception as exc:
@@ -114,22 +117,10 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             log.error("emq-bridge beat refuses to start: %s", error)
             raise BeatRefused(error) from exc
         self.plan = plan
-        pipelined = bool(self.app.conf.get("emq_bridge_pipelined", False))
-        monitors = beat_monitors(self.app)  # Sentry Crons, when sentry-sdk is installed
-        if pipelined and monitors is not None and monitoring():
-            log.warning(
-                "emq_bridge_pipelined is off: Sentry Crons monitors beat tasks, and each task "
-                "carries its own check-in"
-            )
-            pipelined = False
         self.pump = Pump(
             repeat,
             plan.queues,
-            PipelinedCeleryDispatcher(self.app)
-            if pipelined
-            else CeleryDispatcher(
-                self.app, extra_headers=monitors.headers if monitors is not None else None
-            ),
+            dispatcher,
             resolve_cadence=plan.resolve_cadence,
             max_sleep_s=float(self.max_interval),
             history_size=history_size,
@@ -141,6 +132,23 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             "emq-bridge beat: %d schedule(s) declared; pumping %s",
             plan.count,
             ", ".join(plan.queues),
+        )
+
+    def _dispatcher(self) -> CeleryDispatcher | PipelinedCeleryDispatcher:
+        """The app's dispatcher: the fast path with `emq_bridge_pipelined` (unless Sentry
+        Crons monitors the beat's tasks: each carries its own check-in)."""
+        pipelined = flag_setting(self.app, "emq_bridge_pipelined", False)
+        monitors = beat_monitors(self.app)  # Sentry Crons, when sentry-sdk is installed
+        if pipelined and monitors is not None and monitoring():
+            log.warning(
+                "emq_bridge_pipelined is off: Sentry Crons monitors beat tasks, and each task "
+                "carries its own check-in"
+            )
+            pipelined = False
+        if pipelined:
+            return PipelinedCeleryDispatcher(self.app)
+        return CeleryDispatcher(
+            self.app, extra_headers=monitors.headers if monitors is not None else None
         )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:

@@ -72,6 +72,26 @@ def _setting(app: Celery, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def flag_setting(app: Celery, name: str, default: bool) -> bool:
+    """Return the boolean setting `name`: True/False, or the strings settings read from the
+    environment hold ("true"/"false", "1"/"0", "yes"/"no", "on"/"off", any case), so that
+    `"false"` is never read as true; `ConfigError` naming it for anything else."""
+    value = _setting(app, name, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+    raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
 def registry_url(app: Celery) -> str:
     """Return the registry's Redis URL: `emq_bridge_redis_url`, else a Redis broker URL."""
     url = _setting(app, "emq_bridge_redis_url")
@@ -341,7 +361,7 @@ def _app_schedule(
 ) -> AppSchedule:
     """`app_schedule`, with the schedule files' declarations given (`extra`), and the
     `beat_schedule` entries when the caller read them (`_beat_entries`)."""
-    check = bool(_setting(app, "emq_bridge_check_tasks", True))
+    check = flag_setting(app, "emq_bridge_check_tasks", True)
     declarations: list[Declaration] = []
     custom: dict[tuple[str, str], CelerySchedule] = {}
     context = Entries(app, check)  # the conf, tasks and routing, read once for all entries
@@ -386,7 +406,7 @@ def decorated_schedule(app: Celery) -> AppSchedule:
     """Validate and convert the app's `@recurring` tasks alone: what a worker syncs (its
     `beat_schedule` belongs to the beat, so a worker converts only the entries whose name
     one of its tasks takes, to refuse a task the beat would refuse as declared twice)."""
-    check = bool(_setting(app, "emq_bridge_check_tasks", True))
+    check = flag_setting(app, "emq_bridge_check_tasks", True)
     context = Entries(app, check)
     tasks = tuple(_decorated(app, context))
     _check_not_in_beat_schedule(app, tasks, context)
@@ -441,7 +461,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     is to be synced is validated before the first write.
     """
     source, generation = _source(app), _generation(app)
-    stamps = bool(_setting(app, "emq_bridge_boot_stamp", True))
+    stamps = flag_setting(app, "emq_bridge_boot_stamp", True)
     entries = _beat_entries(app)
     fingerprint = app_fingerprint(app, entries, _DECLARED) if stamps else None
     vouched = _vouched(repeat, source, fingerprint)

@@ -64,7 +64,7 @@ from ..occurrence import occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
 from ..reporting import HEARTBEAT_S, Reporter
-from .declare import registry_prefix, registry_url, repeat_for
+from .declare import flag_setting, registry_prefix, registry_url, repeat_for
 from .dispatch import (
     DUE_HEADER,
     GUARDED_HEADER,
@@ -117,10 +117,7 @@ def _settings(app: Celery) -> tuple[bool, int, float]:
     """Return `emq_bridge_report`, `emq_bridge_history_size`, `emq_bridge_heartbeat_s`;
     raise `ConfigError` naming the setting that is unusable."""
     conf = app.conf
-    report = conf.get("emq_bridge_report")
-    report = True if report is None else report
-    if not isinstance(report, bool):
-        raise ConfigError(f"emq_bridge_report must be True or False, got {report!r}")
+    report = flag_setting(app, "emq_bridge_report", True)
     size = history_size_setting(app)
     beat = conf.get("emq_bridge_heartbeat_s")
     beat = HEARTBEAT_S if beat is None else beat

@@ -8,7 +8,7 @@ from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
 from ..targets import app_failed
-from .declare import app_schedule, registry_url, repeat_for, sync_app
+from .declare import app_schedule, registry_prefix, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 from .reporting import history_size_setting
@@ -41,7 +41,12 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         raise app_failed(f"cannot load the Celery app {spec!r}", exc) from exc
     if not isinstance(app, Celery):
         raise ConfigError(f"{spec!r} is {type(app).__name__}, not a Celery app")
-    app.loader.import_default_modules()
+    try:  # its task modules: a Django project's settings and tasks run here
+        app.loader.import_default_modules()
+    except EmqError:
+        raise
+    except Exception as exc:
+        raise app_failed(f"cannot load the Celery app {spec!r}", exc) from exc
     app.finalize(auto=True)
     plan = app_schedule(app)
     dispatcher = PipelinedCeleryDispatcher(app) if pipelined else CeleryDispatcher(app)
@@ -53,10 +58,21 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         plan.source,
         plan.resolve_cadence,
         repeat=_beat_registry(app),
+        registry_missing=_registry_missing(app),
+        registry_prefix=registry_prefix(app),
         max_sleep_s=float(max_loop_s) if max_loop_s else None,
         history_size=history_size_setting(app),
         sync=lambda repeat: sync_app(app, repeat, plan, stamp=True),
     )
+
+
+def _registry_missing(app: Celery) -> str | None:
+    """Why the app names no Redis for its registry (the beat refuses to start), or None."""
+    try:
+        registry_url(app)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def _beat_registry(app: Celery) -> Repeat | None:

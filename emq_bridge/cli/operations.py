@@ -17,7 +17,7 @@ from .. import targets
 from ..config import ScheduleFile, load_schedule_file
 from ..definition import Declaration
 from ..dispatch import Dispatcher, ListPushDispatcher, PumpTarget
-from ..errors import RegistryError
+from ..errors import ConfigError, RegistryError
 from ..file_stamp import FileStamp, file_stamp
 from ..heartbeat import MAX_HEARTBEAT_TTL_S, Heartbeat
 from ..outcome import HISTORY_SIZE
@@ -484,6 +484,17 @@ def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[Sch
         )
 
 
+def _named_registry(settings: Settings, missing: str, app_prefix: str | None) -> Repeat:
+    """The registry of an app that names none (`missing` says why): the server the user
+    gave (--redis-url, $REDIS_URL), under the app's prefix unless --prefix was given; the
+    command's default server is no guess to pump (and sync into) silently."""
+    if given_as("redis_url") is None:
+        raise ConfigError(f"{missing}; or name its server with --redis-url or $REDIS_URL")
+    if given_as("prefix") is None and app_prefix is not None and app_prefix != settings.prefix:
+        return Repeat(settings.client(), app_prefix)
+    return settings.repeat()
+
+
 class RegistryConflict(click.ClickException):
     """The registry given is not the app's: bad usage (exit 2), told in one line."""
 
@@ -499,6 +510,8 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
     taken from the app. Nothing is read or written before the check.
     """
     app = target.repeat if target is not None else None
+    if app is None and not force and target is not None and target.registry_missing:
+        return _named_registry(settings, target.registry_missing, target.registry_prefix)
     if app is None or force:
         if app is not None:
             log.warning(

@@ -376,7 +376,7 @@ def test_reports_off_send_nothing(make_app: Any, repeat: Repeat, prefix: str) ->
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
-        ({"emq_bridge_report": "yes"}, "emq_bridge_report must be True or False"),
+        ({"emq_bridge_report": "maybe"}, "emq_bridge_report must be True or False"),
         ({"emq_bridge_history_size": 0}, "emq_bridge_history_size: history_size must be"),
         ({"emq_bridge_history_size": 2.5}, "emq_bridge_history_size must be a whole number"),
         ({"emq_bridge_heartbeat_s": 0}, "emq_bridge_heartbeat_s must be a positive number"),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from celery import Celery, current_app
 from django.core.management.base import BaseCommand, CommandError  # type: ignore[import-untyped]
 
+from emq_bridge.celery.declare import registry_prefix, registry_url
 from emq_bridge.celery.importers.django.reader import DEFAULT_SOURCE, read_periodic_tasks
-from emq_bridge.errors import EmqError
+from emq_bridge.errors import ConfigError, EmqError
 from emq_bridge.keys import DEFAULT_PREFIX
 from emq_bridge.migrate.plan import apply_import, queues_note, result_lines
 from emq_bridge.registry import Repeat
+from emq_bridge.urls import redact_url
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -21,8 +24,13 @@ class Command(BaseCommand):  # type: ignore[misc]
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--redis-url", required=True, help="The emq-bridge registry.")
-        parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="Its key prefix.")
+        parser.add_argument(
+            "--redis-url",
+            help="The emq-bridge registry (default: the Celery app's, as its beat reads it).",
+        )
+        parser.add_argument(
+            "--prefix", help="Its key prefix (default: the app's emq_bridge_prefix, else emq)."
+        )
         parser.add_argument("--database", default="default", help="The database alias to read.")
         parser.add_argument("--queue", default="celery", help="Queue of tasks naming none.")
         parser.add_argument("--source", default=DEFAULT_SOURCE, help="Owner tag of the imports.")
@@ -41,7 +49,10 @@ class Command(BaseCommand):  # type: ignore[misc]
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            with Repeat.from_url(options["redis_url"], options["prefix"]) as repeat:
+            url, prefix = _registry(options["redis_url"], options["prefix"])
+            if options["redis_url"] is None or options["prefix"] is None:  # the app's: say so
+                self.stderr.write(f"registry: {redact_url(url)} (prefix {prefix!r})")
+            with Repeat.from_url(url, prefix) as repeat:
                 plan = read_periodic_tasks(
                     now_ms=repeat.server_time_ms(),
                     using=options["database"],
@@ -64,3 +75,18 @@ class Command(BaseCommand):  # type: ignore[misc]
         if note is not None:
             self.stderr.write(note)
         self.stderr.write(result.summary())
+
+
+def _registry(url: str | None, prefix: str | None) -> tuple[str, str]:
+    """The registry to import into: what the options name, else the project's Celery app's
+    (`current_app`: the app its `celery.py` made), as its beat and pumps read it, so that
+    what is imported is what they pump. `ConfigError` when neither names a Redis."""
+    app = current_app._get_current_object()
+    if url is None:
+        try:
+            url = registry_url(app)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; or give --redis-url") from None
+    if prefix is None:
+        prefix = registry_prefix(app) if isinstance(app, Celery) else DEFAULT_PREFIX
+    return url, prefix

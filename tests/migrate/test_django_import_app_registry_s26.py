@@ -1,0 +1,80 @@
+"""`manage.py emq_import` imports into the project's Celery app's registry when no
+`--redis-url`/`--prefix` is given (found by a probe, session 26).
+
+It required `--redis-url` and wrote under the prefix `emq` whatever the app's
+`emq_bridge_prefix` (`CELERY_EMQ_BRIDGE_PREFIX` in Django's settings): the app's beat and
+pumps, on their own prefix, never fired what was imported. A real Django project on SQLite,
+its Celery app configured from Django's settings as Celery's Django guide does, in a
+subprocess of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from emq_bridge import Repeat
+
+SETTINGS = """
+SECRET_KEY = "x"
+INSTALLED_APPS = ["django_celery_beat", "emq_bridge.celery.importers.django"]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {db!r}}}}}
+USE_TZ = True
+TIME_ZONE = "UTC"
+CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
+CELERY_EMQ_BRIDGE_REDIS_URL = {url!r}
+CELERY_EMQ_BRIDGE_PREFIX = {prefix!r}
+"""
+
+CELERY = """
+from celery import Celery
+
+app = Celery("djproj")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+"""
+
+SEED = """
+import django
+
+django.setup()
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+every = IntervalSchedule.objects.create(every=10, period="minutes")
+PeriodicTask.objects.create(name="refresh", task="djproj.refresh", interval=every)
+"""
+
+
+def test_without_url_or_prefix_it_imports_into_the_apps_registry(
+    tmp_path: Path, repeat: Repeat, redis_url: str
+) -> None:
+    package = tmp_path / "djproj"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .celery import app as celery_app\n")
+    (package / "celery.py").write_text(CELERY)
+    settings = SETTINGS.format(db=str(tmp_path / "db.sqlite3"), url=redis_url, prefix=repeat.prefix)
+    (package / "settings.py").write_text(textwrap.dedent(settings))
+    (tmp_path / "seed.py").write_text(SEED)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "djproj.settings", "PYTHONPATH": str(tmp_path)}
+    env.pop("REDIS_URL", None)
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    assert run("-m", "django", "migrate", "--verbosity=0").returncode == 0
+    assert run("seed.py").returncode == 0
+    done = run("-m", "django", "emq_import")
+    assert done.returncode == 0, done.stderr
+    assert f"(prefix {repeat.prefix!r})" in done.stderr.splitlines()[0]
+    assert "1 created" in done.stderr
+    imported = repeat.get("celery", "refresh")
+    assert imported is not None and imported.definition.template["task"] == "djproj.refresh"
