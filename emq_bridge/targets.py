@@ -17,15 +17,24 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
+import traceback
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Protocol
 
 from .dispatch import PumpTarget
-from .errors import ConfigError
+from .errors import ConfigError, EmqError, ScheduleError
 
-__all__ = ["ENTRY_POINT_GROUP", "TargetLoader", "app_failed", "frameworks", "load_target"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "TargetLoader",
+    "app_failed",
+    "declared_at",
+    "frameworks",
+    "load_target",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,4 +98,35 @@ def app_failed(what: str, exc: Exception) -> ConfigError:
     it (`what`: "cannot load the Celery app 'proj'"); its traceback goes to the DEBUG log
     (`-vv`), not to the user's terminal."""
     log.debug("%s", what, exc_info=exc)
+    cause: BaseException | None = exc
+    seen: set[int] = set()
+    while cause is not None and not isinstance(cause, EmqError) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__  # Celery's find_app wraps it
+    if cause is not None and not isinstance(cause, EmqError):
+        cause = None
+    if cause is not None:  # emq-bridge refused a declaration: its reason, and where
+        return ConfigError(f"{what}: {declared_at(cause)}")
     return ConfigError(f"{what}: {type(exc).__name__}: {exc} (-vv shows the traceback)")
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def declared_at(exc: EmqError) -> EmqError:
+    """`exc` (raised by emq-bridge while an adapter imported the application: a bad
+    `@recurring`, say), naming where in the application's code: the innermost frame of its
+    traceback outside emq-bridge and Python's import machinery, "(at proj/tasks.py:12)".
+    A one-line error names no file otherwise."""
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or path.startswith(_PACKAGE + os.sep):
+            continue
+        where = frame
+    if where is None or type(exc) not in (ConfigError, ScheduleError):
+        return exc
+    shown = os.path.relpath(where.filename)
+    if shown.startswith(".."):  # outside the working directory: the whole path
+        shown = where.filename
+    return type(exc)(f"{exc} (at {shown}:{where.lineno})")

@@ -7,7 +7,7 @@ from celery import Celery
 from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
-from ..targets import app_failed
+from ..targets import app_failed, declared_at
 from .declare import app_schedule, registry_prefix, registry_url, repeat_for, sync_app
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
@@ -33,8 +33,8 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
 
     try:
         app = find_app(spec)
-    except EmqError:
-        raise  # a @recurring declaration, say: its own one-line reason
+    except EmqError as exc:  # a @recurring declaration, say: its reason, and where
+        raise declared_at(exc) from exc
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load the Celery app {spec!r}: {exc}") from exc
     except Exception as exc:  # the app's own code failed
@@ -43,8 +43,8 @@ def load_target(spec: str, *, pipelined: bool = False) -> PumpTarget:
         raise ConfigError(f"{spec!r} is {type(app).__name__}, not a Celery app")
     try:  # its task modules: a Django project's settings and tasks run here
         app.loader.import_default_modules()
-    except EmqError:
-        raise
+    except EmqError as exc:
+        raise declared_at(exc) from exc
     except Exception as exc:
         raise app_failed(f"cannot load the Celery app {spec!r}", exc) from exc
     app.finalize(auto=True)

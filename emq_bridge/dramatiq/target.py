@@ -16,7 +16,7 @@ from ..definition import Declaration
 from ..dispatch import PumpTarget
 from ..errors import ConfigError, EmqError
 from ..registry import Repeat
-from ..targets import app_failed
+from ..targets import app_failed, declared_at
 from .dispatch import dramatiq_dispatcher
 from .middleware import DEFAULT_SOURCE, RecurringMiddleware
 from .schedule import broker_declarations, check_actors
@@ -38,8 +38,8 @@ def import_broker(spec: str) -> dramatiq.Broker:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except EmqError:
-        raise  # an actor's recurring option, say: its own one-line reason
+    except EmqError as exc:  # an actor's recurring option, say: its reason, and where
+        raise declared_at(exc) from exc
     except ImportError as exc:
         raise ConfigError(f"cannot import Dramatiq app {module_name!r}: {exc}") from exc
     except Exception as exc:  # the app's own code failed

@@ -144,3 +144,36 @@ def test_an_app_whose_task_modules_raise_is_one_line(tmp_path: Path, prefix: str
     assert done.returncode != 0
     [line] = done.stderr.strip().splitlines()
     assert "cannot load the Celery app 's26app'" in line and "RuntimeError" in line
+
+
+BAD_RECURRING = """
+from celery import Celery
+from emq_bridge.celery import recurring
+
+app = Celery("s26bad", broker="redis://127.0.0.1:1/0")
+
+
+@recurring(cron="61 25 * * *")
+@app.task
+def refresh():
+    return None
+"""
+
+
+def test_a_bad_recurring_is_one_line_naming_where_it_is_declared(
+    tmp_path: Path, redis_url: str
+) -> None:
+    (tmp_path / "s26bad.py").write_text(BAD_RECURRING)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [EMQ_BRIDGE, "--redis-url", redis_url, "pump", "--celery", "s26bad", "--once"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "invalid cron '61 25 * * *'" in line and line.endswith("(at s26bad.py:8)"), line
