@@ -35,7 +35,7 @@ from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
 from .pump_options import check_pump_options
-from .registry import Claim, Repeat, Scan, WakeSubscription
+from .registry import Claim, Repeat, Scan, WakeSubscription, WakeupsRefused
 from .template import decode_frozen
 from .template_pieces import join_template
 
@@ -55,6 +55,9 @@ NOT_HERE_RECHECK_MS = 1000
 CORRUPT_PARK_MS = 60_000
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
+# A wake-up subscription that breaks sooner than this after it was made is not trusted to
+# say a change may have been missed: the sleep polls on instead of ticking at once.
+RESUBSCRIBE_S = 1.0
 # The record fields that say when a registration last ran (for a checked cadence).
 LAST_RUN_FIELDS = ("last_fired_ms", "last_due_ms", "created_ms")
 # What a batch reads of its records, in its one fetch: the definition, the last run (for a
@@ -261,6 +264,8 @@ class Pump:
         self._failures = 0
         # The wake-up subscription `listen` makes and `sleep` waits on (None: polling).
         self._wakeups: WakeSubscription | None = None
+        self._listened_at = 0.0  # when (monotonic) the subscription was made
+        self._wakeups_refused = False  # the server refused it (an ACL): the pump polls
         self._broken: dict[str, str] = {}
         # Per queue, oldest first: the acks that failed, retried before its next drains.
         self._pending_acks: dict[str, list[_PendingAck]] = {}
@@ -1198,16 +1203,35 @@ class Pump:
     def _subscribe(self) -> WakeSubscription | None:
         try:
             return self.repeat.subscribe(self.queues)
+        except WakeupsRefused as exc:
+            self._refuse_wakeups(exc)
+            return None
         except RegistryError as exc:
             log.debug("no wake-up subscription, polling every %.1fs: %s", self.max_sleep_s, exc)
             return None
 
+    def _refuse_wakeups(self, exc: WakeupsRefused) -> None:
+        """Poll from now on, told once: the server refuses the subscription, and asking at
+        every tick would make each sleep end at once (a busy loop)."""
+        self.unlisten()
+        if not self._wakeups_refused:
+            self._wakeups_refused = True
+            log.warning(
+                "wake-ups are off, the pump polls every %.1fs: %s (give the user the "
+                "channels `&%s:*`)",
+                self.max_sleep_s,
+                exc,
+                self.repeat.prefix,
+            )
+
     def listen(self) -> None:
         """Subscribe to the wake-ups of the pump's queues, unless subscribed: a loop calls it
         before each `step`, so that a change published while the step runs ends the `sleep`
-        after it. Without a subscription (Redis unreachable), `sleep` polls."""
-        if self._wakeups is None:
+        after it. Without a subscription (Redis unreachable, or the user refused it), `sleep`
+        polls."""
+        if self._wakeups is None and not self._wakeups_refused:
             self._wakeups = self._subscribe()
+            self._listened_at = time.monotonic()
 
     def sleep(self, delay_s: float) -> None:
         """Sleep up to `delay_s`: until a registry change of the pump's queues is published
@@ -1227,9 +1251,14 @@ class Pump:
             try:
                 if wakeups.wait(min(remaining, 0.2)):
                     return  # a registry change: tick now
-            except Exception:  # the connection broke: tick now, a new one comes at `listen`
+            except WakeupsRefused as exc:
+                self._refuse_wakeups(exc)
+            except Exception:  # the connection broke: a new one comes at `listen`
                 self.unlisten()
-                return
+                if time.monotonic() - self._listened_at >= RESUBSCRIBE_S:
+                    return  # tick now: a change may have come meanwhile
+                # Broken as soon as it was made: poll out this sleep, so that a subscription
+                # that always breaks makes no busy loop.
 
     def unlisten(self) -> None:
         """Close the wake-up subscription, if any; never raises."""

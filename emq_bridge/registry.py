@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -76,6 +77,7 @@ __all__ = [
     "Seed",
     "Upserted",
     "WakeSubscription",
+    "WakeupsRefused",
     "occurrence_id",
     "redis_errors",
     "text",
@@ -350,9 +352,11 @@ class WakeSubscription:
     def wait(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for a change; True if one was published.
 
-        Raises `RegistryUnavailable` when the connection broke (subscribe again later).
+        Raises `RegistryUnavailable` when the connection broke (subscribe again later), and
+        `WakeupsRefused` when the server refused the subscription (redis-py reads SUBSCRIBE's
+        reply here, with the first message).
         """
-        with redis_errors("wait for wake-ups"):
+        with _refused_wakeups(), redis_errors("wait for wake-ups"):
             return self._pubsub.get_message(timeout=timeout_s) is not None
 
     def close(self) -> None:
@@ -361,6 +365,25 @@ class WakeSubscription:
             self._pubsub.close()
         except Exception:  # closing a broken connection may itself fail; nothing to save
             log.debug("closing the wake-up subscription failed", exc_info=True)
+
+
+class WakeupsRefused(RegistryError):
+    """The server refused the wake-up subscription: the Redis user may not subscribe to the
+    registry's channels (an ACL without `&<prefix>:*`). Asking again gets the same answer."""
+
+
+@contextmanager
+def _refused_wakeups() -> Iterator[None]:
+    """Raise `WakeupsRefused` for a refused subscription (redis-py's NOPERM)."""
+    try:
+        yield
+    except RegistryError as exc:
+        if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+            raise WakeupsRefused(
+                "the Redis user may not subscribe to the registry's wake-up channels "
+                f"({exc.__cause__})"
+            ) from exc.__cause__
+        raise
 
 
 class StaleGeneration(RegistryError):
@@ -449,7 +472,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         Raises `RegistryUnavailable`/`RegistryError` when the subscription cannot be made.
         """
         channels = [self.keys(q).wake_channel for q in queues]
-        with redis_errors("SUBSCRIBE"):
+        with _refused_wakeups(), redis_errors("SUBSCRIBE"):
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(*channels)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -523,7 +524,7 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
         return settings.repeat()
     url_flag, prefix_flag = given_as("redis_url"), given_as("prefix")
     conflicts = []
-    if url_flag is not None and not _same_server(settings.client(), app.client):
+    if url_flag is not None and not _same_server(settings.client(), app.client, app.prefix):
         conflicts.append(url_flag)
     if prefix_flag is not None and settings.prefix != app.prefix:
         conflicts.append(prefix_flag)
@@ -550,11 +551,12 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
     return app
 
 
-def _same_server(given: Any, app: Any) -> bool:
+def _same_server(given: Any, app: Any, prefix: str) -> bool:
     """Whether two clients reach one server and database: the same location, or another
     spelling of it (`localhost` and `127.0.0.1`, a socket and a port) that both answer with
-    one server's `run_id`. Asked only when the locations differ; a server that does not
-    answer is taken as another one."""
+    one server's `run_id`, or, for a user refused INFO (an ACL with `-@dangerous`), that
+    reads a throwaway key the other wrote under the registry's `prefix`. Asked only when the
+    locations differ; a server that does not answer is taken as another one."""
     mine, theirs = client_location(given), client_location(app)
     if mine == theirs:
         return True
@@ -562,7 +564,24 @@ def _same_server(given: Any, app: Any) -> bool:
         return False  # a cluster or sentinel pool, or another database
     try:
         return bool(given.info("server")["run_id"] == app.info("server")["run_id"])
+    except redis.exceptions.NoPermissionError:
+        return _sees_the_same_key(given, app, prefix)
     except (redis.RedisError, OSError, KeyError, TypeError):
+        return False
+
+
+def _sees_the_same_key(given: Any, app: Any, prefix: str) -> bool:
+    """Whether `given` reads the key `app` just wrote (10 s at most, then removed)."""
+    token = uuid.uuid4().hex
+    key = f"{prefix}:same-server:{token}"
+    try:
+        app.set(key, token, px=10_000)
+        try:
+            found = given.get(key)
+            return found is not None and text(found) == token
+        finally:
+            app.delete(key)
+    except (redis.RedisError, OSError):
         return False
 
 

@@ -97,7 +97,7 @@ else
       handed = handed + 1
     end
   end
-  if handed > 0 then redis.call('PUBLISH', ARGV[3], 'ack') end
+  if handed > 0 then redis.pcall('PUBLISH', ARGV[3], 'ack') end
 end
 local first = {}
 if not emptied then first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES') end

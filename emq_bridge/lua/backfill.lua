@@ -96,7 +96,7 @@ for _, text in ipairs(cjson.decode(ARGV[5])) do
     queued[#queued + 1] = text
   end
 end
-if #queued > 0 and not dry then redis.call('PUBLISH', ARGV[9], 'backfill') end
+if #queued > 0 and not dry then redis.pcall('PUBLISH', ARGV[9], 'backfill') end
 local reply = '[]'
 if #queued > 0 then reply = cjson.encode(queued) end
 return {1, reply, live, done, ahead, outside}

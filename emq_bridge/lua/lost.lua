@@ -113,7 +113,7 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
           end
           enter_running(now + start_ttl, next_member)
           redis.call('ZADD', leases, 'NX', 0, next_member .. ' buffered')
-          redis.call('PUBLISH', ARGV[4], name)
+          redis.pcall('PUBLISH', ARGV[4], name)
         end
       end
     end

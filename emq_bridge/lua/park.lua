@@ -71,5 +71,5 @@ if cur[2] ~= '1' then
   redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
 end
 redis.call('HSET', KEYS[2], 'parked_reason', ARGV[4], 'parked_ms', ARGV[5])
-redis.call('PUBLISH', ARGV[6], ARGV[1])
+redis.pcall('PUBLISH', ARGV[6], ARGV[1])
 return 1

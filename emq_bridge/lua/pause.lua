@@ -19,5 +19,5 @@ redis.call('HSET', KEYS[2], 'paused', '1', 'paused_next_ms', score or '', 'pause
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'paused_note', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], 'paused_by', ARGV[4]) end
 redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
-redis.call('PUBLISH', ARGV[2], ARGV[1])
+redis.pcall('PUBLISH', ARGV[2], ARGV[1])
 return 1

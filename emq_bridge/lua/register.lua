@@ -46,5 +46,5 @@ if owner and redis.call('HEXISTS', KEYS[3], '{w}' .. owner) == 1 then
   local result = redis.pcall('HINCRBY', KEYS[3], '{w}' .. owner, 1)  -- edited by hand: restart
   if type(result) == 'table' and result.err then redis.call('HSET', KEYS[3], '{w}' .. owner, 1) end
 end
-redis.call('PUBLISH', ARGV[3], ARGV[1])
+redis.pcall('PUBLISH', ARGV[3], ARGV[1])
 return 1

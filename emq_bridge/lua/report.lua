@@ -110,7 +110,7 @@ local function release_buffered(record, name)
   end
   enter_running(now + start_ttl, member)
   redis.call('ZADD', leases, 'NX', 0, member .. ' buffered')
-  redis.call('PUBLISH', ARGV[5], name)
+  redis.pcall('PUBLISH', ARGV[5], name)
 end
 
 local function pause_after_failures(record, name, failures, error)
@@ -122,7 +122,7 @@ local function pause_after_failures(record, name, failures, error)
   redis.call('HSET', record, 'paused', '1', 'paused_next_ms', score or '',
              'parked_reason', reason, 'parked_ms', now)
   redis.call('ZADD', registry, '+inf', name)
-  redis.call('PUBLISH', ARGV[5], name)
+  redis.pcall('PUBLISH', ARGV[5], name)
 end
 
 -- One table of HSET arguments and one of HDEL fields, reused by every report (`ns`, `nd`

@@ -73,5 +73,5 @@ for _, field in ipairs({'paused', 'paused_next_ms', 'parked_reason', 'parked_ms'
 end
 if #cleared > 0 then redis.call('HDEL', KEYS[2], unpack(cleared)) end
 redis.call('ZADD', KEYS[1], score, ARGV[1])
-redis.call('PUBLISH', ARGV[3], ARGV[1])
+redis.pcall('PUBLISH', ARGV[3], ARGV[1])
 return 1

@@ -22,5 +22,5 @@ for i, wanted in ipairs({'hash', 'zset'}) do
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('ZADD', KEYS[2], 0, ARGV[1] .. ' ' .. ARGV[2] .. ' manual')
-redis.call('PUBLISH', ARGV[3], ARGV[1])
+redis.pcall('PUBLISH', ARGV[3], ARGV[1])
 return 1

@@ -375,5 +375,5 @@ for owner, n in pairs(writes) do
     if type(result) == 'table' and result.err then redis.call('HSET', KEYS[3], counter, n) end
   end
 end
-if written then redis.call('PUBLISH', ARGV[1], 'upsert') end
+if written then redis.pcall('PUBLISH', ARGV[1], 'upsert') end
 return table.concat(results)
