@@ -303,7 +303,7 @@ def _report(
             if start is None:
                 return
             _process.used.add(id(reporter))
-            if not start.triggered and header(request, GUARDED_HEADER):
+            if not start.triggered and _guarded(request):
                 # A guarded run is in flight, heartbeated, from its start on (one round trip,
                 # as Dramatiq's middleware does): its start report waits aside for the linger,
                 # and a worker killed in that while would hold the schedule until the start
@@ -325,6 +325,16 @@ def _report(
             getattr(request, "id", "?"),
             error_text(exc),
         )
+
+
+def _guarded(request: Any) -> bool:
+    """Whether the task `request` serves is a guarded occurrence (`emq_guarded`), read as
+    `occurrence_of` reads headers: from the request's attributes when the message put them
+    there (protocol 2, every worker's task), so a task start costs one dict lookup."""
+    fields = getattr(request, "__dict__", None)
+    if fields is not None and DUE_HEADER in fields:
+        return bool(fields.get(GUARDED_HEADER))
+    return bool(header(request, GUARDED_HEADER))
 
 
 def _now_ms() -> int:
