@@ -19,7 +19,14 @@ from ..events import PumpEvents
 from ..occurrence import Occurrence
 from ..pump import STOP_DEADLINE_S, Pump
 from ..urls import redact_url
-from .declare import AppSchedule, boot_schedule, flag_setting, registry_url, repeat_for
+from .declare import (
+    AppSchedule,
+    boot_schedule,
+    flag_setting,
+    registry_prefix,
+    registry_url,
+    repeat_for,
+)
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 from .reporting import history_size_setting
@@ -129,9 +136,11 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         self.pump.heartbeat.role = "celery-beat"
         self.pump.check_eviction_policy()
         log.info(
-            "emq-bridge beat: %d schedule(s) declared; pumping %s",
+            "emq-bridge beat: %d schedule(s) declared; pumping %s in %s (prefix %r)",
             plan.count,
             ", ".join(plan.queues),
+            redact_url(registry_url(self.app)),
+            repeat.prefix,
         )
 
     def _dispatcher(self) -> CeleryDispatcher | PipelinedCeleryDispatcher:
@@ -210,7 +219,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             where = redact_url(registry_url(self.app))
         except EmqError as exc:  # the banner must not fail; setup_schedule reports it
             where = f"not configured ({exc})"
-        return f"    . registry -> {where} (emq-bridge)"
+        return f"    . registry -> {where} (emq-bridge, prefix {registry_prefix(self.app)!r})"
 
 
 _HELD = (signal.SIGTERM, signal.SIGINT)

@@ -317,6 +317,7 @@ def test_three_beats_at_once_started_three_ways_run_each_occurrence_once(fleet: 
             f"{name} did not start:\n{text[-2000:]}"
         )
         assert "registry -> redis://" in text
+        assert "(emq-bridge, prefix '" in text  # which keys: a misspelt prefix setting shows
         # The banner names the scheduler that runs (on a worker, -S is --statedb).
         assert "scheduler -> emq_bridge.celery.beat.RepeatScheduler" in text
         assert fleet.stacks["multi"].procs[name].poll() is None, f"{name} exited early"
