@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -323,6 +324,26 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         for row in [[h.upper() for h in header], *rows]
     ]
     return "\n".join(lines)
+
+
+def table_lines(
+    header: Sequence[str], rows: Iterable[Sequence[str]], chunk: int = 1000
+) -> Iterator[str]:
+    """`table`, a line at a time from rows read `chunk` at a time, so a long listing starts
+    at once and holds one chunk in memory: each chunk is aligned on the widths seen so far
+    (a later, wider value widens its column from there on). Nothing when there is no row."""
+    widths = [len(h) for h in header]
+    first = True
+    rows = iter(rows)
+    while batch := list(itertools.islice(rows, chunk)):
+        cells = [[printable(cell) for cell in row] for row in batch]
+        for row in cells:
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+        if first:
+            cells.insert(0, [h.upper() for h in header])
+            first = False
+        for row in cells:
+            yield "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
 
 
 def to_json(data: Any) -> str:

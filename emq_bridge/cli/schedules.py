@@ -52,6 +52,7 @@ from .render import (
     state_text,
     status_text,
     table,
+    table_lines,
     to_json,
     upcoming,
     zone_of,
@@ -203,7 +204,7 @@ def list_command(
             click.echo(chunk, nl=False)
         click.echo()
         return
-    rows = [
+    rows = (
         [
             r.queue,
             r.name,
@@ -214,15 +215,17 @@ def list_command(
             flagged_state(r, now_ms, pumped, state_text(r)),
         ]
         for r in registrations
-    ]
-    if not rows:
+    )
+    header = ["queue", "name", "cadence", "next run", "last run", "last status", "state"]
+    shown = False
+    for line in table_lines(header, rows):  # as they are read: the first lines come at once
+        click.echo(line)
+        shown = True
+    if not shown:
         where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
         if selector:
             where += " with labels " + ",".join(f"{k}={v}" for k, v in selector.items())
         click.echo(f"no schedules in {where}" + (" on this page" if offset else ""), err=True)
-        return
-    header = ["queue", "name", "cadence", "next run", "last run", "last status", "state"]
-    click.echo(table(header, rows))
 
 
 def _page(
@@ -689,9 +692,9 @@ def _json_value(
 @click.option(
     "--misfire",
     type=click.Choice(MISFIRES),
-    help="Slots missed while no pump ran: latest (default; fire the newest once), earliest, "
-    "skip (none) or all (each, at most --catchup-max); coalesce and catchup are the old names "
-    "of latest and all.",
+    help="Slots no pump claimed in time (stopped, or behind): latest (default; fire the "
+    "newest once), earliest, skip (none) or all (each, at most --catchup-max); coalesce and "
+    "catchup are the old names of latest and all.",
 )
 @click.option(
     "--catchup-window",
