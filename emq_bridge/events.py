@@ -82,7 +82,8 @@ class PumpEvents:
         expire at once, and the next tick of any pump sends them (same ids, redelivered)."""
 
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
-        """`missed` slots of `name` passed while no pump ran; the policy dropped them.
+        """`missed` slots of `name` no pump claimed in time (stopped, or behind); the policy
+        dropped them.
 
         `due_ms` is the nominal time of the occurrence that fires for them, or the next run
         when none fires (`skip`, or every slot older than the catch-up window; `NEVER_MS`
@@ -177,7 +178,7 @@ class _Held:
 
 # What the summary line says of each kind's held lines ("N more <what>").
 _HELD_WHAT = {
-    "catch_up": "registration(s) missed slots while no pump ran",
+    "catch_up": "registration(s) missed slots no pump claimed in time",
     "skip": "slot(s) skipped: an occurrence is in flight",
     "buffer": "slot(s) wait for the occurrence in flight to end",
     "redispatch": "occurrence(s) sent again with the same id after their lease expired",
@@ -384,7 +385,7 @@ class LoggingEvents(PumpEvents):
             fired = f"fires the one due at {_when(step.fire_ms)}"
         log.log(
             level,
-            "%s/%s: %d slot(s) missed while no pump ran (%d passed, %s to %s); misfire policy "
+            "%s/%s: %d slot(s) missed, unclaimed in time (%d passed, %s to %s); misfire policy "
             "%s %s; counted in missed",
             queue,
             name,

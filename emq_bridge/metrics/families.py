@@ -156,7 +156,7 @@ def _pump_families(registry: CollectorRegistry) -> PumpFamilies:
         ),
         missed=counter(
             "emq_bridge_occurrences_missed_total",
-            "Slots that passed while no pump ran and the misfire policy dropped.",
+            "Slots no pump claimed in time (stopped, or behind) that the misfire policy dropped.",
         ),
         skipped=counter(
             "emq_bridge_occurrences_skipped_total",

@@ -102,7 +102,7 @@ def register(repeat: Repeat, count: int, overlap: Overlap = "allow") -> None:
         )
 
 
-MISSED = "missed while no pump ran"
+MISSED = "missed, unclaimed in time"
 
 
 def test_a_tick_in_which_300_registrations_miss_slots_warns_of_5_and_counts_the_rest(
@@ -116,9 +116,9 @@ def test_a_tick_in_which_300_registrations_miss_slots_warns_of_5_and_counts_the_
 
     warned = messages(caplog, logging.WARNING, MISSED)
     assert len(warned) == 5
-    assert all(" 59 slot(s) missed while no pump ran (60 passed, " in line for line in warned)
+    assert all(" 59 slot(s) missed, unclaimed in time (60 passed, " in line for line in warned)
     assert messages(caplog, logging.WARNING, "more registration(s)") == [
-        "295 more registration(s) missed slots while no pump ran (17405 slot(s), counted in "
+        "295 more registration(s) missed slots no pump claimed in time (17405 slot(s), counted in "
         "missed), in queue(s) reports (listed at DEBUG)"
     ]
     listed = messages(caplog, logging.DEBUG, MISSED)

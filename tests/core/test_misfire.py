@@ -179,7 +179,7 @@ def missed_lines(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
         for r in caplog.records
         if r.name == "emq_bridge.pump"
         and f"reports/{name}:" in r.getMessage()
-        and "missed while no pump ran" in r.getMessage()
+        and "missed, unclaimed in time" in r.getMessage()
     ]
 
 
@@ -234,7 +234,7 @@ def test_each_policy_through_a_three_day_outage_fires_counts_and_logs_once(
     assert registration.next_run_ms == T0 + 74 * HOUR
     assert [m[:2] for m in journal.missed] == [("hourly", dropped)]
     [line] = missed_lines(caplog, "hourly")
-    assert f"{dropped} slot(s) missed while no pump ran (72 passed" in line
+    assert f"{dropped} slot(s) missed, unclaimed in time (72 passed" in line
     assert f"misfire policy {misfire_policy(policy)}" in line
     if not fired:
         assert "none fires" in line

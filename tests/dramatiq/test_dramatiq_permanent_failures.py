@@ -132,7 +132,7 @@ def test_a_worker_parks_a_schedule_of_an_undeclared_actor_after_one_try_and_logs
     lines = [line for line in output.splitlines() if "/ghost" in line]
     # The worker boots in seconds, past the first slots of the 1 s grid: at most one line
     # counts them (the misfire policy's), before the one that parks the schedule.
-    missed = [line for line in lines if "missed while no pump ran" in line]
+    missed = [line for line in lines if "missed, unclaimed in time" in line]
     assert len(missed) <= 1, "\n".join(missed)
     lines = [line for line in lines if line not in missed]
     assert len(lines) == 1, "\n".join(lines[:10])
