@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -429,13 +429,19 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
     Keys are `<prefix>:{<queue>}:repeat` (sorted set) and `<prefix>:{<queue>}:repeat:<name>`
     (hash). Times are epoch milliseconds; "now" defaults to the Redis server's clock.
+    `clock` (epoch ms; a test's `emq_bridge.testing.ManualClock`) replaces that clock for
+    every "now" decided here (the moves, syncs, `server_time_ms`); what the Lua moves read
+    of the server's own `TIME` (the deadlines of occurrences in flight) stays the server's.
     """
 
-    def __init__(self, client: Any, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self, client: Any, prefix: str = DEFAULT_PREFIX, *, clock: Callable[[], int] | None = None
+    ) -> None:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self.scripts = Scripts.load(client)
         self.cluster = isinstance(client, redis.cluster.RedisCluster)
+        self.clock = clock
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
@@ -511,7 +517,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         return policy
 
     def server_time_ms(self) -> int:
-        """Return the Redis server's clock in epoch ms (the one clock pumps agree on)."""
+        """Return the Redis server's clock in epoch ms (the one clock pumps agree on), or the
+        registry's `clock` when it has one (a test's)."""
+        if self.clock is not None:
+            return self.clock()
         with redis_errors("TIME"):
             seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -57,8 +58,12 @@ class ManualClock:
         return self.now_ms
 
     def advance(self, by: int | timedelta) -> int:
-        """Move forward by ms or a `timedelta`; return the new now."""
-        self.now_ms += floor_ms(by) if isinstance(by, timedelta) else int(by)
+        """Move forward by ms or a `timedelta`; return the new now. `ValueError` for a step
+        back (`set` moves it anywhere)."""
+        step = floor_ms(by) if isinstance(by, timedelta) else int(by)
+        if step < 0:
+            raise ValueError(f"advance moves forward: {by!r} is a step back (use set)")
+        self.now_ms += step
         return self.now_ms
 
     def set(self, at: int | datetime) -> int:
@@ -66,15 +71,25 @@ class ManualClock:
         return self.now_ms
 
 
-def fake_repeat(prefix: str = "emq", **options: Any) -> Repeat:
-    """Return a `Repeat` on a fresh in-memory fakeredis server (needs `fakeredis[lua]`)."""
+def fake_repeat(
+    prefix: str = "emq", *, clock: Callable[[], int] | None = None, **options: Any
+) -> Repeat:
+    """Return a `Repeat` on a fresh in-memory fakeredis server (needs `fakeredis[lua]`);
+    `clock` (a `ManualClock`) is its clock (`Repeat.clock`): what is synced or registered on
+    it is placed at the test's time."""
     import fakeredis
 
-    return Repeat(fakeredis.FakeRedis(**options), prefix)
+    return Repeat(fakeredis.FakeRedis(**options), prefix, clock=clock)
 
 
 def manual_pump(
     repeat: Repeat, queues: list[str], clock: ManualClock, dispatcher: Dispatcher | None = None
 ) -> Pump:
-    """Return a pump driven by `clock`, recording into a `RecordingDispatcher` by default."""
+    """Return a pump driven by `clock`, recording into a `RecordingDispatcher` by default.
+
+    `clock` becomes the registry's clock too, unless it has one (`Repeat.clock`): the syncs
+    made at a worker's or beat's boot on that registry then place their schedules on it, so
+    the pump fires exactly what is due at the clock's time."""
+    if repeat.clock is None:
+        repeat.clock = clock
     return Pump(repeat, queues, dispatcher or RecordingDispatcher(), clock=clock)
