@@ -242,6 +242,7 @@ class RecurringMiddleware(Middleware):
             if verdict == "skip":
                 raise SkipMessage("another occurrence of its schedule is in flight (overlap)")
             if verdict == "copy":
+                _keep_first_result(message)
                 raise SkipMessage("a copy of this occurrence ran already (delivered twice)")
             if verdict == "running":
                 # A copy delivered while its first copy runs elsewhere, heartbeated: not run
@@ -251,6 +252,7 @@ class RecurringMiddleware(Middleware):
                     broker.enqueue(message, delay=self.outcomes.lapse_ms + REDELIVER_MARGIN_MS)
                 except Exception as exc:  # dropped then, as a Celery worker drops it
                     log.warning("emq-bridge: a copy of %s was dropped: %s", message, exc)
+                _keep_first_result(message)  # after the enqueue: the copy sent on keeps its own
                 raise SkipMessage("a copy of this occurrence runs elsewhere (delivered twice)")
 
     def after_process_message(
@@ -509,3 +511,12 @@ class RecurringMiddleware(Middleware):
                 # registry: log it with its traceback and pump again after a pause.
                 log.exception("emq-bridge pump failed; it restarts in %.0fs", PUMP_RESTART_S)
                 stop.wait(PUMP_RESTART_S)
+
+
+def _keep_first_result(message: Any) -> None:
+    """Keep Dramatiq's `Results` from storing this dropped copy's skip (`None`) under the
+    occurrence's id, over what its first copy's run stored: `Results` reads
+    `store_results` from the message's options before the actor's."""
+    options = getattr(message, "options", None)
+    if isinstance(options, dict):
+        options["store_results"] = False

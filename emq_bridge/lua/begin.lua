@@ -45,7 +45,9 @@ local function entry_of(id)
   end
   return nil
 end
-local ENDED = {succeeded = true, failed = true, revoked = true}
+-- An attempt that failed and waits for its retry (`retrying`) ended too: its retry comes as
+-- the next attempt, so a message of that attempt or an earlier one is a copy.
+local ENDED = {succeeded = true, failed = true, revoked = true, retrying = true}
 local newest = tonumber(cur[3])
 local entry = newest and tonumber(ARGV[6]) <= newest and entry_of(ARGV[4])
 if entry and ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return -2 end
