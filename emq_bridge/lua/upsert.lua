@@ -358,10 +358,13 @@ local function upsert(record, item)
   return 2
 end
 
+-- The digits of an item written (created, updated): 0, 4, 5 and 6 wrote nothing, and a
+-- stamp counts what a sync writes (5 and 6 are written by the call that sends them again).
+local WROTE = {[1] = true, [2] = true, [3] = true}
 local results, written = {}, false
 for i, item in ipairs(cjson.decode(ARGV[3])) do
   results[i] = upsert(KEYS[3 + i], item)
-  if results[i] ~= 0 and results[i] ~= 4 then
+  if WROTE[results[i]] then
     written = true
     wrote_for(ARGV[4])
   end
