@@ -1288,14 +1288,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         self.read(queue, name)
         now = self._now(now_ms)
         with redis_errors(f"trigger {queue}/{name}"):
-            done = int(
-                self.scripts.trigger(
-                    keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
-                )
+            reply = self.scripts.trigger(
+                keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
             )
-        if not done:
+        if not int(reply[0]):
             raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
-        return occurrence_id(self.prefix, queue, name, now, triggered=True)
+        # `now`, or a ms after the registration's last trigger: each trigger its own id.
+        at = int(text(reply[1]))
+        return occurrence_id(self.prefix, queue, name, at, triggered=True)
 
     # -- reads ----------------------------------------------------------------------------
 

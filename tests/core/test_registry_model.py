@@ -72,6 +72,9 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
             # (a failed dispatch), with their deadlines.
             self.pending: set[tuple[str, int]] = set()
             self.in_flight: dict[InFlight, int] = {}
+            # Each registration's last trigger instant: a trigger is an occurrence of its
+            # own, at now or a ms after the last one (session 26).
+            self.last_trigger: dict[str, int] = {}
             self.dispatcher = FlakyDispatcher()
             self.pump = Pump(self.repeat, ["q"], self.dispatcher, lease_ms=LEASE_MS)
 
@@ -110,6 +113,7 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
         def cancel(self, name: str) -> None:
             assert self.repeat.cancel("q", name) == (name in self.model)
             self.model.pop(name, None)
+            self.last_trigger.pop(name, None)
             self.pending = {p for p in self.pending if p[0] != name}
             self.in_flight = {k: d for k, d in self.in_flight.items() if k[0] != name}
 
@@ -142,9 +146,11 @@ def test_registry_moves_match_a_plain_python_model(redis_url: str) -> None:
                 with pytest.raises(KeyError):
                     self.repeat.trigger("q", name, now_ms=self.now)
                 return
-            expected = occurrence_id(self.repeat.prefix, "q", name, self.now, triggered=True)
+            at = max(self.now, self.last_trigger.get(name, self.now - 1) + 1)
+            self.last_trigger[name] = at
+            expected = occurrence_id(self.repeat.prefix, "q", name, at, triggered=True)
             assert self.repeat.trigger("q", name, now_ms=self.now) == expected
-            self.pending.add((name, self.now))
+            self.pending.add((name, at))
 
         @rule(step=st.integers(0, 130_000), failing=st.booleans())
         def tick(self, step: int, failing: bool) -> None:
