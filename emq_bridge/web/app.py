@@ -37,6 +37,7 @@ from ..cli.render import (
 )
 from ..errors import EmqError, RegistryError, RegistryUnavailable, UnknownRegistration
 from ..health import served, unserved
+from ..keys import validate_name
 from ..registry import Registration, Repeat
 from .auth import Guard, WriteCheck
 from .pages import (
@@ -66,6 +67,10 @@ _DONE = {
     "remove": "removed",
 }
 _UNCHANGED = {"pause": "was already paused", "resume": "was not paused"}
+_NOTICES = frozenset([*_DONE.values(), *_UNCHANGED.values(), "wrong token"])
+# The largest form this app takes (its forms hold a few short fields): a bigger body is
+# refused before it is read, so a caller, allowed to write or not, cannot make it hold much.
+FORM_MAX_BYTES = 16 * 1024
 # No script runs in these pages, no other site may frame them (the action buttons), and
 # forms post only here.
 SECURITY_HEADERS = {
@@ -240,7 +245,7 @@ def app(
                 "queues": queues,
                 "states": STATES,
                 "page_size": page.limit,
-                "done": request.query_params.get("done"),
+                "done": _notice(request),
             },
         )
 
@@ -296,7 +301,7 @@ def app(
                     }
                     for entry in data["history"]
                 ],
-                "done": request.query_params.get("done"),
+                "done": _notice(request),
             },
         )
 
@@ -350,12 +355,12 @@ def app(
             ) from exc
         return result
 
-    def refuse_write(request: Request, csrf: str | None) -> None:
+    def refuse_write(request: Request, csrf: str | None, *, csrf_later: bool = False) -> None:
         if not view.guard.may_write(request):
             raise HTTPException(
                 403, "read-only: writes need the token or the host app's permission"
             )
-        if not view.guard.bearer(request):
+        if not csrf_later and not view.guard.bearer(request):
             refuse_csrf(request, csrf)
 
     def refuse_csrf(request: Request, csrf: str | None) -> None:
@@ -364,7 +369,8 @@ def app(
             raise HTTPException(403, refusal)
 
     async def action(request: Request) -> Response:
-        form = await request.form()
+        refuse_write(request, None, csrf_later=True)  # before the body is read
+        form = await _small_form(request)
         fields = {
             key: str(form.get(key) or "") for key in ("queue", "name", "action", "csrf", "confirm")
         }
@@ -405,7 +411,7 @@ def app(
         return JSONResponse(result)
 
     async def unlock(request: Request) -> Response:
-        form = await request.form()
+        form = await _small_form(request)
         refuse_csrf(request, str(form.get("csrf") or "") or None)
         back = _link(request, "index", {})
         if not view.guard.check_token(str(form.get("token") or "")):
@@ -415,7 +421,7 @@ def app(
         return response
 
     async def lock(request: Request) -> Response:
-        form = await request.form()
+        form = await _small_form(request)
         refuse_csrf(request, str(form.get("csrf") or "") or None)
         response = RedirectResponse(_link(request, "index", {}), status_code=303)
         view.guard.lock(request, response)
@@ -487,3 +493,32 @@ def _status_of(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, RegistryError):
         return 503, f"Redis refused: {' '.join(str(exc).split())}"
     return 400, " ".join(str(exc).split())
+
+
+async def _small_form(request: Request) -> Any:
+    """The request's form, refused (413, or 411 without a length) past `FORM_MAX_BYTES`
+    before a byte of it is read."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit():
+        raise HTTPException(411, "a form needs its Content-Length")
+    if int(length) > FORM_MAX_BYTES:
+        raise HTTPException(413, f"a form of this app is at most {FORM_MAX_BYTES} bytes")
+    return await request.form(max_files=0, max_fields=16, max_part_size=FORM_MAX_BYTES)
+
+
+def _notice(request: Request) -> str | None:
+    """The outcome a change redirected with (`?done=`): one of this app's own texts (a
+    removal's is "<queue>/<name> removed"), never text a link brought."""
+    done = request.query_params.get("done")
+    if done is None or done in _NOTICES:
+        return done
+    target, _, verb = done.rpartition(" ")
+    queue, _, name = target.partition("/")
+    try:
+        if verb == _DONE["remove"]:
+            validate_name(queue, "queue")
+            validate_name(name, "registration name")
+            return done
+    except EmqError:
+        pass
+    return None

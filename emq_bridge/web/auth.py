@@ -71,7 +71,8 @@ class Guard:
     def _unlock_valid(self, cookie: str) -> bool:
         """Whether `cookie` is an unlock this app issued less than `UNLOCK_MAX_AGE_S` ago."""
         issued, _, _ = cookie.partition(".")
-        if self._token is None or not issued.isascii() or not issued.isdigit():
+        # Epoch seconds: a dozen digits at most (a longer string would not even parse).
+        if self._token is None or not issued.isascii() or not issued.isdigit() or len(issued) > 12:
             return False
         age = _now() - int(issued)
         return -60 <= age <= UNLOCK_MAX_AGE_S and _same(cookie, self._unlocked(int(issued)))
