@@ -67,6 +67,8 @@ _DONE = {
     "remove": "removed",
 }
 _UNCHANGED = {"pause": "was already paused", "resume": "was not paused"}
+# The JSON API's answers (a CSRF token among them) are no more cached or sniffed than pages.
+API_HEADERS = {"cache-control": "no-store", "x-content-type-options": "nosniff"}
 _NOTICES = frozenset([*_DONE.values(), *_UNCHANGED.values(), "wrong token"])
 # The largest form this app takes (its forms hold a few short fields): a bigger body is
 # refused before it is read, so a caller, allowed to write or not, cannot make it hold much.
@@ -251,7 +253,7 @@ def app(
 
     async def api_schedules(request: Request) -> Response:
         _, page, now_ms, _, pumped = await run_in_threadpool(table_data, request)
-        return JSONResponse(_page_json(page, now_ms, pumped))
+        return _api_json(_page_json(page, now_ms, pumped))
 
     def find(request: Request) -> tuple[Registration, int]:
         queue = request.query_params.get("queue") or ""
@@ -310,7 +312,7 @@ def app(
         registration, now_ms = data["registration"], data["now_ms"]
         body = schedule_json(registration, now_ms, data["runs_ms"], data["history"])
         body["unserved"] = unserved(registration, now_ms, data["pumped"])
-        return JSONResponse(body)
+        return _api_json(body)
 
     def timeline_data(request: Request) -> dict[str, Any]:
         registration, _ = find(request)
@@ -408,7 +410,7 @@ def app(
         query = {**request.query_params, **body}
         verb = request.path_params["action"]
         result = await run_in_threadpool(act, verb, query.get("queue", ""), query.get("name", ""))
-        return JSONResponse(result)
+        return _api_json(result)
 
     async def unlock(request: Request) -> Response:
         form = await _small_form(request)
@@ -448,10 +450,10 @@ def app(
 
     async def api_pumps(request: Request) -> Response:
         rows, alone, now_ms = await run_in_threadpool(pump_rows)
-        return JSONResponse({"now_ms": now_ms, "pumps": rows, "unserved_queues": alone})
+        return _api_json({"now_ms": now_ms, "pumps": rows, "unserved_queues": alone})
 
     async def api_csrf(request: Request) -> Response:
-        response = JSONResponse({"csrf": view.guard.csrf_token(request)})
+        response = _api_json({"csrf": view.guard.csrf_token(request)})
         view.guard.remember_csrf(request, response)
         return response
 
@@ -459,7 +461,7 @@ def app(
         status, reason = _status_of(exc)
         root = str(request.scope.get("root_path") or "")
         if request.url.path.removeprefix(root).startswith("/api/"):
-            return JSONResponse({"error": reason}, status_code=status)
+            return _api_json({"error": reason}, status_code=status)
         return view.render(request, "error.html", {"status": status, "reason": reason}, status)
 
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
@@ -522,3 +524,8 @@ def _notice(request: Request) -> str | None:
     except EmqError:
         pass
     return None
+
+
+def _api_json(content: Any, status_code: int = 200) -> JSONResponse:
+    """A JSON API answer, with `API_HEADERS`."""
+    return JSONResponse(content, status_code=status_code, headers=API_HEADERS)

@@ -73,3 +73,10 @@ def test_the_notice_shows_only_the_apps_own_texts(seeded: Repeat, web: Client) -
     assert 'id="notice">paused<' in own.text
     removed = client.get("/", params={"done": "reports/other removed"})
     assert 'id="notice">reports/other removed<' in removed.text
+
+
+@pytest.mark.parametrize("path", ["/api/csrf", "/api/schedules", "/api/nothing-here"])
+def test_the_json_api_is_neither_cached_nor_sniffed(seeded: Repeat, web: Client, path: str) -> None:
+    reply = web().get(path)
+    assert reply.headers["cache-control"] == "no-store"
+    assert reply.headers["x-content-type-options"] == "nosniff"
