@@ -423,6 +423,10 @@ class Pump:
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str, int]] = []
         steps: dict[int, CatchUp] = {}  # what the misfire policy dropped, by candidate index
+        if any(not records.get(name) for name, _ in due):
+            # A registration removed since the scan (a sync pruning it) is gone, not corrupt.
+            gone = self.repeat.absent(queue, [name for name, _ in due if not records.get(name)])
+            due = [(name, score) for name, score in due if name not in gone]
         decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
         last_runs = _last_runs(decoded, records)
         steps_made: dict[tuple[Any, ...], tuple[Cadence, CatchUp]] = {}

@@ -1629,6 +1629,18 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 raise _registry_error(reply, what)
         return replies
 
+    def absent(self, queue: str, names: Sequence[str]) -> set[str]:
+        """Return those of `names` that are not members of `queue`'s registry (one round
+        trip): removed since they were read."""
+        if not names:
+            return set()
+        with redis_errors(f"read {queue}"):
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.zscore(self.keys(queue).registry, name)
+            scores = pipe.execute()
+        return {name for name, score in zip(names, scores, strict=True) if score is None}
+
     def load_records(
         self, queue: str, names: Sequence[str], fields: Sequence[str] = DEFINITION_FIELDS
     ) -> dict[str, dict[str, str]]:
