@@ -818,7 +818,8 @@ def _int_field(record: Mapping[str, str], key: str) -> int | None:
     """`record[key]` as an int, None when absent or not a whole number (edited by hand)."""
     value = record.get(key, "")
     digits = value[1:] if value.startswith("-") else value
-    return int(value) if digits.isascii() and digits.isdigit() else None
+    ok = digits.isascii() and digits.isdigit() and len(digits) <= 19  # int() caps digits
+    return int(value) if ok else None
 
 
 def _old_records(repeat: Repeat, plan: SyncPlan) -> dict[tuple[str, str], dict[str, str]]:
