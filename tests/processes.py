@@ -3,6 +3,7 @@ processes tests start."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,25 @@ def run_cli(
     """`emq-bridge --redis-url URL --prefix PREFIX ARGS` as a process of its own."""
     return subprocess.run(
         [EMQ_BRIDGE, "--redis-url", redis_url, "--prefix", prefix, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def run_app_cli(
+    app_dir: Path, *args: str, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`emq-bridge ARGS` as a process of its own, in `app_dir`, with `app_dir` importable (an
+    app module a test wrote there) and no `$REDIS_URL`: the registry is what ARGS and the
+    app name, never the suite's server by accident."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(app_dir), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [EMQ_BRIDGE, *args],
+        cwd=app_dir,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout_s,

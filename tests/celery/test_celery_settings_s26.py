@@ -15,15 +15,13 @@ Real servers: the registry is the test Redis; the RabbitMQ broker URL is never c
 
 from __future__ import annotations
 
-import os
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
-from processes import EMQ_BRIDGE
+from processes import run_app_cli
 
 from emq_bridge import Repeat
 from emq_bridge.celery import BeatRefused, RepeatScheduler, app_schedule
@@ -110,16 +108,7 @@ app.conf.update(
 def _pump(tmp_path: Path, prefix: str, *args: str, imports: tuple[str, ...] = ()) -> Any:
     (tmp_path / "s26app.py").write_text(textwrap.dedent(APP.format(prefix=prefix, imports=imports)))
     (tmp_path / "s26broken.py").write_text("raise RuntimeError('settings are not configured')\n")
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [EMQ_BRIDGE, *args, "pump", "--celery", "s26app", "--once"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_app_cli(tmp_path, *args, "pump", "--celery", "s26app", "--once")
 
 
 def test_the_pump_of_an_app_naming_no_registry_refuses_to_guess_one(
@@ -164,16 +153,7 @@ def test_a_bad_recurring_is_one_line_naming_where_it_is_declared(
     tmp_path: Path, redis_url: str
 ) -> None:
     (tmp_path / "s26bad.py").write_text(BAD_RECURRING)
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [EMQ_BRIDGE, "--redis-url", redis_url, "pump", "--celery", "s26bad", "--once"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_app_cli(tmp_path, "--redis-url", redis_url, "pump", "--celery", "s26bad", "--once")
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "invalid cron '61 25 * * *'" in line and line.endswith("(at s26bad.py:8)"), line

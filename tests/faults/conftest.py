@@ -22,6 +22,8 @@ import redis
 
 from emq_bridge.embedded import EmbeddedServer
 
+from .cluster import Cluster
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -83,3 +85,14 @@ def redis_cli() -> str:
     require(found, "redis-cli is not on PATH")
     assert found is not None
     return found
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A three-master Redis Cluster of embedded servers (`cluster.py`), one per test module
+    that asks for it (its tests kill masters, move slots: no other module shares it)."""
+    built = Cluster().start()
+    try:
+        yield built
+    finally:
+        built.stop()

@@ -12,8 +12,6 @@ real ACL user.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from processes import EMQ_BRIDGE
+from processes import run_app_cli
 
 from emq_bridge import Pump, PumpEvents, Repeat
 from emq_bridge.embedded import EmbeddedServer
@@ -125,16 +123,9 @@ def test_the_apps_server_by_another_name_is_recognised_without_info(tmp_path: Pa
             "-@dangerous",
         )
         (tmp_path / "acls26.py").write_text(APP.format(port=server.port, prefix=PREFIX))
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
         other_name = f"redis://docs:pw@localhost:{server.port}/0"
-        done = subprocess.run(
-            [EMQ_BRIDGE, "--redis-url", other_name, "pump", "--celery", "acls26", "--once"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+        done = run_app_cli(
+            tmp_path, "--redis-url", other_name, "pump", "--celery", "acls26", "--once"
         )
         assert done.returncode == 0, done.stderr
         assert admin.exists(f"{PREFIX}:{{celery}}:repeat:tick")

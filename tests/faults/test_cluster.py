@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from redis.crc import key_slot
@@ -30,15 +30,6 @@ pytestmark = pytest.mark.faults
 
 QUEUES = [f"q{i}" for i in range(60)]
 PER_QUEUE = 5
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    built = Cluster().start()
-    try:
-        yield built
-    finally:
-        built.stop()
 
 
 def test_many_queues_spread_over_all_masters_and_every_move_works_through_redis_cluster(

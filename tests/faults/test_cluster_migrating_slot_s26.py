@@ -36,15 +36,6 @@ from .cluster import Cluster
 pytestmark = pytest.mark.faults
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    built = Cluster().start()
-    try:
-        yield built
-    finally:
-        built.stop()
-
-
 @pytest.fixture
 def client(cluster: Cluster) -> Iterator[redis.cluster.RedisCluster]:
     made = cluster.client()

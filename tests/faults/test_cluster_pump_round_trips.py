@@ -4,7 +4,6 @@ holds any of its queues, and the queues with work are drained wherever they live
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,15 +18,6 @@ pytestmark = pytest.mark.faults
 
 QUEUES = [f"q{i:03d}" for i in range(300)]
 T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z, on the hour grid
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    built = Cluster().start()
-    try:
-        yield built
-    finally:
-        built.stop()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ on whichever master holds it; a stamp holds, and breaks, across the masters."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 from redis.crc import key_slot
@@ -16,15 +15,6 @@ from faults.cluster import Cluster
 pytestmark = pytest.mark.faults
 
 QUEUES = [f"sq{i}" for i in range(12)]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    built = Cluster().start()
-    try:
-        yield built
-    finally:
-        built.stop()
 
 
 def test_a_stamp_holds_and_breaks_across_the_masters_of_a_cluster(cluster: Cluster) -> None:

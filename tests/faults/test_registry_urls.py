@@ -193,15 +193,6 @@ def test_the_cli_names_an_unreachable_sentinel_without_either_password() -> None
 # -- a real Redis Cluster ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    built = Cluster().start()
-    try:
-        yield built
-    finally:
-        built.stop()
-
-
 def cluster_url(cluster: Cluster, nodes: int = 2) -> str:
     return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes[:nodes])
 

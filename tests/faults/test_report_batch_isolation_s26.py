@@ -11,7 +11,7 @@ reports, and the Reporter drops those alone. A cluster that kept redirecting say
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -136,15 +136,6 @@ def test_a_batch_whose_every_call_met_an_outage_is_still_an_outage() -> None:
 
 
 # -- a Redis Cluster slot left migrating -------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    built = Cluster().start()
-    try:
-        yield built
-    finally:
-        built.stop()
 
 
 def _leave_migrating(cluster: Cluster, repeat: Repeat, queue: str) -> None:
