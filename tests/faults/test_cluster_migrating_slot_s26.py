@@ -130,12 +130,12 @@ def test_a_claim_that_serves_the_only_pending_trigger_and_its_ack_lose_nothing_m
     assert errors_of(caplog) == []
 
 
-def test_a_final_report_that_empties_running_still_releases_the_buffered_slot_mid_migration(
-    cluster: Cluster, client: redis.cluster.RedisCluster
-) -> None:
-    queue = "report"
+def g_running_with_its_next_slot_buffered(
+    client: redis.cluster.RedisCluster, queue: str
+) -> tuple[Repeat, Pump, dict[str, Any]]:
+    """`queue` with `g` (every second, buffer_one) and an hourly `idle`: g@1000 sent and
+    started, g@2000 waiting in `buffered`; the registry, the pump and g@1000's message."""
     repeat = Repeat(client, "s26")
-    keys = repeat.keys(queue)
     template = {"task": "t"}
     repeat.register(queue, "g", every_ms=1_000, overlap="buffer_one", template=template, now_ms=0)
     repeat.register(queue, "idle", every_ms=3_600_000, template=template, now_ms=0)
@@ -144,6 +144,15 @@ def test_a_final_report_that_empties_running_still_releases_the_buffered_slot_mi
     first = message_of(client, queue)
     assert repeat.report([report_of("started", first)]) == 1
     pump.run_once(now_ms=2_000)  # g@1000 still runs: g@2000 waits in `buffered`
+    return repeat, pump, first
+
+
+def test_a_final_report_that_empties_running_still_releases_the_buffered_slot_mid_migration(
+    cluster: Cluster, client: redis.cluster.RedisCluster
+) -> None:
+    queue = "report"
+    repeat, pump, first = g_running_with_its_next_slot_buffered(client, queue)
+    keys = repeat.keys(queue)
     registration = repeat.get(queue, "g")
     assert registration is not None and registration.buffered_due_ms == 2_000
     repeat.trigger(queue, "idle", now_ms=2_000)  # so that the leases key exists
@@ -162,15 +171,8 @@ def test_a_loss_that_empties_running_still_releases_the_buffered_slot_mid_migrat
     cluster: Cluster, client: redis.cluster.RedisCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue = "lost"
-    repeat = Repeat(client, "s26")
+    repeat, pump, _ = g_running_with_its_next_slot_buffered(client, queue)
     keys = repeat.keys(queue)
-    template = {"task": "t"}
-    repeat.register(queue, "g", every_ms=1_000, overlap="buffer_one", template=template, now_ms=0)
-    repeat.register(queue, "idle", every_ms=3_600_000, template=template, now_ms=0)
-    pump = Pump(repeat, [queue], target_of(client, queue), lease_ms=60_000)
-    pump.run_once(now_ms=1_000)
-    assert repeat.report([report_of("started", message_of(client, queue))]) == 1
-    pump.run_once(now_ms=2_000)  # g@2000 waits in `buffered`
     # The worker of g@1000 dies: its heartbeat deadline (server clock) is past.
     assert client.zadd(keys.running, {"g 1000": 1}, xx=True, ch=True) == 1
     repeat.trigger(queue, "idle", now_ms=2_000)  # so that the leases key exists
