@@ -192,6 +192,16 @@ class Seed:
     # More record fields carried as they are: a moved registration's pause note, counters,
     # runs left and completion (sync.py).
     carried: Mapping[str, str] = field(default_factory=dict)
+    # Where a paused one resumes from, when not `first_run_ms`: an overdue interval fires at
+    # once when created (`first_run_ms` is then the import's now, and its runs go on an
+    # interval after that, as its old scheduler's would), but a cut-over that resumes it
+    # keeps the rhythm of the old scheduler's runs (the latest of its slots not after now).
+    rhythm_ms: int | None = None
+
+    @property
+    def resume_ms(self) -> int:
+        """The slot a paused registration of this seed is parked at (`Repeat.resume`)."""
+        return self.first_run_ms if self.rhythm_ms is None else self.rhythm_ms
 
     def fields(self) -> dict[str, str]:
         """Return the record fields a created record gets on top of its definition's."""
@@ -201,7 +211,7 @@ class Seed:
         if self.last_fired_ms is not None:
             out["last_fired_ms"] = str(self.last_fired_ms)
         if self.paused:
-            out.update(paused="1", paused_next_ms=str(self.first_run_ms))
+            out.update(paused="1", paused_next_ms=str(self.resume_ms))
         return out
 
 
@@ -1094,7 +1104,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         changing for every attempt.
 
         `seed` (an importer's cut-over, `emq_bridge.migrate`) resumes it where the scheduler
-        it replaces would fire next, `seed.first_run_ms`, instead of the slot it was paused
+        it replaces would fire next, `seed.resume_ms`, instead of the slot it was paused
         at (that scheduler kept running it meanwhile, from its own last runs), with that
         scheduler's run count and last run. A slot of it already passed is treated as one
         passed while paused: that scheduler may have sent it without its store saying so yet
@@ -1114,7 +1124,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             now = self._now(now_ms)
             parked = registration.next_run_ms  # a paused registration's parked next run
             if seed is not None:
-                parked = seed.first_run_ms
+                parked = seed.resume_ms
             cadence = registration.definition.cadence
             if parked is None:
                 next_ms = registration.definition.first_run(now, created=False)

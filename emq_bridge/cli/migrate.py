@@ -69,7 +69,7 @@ def _apply(
                     "queue": e.declaration.queue,
                     "name": e.declaration.name,
                     "cadence": e.declaration.definition.cadence.describe(),
-                    "next_run_ms": e.seed.first_run_ms,
+                    "next_run_ms": e.seed.resume_ms if e.seed.paused else e.seed.first_run_ms,
                     "paused": e.seed.paused,
                 }
                 for e in entries

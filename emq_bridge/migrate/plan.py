@@ -50,8 +50,12 @@ class Imported:
     def line(self) -> str:
         """Describe it on one line: registration, cadence, next run or paused, origin."""
         d = self.declaration
-        when = _utc(self.seed.first_run_ms)
-        state = f"paused (next {when})" if self.seed.paused else f"next {when}"
+        seed = self.seed
+        state = (
+            f"paused (next {_utc(seed.resume_ms)})"
+            if seed.paused
+            else f"next {_utc(seed.first_run_ms)}"
+        )
         if self.stored is not None:
             state = self.stored
         return f"{d.queue}/{d.name}  {d.definition.cadence.describe()}  {state}  <- {self.origin}"

@@ -294,6 +294,51 @@ def test_a_row_celery_refuses_is_listed_with_the_reason_and_the_others_are_read(
         db.all().delete()
 
 
+def test_a_crontab_in_a_zone_this_machine_does_not_know_is_refused_alone(
+    databases: dict[str, str],
+) -> None:
+    # Session 27's probe: django-timezone-field raises while the rows are read for a zone
+    # tzdata does not know (a typo, an older tzdata), which ended the import in a traceback
+    # of some 60 lines, every good row with it.
+    from django.db import connections
+    from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+    from emq_bridge.celery.importers.django.reader import read_periodic_tasks
+
+    mars = CrontabSchedule.objects.using("default").create(minute="0", hour="3", timezone="UTC")
+    paris = CrontabSchedule.objects.using("default").create(
+        minute="0", hour="3", timezone="Europe/Paris"
+    )
+    minute = IntervalSchedule.objects.using("default").create(every=1, period="minutes")
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_celery_beat_crontabschedule SET timezone = %s WHERE id = %s",
+            ["Mars/Olympus", mars.id],
+        )
+    db = PeriodicTask.objects.using("default")
+    db.create(name="on-mars", task="proj.tasks.run", crontab=mars)
+    db.create(name="in-paris", task="proj.tasks.run", crontab=paris)
+    db.create(name="fine", task="proj.tasks.run", interval=minute)
+    try:
+        plan = read_periodic_tasks(now_ms=ms(datetime.now(timezone.utc)), using="default")
+        assert sorted(e.declaration.name for e in plan.entries) == ["fine", "in-paris"]
+        [paris_entry] = [e for e in plan.entries if e.declaration.name == "in-paris"]
+        cadence = paris_entry.declaration.definition.cadence
+        assert isinstance(cadence, Cron) and cadence.tz == "Europe/Paris"
+        reasons = {r.origin: r.reason for r in plan.refused}
+        assert reasons == {
+            "periodic task 'on-mars'": "its crontab's timezone 'Mars/Olympus' is not a time "
+            "zone this machine knows (an IANA name, from tzdata)"
+        }
+    finally:
+        db.all().delete()
+        with connections["default"].cursor() as cursor:  # the model cannot load "on-mars"'s
+            cursor.execute(
+                "DELETE FROM django_celery_beat_crontabschedule WHERE id IN (%s, %s)",
+                [mars.id, paris.id],
+            )
+
+
 def test_a_row_whose_task_name_holds_a_line_break_is_refused(databases: dict[str, str]) -> None:
     # Imported before (session 25's probe found it with redbeat): a schedule file refuses
     # such a name, so `export` then left the schedule out.

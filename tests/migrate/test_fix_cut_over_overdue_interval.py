@@ -1,10 +1,13 @@
 """A staged cut-over (`import --paused`, then `--resume`) of a redbeat interval that fell due
 while redbeat was already stopped resumes at the next slot of its rhythm, and a direct import
-fires the overdue slot at once on that rhythm.
+fires the overdue interval at once, then an interval after that, as Celery's beat runs an
+overdue entry.
 
 Before, the overdue slot was carried as `now`, which dropped the interval's phase: the resume
 then stepped a whole interval from that instant, so the slot redbeat would have sent next was
-never sent (a 58 s gap on a 20 s interval, `missed 0`).
+never sent (a 58 s gap on a 20 s interval, `missed 0`). Then (session 27) the direct import
+fired the overdue slot of that rhythm, whose next slot came less than an interval after the
+fire (a 60 s interval fired again 35.8 s later).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from celery.schedules import schedule
 from cli_run import Run
 from redbeat import RedBeatSchedulerEntry
 
-from emq_bridge import Repeat
+from emq_bridge import Pump, Repeat
+from emq_bridge.testing import RecordingDispatcher
 
 MINUTE_MS = 60_000
 
@@ -52,12 +56,24 @@ def test_a_cut_over_resumes_an_overdue_interval_at_its_next_slot(
     assert poll.next_run_ms - time.time() * 1000 < 45_000
 
 
-def test_a_direct_import_fires_an_overdue_interval_at_once_on_its_rhythm(
+def test_a_direct_import_fires_an_overdue_interval_at_once_then_an_interval_later(
     run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
 ) -> None:
     last_run = stopped_90_s_ago(redbeat_app)
     args = import_args(redis_url, redbeat_app)
+    before = time.time() * 1000
     assert run(*args).exit_code == 0
     poll = repeat.get("celery", "poll")
     assert poll is not None and poll.next_run_ms is not None
-    assert math.isclose(poll.next_run_ms, last_run + MINUTE_MS, abs_tol=5)  # due: at once
+    assert before - 5 <= poll.next_run_ms <= time.time() * 1000  # due: at once
+    recorder = RecordingDispatcher()
+    Pump(repeat, ["celery"], recorder).run_once()
+    [fired] = recorder.occurrences
+    assert fired.due_ms == poll.next_run_ms
+    after = repeat.get("celery", "poll")
+    assert after is not None and after.next_run_ms is not None
+    # An interval after the fire, as Celery's beat runs it (not the old rhythm's next slot,
+    # 30 s after the fire), and nothing missed.
+    assert after.next_run_ms == fired.due_ms + MINUTE_MS
+    assert after.next_run_ms > last_run + 2 * MINUTE_MS
+    assert after.missed == 0 and after.fired == 1 + (poll.fired or 0)

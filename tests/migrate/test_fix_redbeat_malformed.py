@@ -61,3 +61,28 @@ def test_a_malformed_entry_is_refused_and_the_good_one_imported(
     finally:
         client.delete(key_prefix + "bad", key_prefix + "good", key_prefix + ":schedule")
         client.close()
+
+
+def test_a_key_of_another_type_in_redbeats_index_is_refused_and_the_good_one_imported(
+    run: Run, repeat: Repeat, redis_url: str
+) -> None:
+    # Session 27's probe: a string key indexed in `<prefix>:schedule` ended the whole import
+    # (exit 3, WRONGTYPE, the key not named), nothing imported.
+    key_prefix = f"rb{uuid.uuid4().hex[:8]}:"
+    app = Celery("rbt", broker=redis_url, set_as_current=False)
+    app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=key_prefix)
+    RedBeatSchedulerEntry("good", "rbt.record", schedule(timedelta(minutes=1)), app=app).save()
+    client = redis.Redis.from_url(redis_url)
+    client.set(key_prefix + "not_a_hash", "x")
+    client.zadd(key_prefix + ":schedule", {key_prefix + "not_a_hash": 0})
+    try:
+        result = run("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+        assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output
+        assert f"redbeat {key_prefix}not_a_hash" in result.output
+        assert "not a hash: not a redbeat entry" in result.output
+        assert "1 created, 0 updated, 0 unchanged, 1 refused" in result.stderr
+        assert repeat.names("celery") == ["good"]
+    finally:
+        client.delete(key_prefix + "not_a_hash", key_prefix + "good", key_prefix + ":schedule")
+        client.close()

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
+from redis.exceptions import ResponseError
 
 from ...definition import Declaration, Definition
 from ...errors import ConfigError, EmqError, ScheduleError
@@ -90,7 +91,12 @@ def read_redbeat(
     plan = ImportPlan(source)
     for key in _keys(client, key_prefix):
         origin = f"redbeat {key}"
-        raw_definition, raw_meta = client.hmget(key, "definition", "meta")
+        try:
+            raw_definition, raw_meta = client.hmget(key, "definition", "meta")
+        except ResponseError as exc:  # a key of another type in redbeat's index (WRONGTYPE)
+            reason = "not a hash" if str(exc).startswith("WRONGTYPE") else f"unreadable ({exc})"
+            plan.refused.append(Refusal(origin, f"{reason}: not a redbeat entry"))
+            continue
         if raw_definition is None:
             plan.refused.append(Refusal(origin, "no 'definition' field: not a redbeat entry"))
             continue
@@ -163,5 +169,6 @@ def _entry(
         paused=definition.get("enabled", True) is False,
         fired=fired if isinstance(fired, int) and fired > 0 else 0,
         last_fired_ms=last_run_ms,
+        rhythm_ms=carried.rhythm_ms,
     )
     return Imported(f"redbeat {key}", declaration, seed)

@@ -70,6 +70,9 @@ class Carried:
     first_run_ms: int
     end_ms: int | None = None
     limit: int | None = None
+    # An overdue interval's latest slot on the rhythm of its last run, not after now, where
+    # `first_run_ms` is now (`Seed.rhythm_ms`); else None.
+    rhythm_ms: int | None = None
 
     def bounds(self, start_ms: int | None = None, end_ms: int | None = None) -> Bounds:
         """Return its bounds, with a start and an earlier end given by the row."""
@@ -108,11 +111,14 @@ def carry(value: Any, app: Celery, label: str, *, last_run_ms: int | None, now_m
     if isinstance(cadence, Every):
         following = last_run_ms + cadence.every_ms
         if following <= now_ms:
-            # Overdue: the latest slot of its rhythm not after now, which fires at once and
-            # keeps the phase: `now` instead would move it, and a cut-over that resumes it
-            # later (`Repeat.resume(seed=...)`, a passed slot stepped past) would then wait
-            # a whole interval from that instant, dropping the slot redbeat fires next.
-            following += (now_ms - following) // cadence.every_ms * cadence.every_ms
+            # Overdue: it fires at once and runs on an interval after that, as Celery's beat
+            # runs an overdue entry (its last run becomes the late one); the slot it had
+            # fired at, one `every` after the last run, would come less than an interval
+            # later. A cut-over that resumes it later (`Repeat.resume(seed=...)`, a passed
+            # slot stepped past) keeps the old rhythm instead: the latest of its slots not
+            # after now, so that the slot redbeat would fire next is not dropped.
+            rhythm = following + (now_ms - following) // cadence.every_ms * cadence.every_ms
+            return Carried(cadence, now_ms, rhythm_ms=rhythm)
         return Carried(cadence, following)
     following = cadence.next_after(last_run_ms)
     return Carried(cadence, max(following, now_ms))

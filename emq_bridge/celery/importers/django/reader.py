@@ -19,8 +19,10 @@ reads it (its `utils.make_aware`): in the project's `TIME_ZONE`, or in UTC with 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery import Celery
 from celery.schedules import crontab, schedule
@@ -40,6 +42,8 @@ from ..schedules import Carried, Unrepresentable, carry, epoch_ms
 __all__ = ["DEFAULT_SOURCE", "read_periodic_tasks"]
 
 DEFAULT_SOURCE = "import:django-celery-beat"
+# The annotation that carries a crontab's zone as stored (`read_periodic_tasks`).
+_ZONE = "emq_crontab_zone"
 # What ModelEntry does to a never-run task with a start_time: its last run is this far back.
 _NEVER_RAN_BEFORE_START = timedelta(days=365 * 30)
 
@@ -58,6 +62,8 @@ def read_periodic_tasks(
     """
     validate_name(queue, "queue")  # else every row naming none is refused, the rest written
     from django.db import Error as DatabaseError  # type: ignore[import-untyped]
+    from django.db.models import CharField  # type: ignore[import-untyped]
+    from django.db.models.functions import Cast  # type: ignore[import-untyped]
     from django_celery_beat.models import PeriodicTask  # type: ignore[import-untyped]
 
     apps: dict[str, Celery] = {}
@@ -66,6 +72,11 @@ def read_periodic_tasks(
         rows = list(
             PeriodicTask.objects.using(using)
             .select_related("interval", "crontab", "solar", "clocked")
+            # A crontab's zone read as the text stored: its field's own reading raises while
+            # the rows are read for a zone this machine does not know (a typo, an older
+            # tzdata), which stopped every row's import; that row alone is refused.
+            .defer("crontab__timezone")
+            .annotate(**{_ZONE: Cast("crontab__timezone", CharField())})
             .order_by("name")
         )
     except DatabaseError as exc:  # unreachable, or no django-celery-beat tables there
@@ -109,7 +120,15 @@ def _schedule(row: Any, apps: dict[str, Celery], queue: str) -> tuple[Any, Celer
         return schedule(timedelta(**{interval.period: interval.every}), app=app), app
     if row.crontab_id is not None:
         c = row.crontab
-        app = _app(apps, str(c.timezone), queue)
+        zone = getattr(row, _ZONE)
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
+            raise Unrepresentable(
+                f"its crontab's timezone {zone!r} is not a time zone this machine knows "
+                "(an IANA name, from tzdata)"
+            ) from None
+        app = _app(apps, zone, queue)
         value = crontab(
             minute=c.minute,
             hour=c.hour,
@@ -136,7 +155,7 @@ def _carried(
     value, app = _schedule(row, apps, queue)
     carried = carry(value, app, label, last_run_ms=_last_run_ms(row, now_ms), now_ms=now_ms)
     if row.one_off:
-        carried = Carried(carried.cadence, carried.first_run_ms, carried.end_ms, 1)
+        carried = replace(carried, limit=1)
     return carried, app
 
 
@@ -200,12 +219,13 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         raw_options["expires"] = expires.isoformat()
     raw_options["headers"] = {**headers, "periodic_task_name": row.name}
     options = json_options(raw_options, label)
-    first_run_ms, start_ms = carried.first_run_ms, None
+    first_run_ms, rhythm_ms, start_ms = carried.first_run_ms, carried.rhythm_ms, None
     if row.start_time is not None:
         # Kept once it passed too: a bound that went away when the start passed made the next
         # re-import an update, which fired the start slot a second time.
         start_ms = epoch_ms(_aware(row.start_time))
         first_run_ms = max(first_run_ms, start_ms)
+        rhythm_ms = None if rhythm_ms is None else max(rhythm_ms, start_ms)
     if expires is not None and end_ms is not None and first_run_ms > end_ms:
         raise Unrepresentable(
             f"its next run comes after it expires ({expires.isoformat()}): nothing left to fire"
@@ -220,6 +240,7 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         paused=not row.enabled,
         fired=max(int(row.total_run_count or 0), 0),
         last_fired_ms=epoch_ms(_aware(row.last_run_at)) if row.last_run_at is not None else None,
+        rhythm_ms=rhythm_ms,
     )
     return Imported(label, declaration, seed)
 
