@@ -45,6 +45,7 @@ from ..definition import (
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..keys import MAX_NAME_BYTES, validate_name
 from ..millis import ceil_ms
+from ..shown import shown
 from ..template import TaskTemplate, check_task_name
 from .dispatch import routing_option_error
 from .kombu_entities import ENTITY_OPTIONS, entity_json
@@ -215,14 +216,19 @@ _CHECKED: type[CheckedCadence] = CelerySchedule  # mypy: CelerySchedule is a Che
 def registry_name(key: str) -> str:
     """Return the registration name of a `beat_schedule` key: whitespace and braces become `_`."""
     if not isinstance(key, str) or not key:
-        raise ConfigError(f"beat_schedule key {key!r} must be a non-empty string")
+        raise ConfigError(f"beat_schedule keys must be non-empty strings, got {shown(key)}")
     if len(key) <= MAX_NAME_BYTES and _ASCII_NAME.fullmatch(key):
         return key  # most keys: nothing to replace, a valid name as it is
     name = _BAD_NAME_CHARS.sub("_", key)
     try:
         return validate_name(name, "registration name")
     except EmqError as exc:
-        raise ConfigError(f"beat_schedule[{key!r}]: {exc}") from exc
+        raise ConfigError(f"{entry_label(key)}: {exc}") from exc
+
+
+def entry_label(key: object) -> str:
+    """How errors name a `beat_schedule` entry: its key quoted, clipped (a key may be long)."""
+    return f"beat_schedule[{shown(key)}]"
 
 
 def zone_name(tz: tzinfo) -> str:
@@ -637,7 +643,7 @@ def convert_entry(
         plain = _convert_plain(ctx, key, raw)
         if plain is not None:
             return plain, None
-    label = f"beat_schedule[{key!r}]"
+    label = entry_label(key)
     overlap: Overlap = "allow"
     pause_after_failures: int | None = None
     when: dict[str, Any] = {}
