@@ -236,19 +236,43 @@ def zone_name(tz: tzinfo) -> str:
     key = getattr(tz, "key", None) or getattr(tz, "zone", None)
     if isinstance(key, str) and key:
         return key
-    if tz is timezone.utc or (tz.utcoffset(None) == timedelta(0) and tz.tzname(None) == "UTC"):
-        return "UTC"
-    local = _local_zone_name()
-    if type(tz).__name__ == "LocalTimezone" and local:
+    # Celery's host time (`enable_utc = False` and no `timezone`), which follows libc: its
+    # offsets take no None (asked first, they raised AttributeError in a traceback).
+    local = _local_zone_name() if type(tz).__name__ == "LocalTimezone" else None
+    if local:
         return local
+    if tz is timezone.utc or _is_utc(tz):
+        return "UTC"
     raise ConfigError(
-        f"time zone {tz!r} has no IANA name; set app.conf.timezone = 'Europe/Paris' (say)"
+        f"time zone {shown(repr(tz))} has no IANA name; "
+        "set app.conf.timezone = 'Europe/Paris' (say)"
     )
 
 
+def _is_utc(tz: tzinfo) -> bool:
+    try:
+        return tz.utcoffset(None) == timedelta(0) and tz.tzname(None) == "UTC"
+    except Exception:  # a tzinfo of its own that wants a datetime: not known as UTC
+        return False
+
+
 def _local_zone_name() -> str | None:
-    """Return the host's IANA zone ($TZ, /etc/localtime, /etc/timezone), or None."""
-    candidates = [os.environ.get("TZ", "").lstrip(":")]
+    """Return the host's IANA zone ($TZ, /etc/localtime, /etc/timezone), or None. A `$TZ` that
+    is no IANA name (a POSIX rule such as `CET-1CEST,M3.5.0,M10.5.0/3`, a typo) raises
+    `ConfigError`: libc, so Celery's local time, follows it, and /etc/localtime would then
+    be another zone, silently."""
+    given = os.environ.get("TZ", "").lstrip(":")
+    if given:
+        try:
+            ZoneInfo(given)
+        except (ValueError, KeyError, OSError):
+            raise ConfigError(
+                f"the host's time zone TZ={shown(given)} is not an IANA name, which emq-bridge "
+                "needs for crontabs in Celery's local time (enable_utc = False); set "
+                "app.conf.timezone = 'Europe/Paris' (say), or TZ to an IANA name"
+            ) from None
+        return given
+    candidates: list[str] = []
     try:
         resolved = str(Path("/etc/localtime").resolve())
         candidates.append(resolved.split("zoneinfo/", 1)[1] if "zoneinfo/" in resolved else "")
