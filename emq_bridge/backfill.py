@@ -38,6 +38,7 @@ from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
 
 if TYPE_CHECKING:
+    from .registry import Registration
     from .scripts import Scripts
 
 __all__ = [
@@ -134,6 +135,9 @@ class BackfillMoves:
     def server_time_ms(self) -> int:  # pragma: no cover - Repeat's
         raise NotImplementedError
 
+    def read(self, queue: str, name: str) -> Registration:  # pragma: no cover - Repeat's
+        raise NotImplementedError
+
     def backfill(
         self,
         queue: str,
@@ -152,6 +156,7 @@ class BackfillMoves:
         `dry_run` decides and writes nothing. Slots outside the registration's bounds
         (`start_at`, `end_at`, a one-off's `at`) are never sent (`outside`).
         `UnknownRegistration` (a `KeyError`) if there is no such registration;
+        `CorruptRecord` if its record cannot be read (nothing is written then);
         `ScheduleError` on a bad range or rate, a registration with a `limit`, or a cadence
         decided at each check (Celery `is_due`).
         """
@@ -166,6 +171,9 @@ class BackfillMoves:
         if end_ms > now:
             raise ScheduleError("a backfill covers the past: its end is in the future")
         spacing = min(round(1000 / rate), MAX_SPACING_MS) if rate else 0
+        # The whole record is decoded first, as `trigger` does: one no reader can decode (a
+        # run-state field that is not a number, too) is refused, and no slot of it queued.
+        self.read(queue, name)
         for _ in range(_ATTEMPTS):
             with redis_errors(f"backfill {queue}/{name}"):
                 pipe = self.client.pipeline(transaction=False)

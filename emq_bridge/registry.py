@@ -98,6 +98,8 @@ OVERDUE_SHOWN = 20
 FETCH_CHUNK = 2000
 # Registrations read per pipeline by `list`/`iter_list`: bounded memory and server time.
 READ_CHUNK = 1000
+# Why a record key of another type is corrupt: it has no fields to read or flag.
+_NOT_A_HASH = "the key is not a hash (WRONGTYPE)"
 # 3: updated, and the old cadence's overdue slots were dropped and counted (upsert.lua).
 _UPSERT_RESULTS: dict[int, Upserted] = {
     0: "unchanged",
@@ -1184,13 +1186,17 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         A registration whose record is corrupt (edited by hand) is paused too, as `pause`
         pauses it (the flag needs no decoding, and a record corrupt in a field the pump does
         not read still fires): chosen by its raw fields, and logged, since `resume` refuses
-        it until it is removed and added again."""
+        it until it is removed and added again. A record key that is not a hash has no flag
+        to set: it is left out, and logged."""
         if source is not None:
             validate_name(source, "source")
         note, by = _pause_text(note, "note"), _pause_text(by, "by")
         names: builtins.list[str] = []
         corrupt: dict[str, str] = {}
         for registration, name, fields, error in self.iter_checked(queue):
+            if error == _NOT_A_HASH:
+                _leave_alone(queue, name, "paused")
+                continue
             paused = fields.get("paused") == "1"  # as pause.lua reads it
             owner = registration.source if registration is not None else fields.get("source")
             if not paused and (source is None or (owner or None) == source):
@@ -1222,12 +1228,16 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         work, or a failure streak) stays parked: resume it by name once its cause is fixed.
 
         A paused one whose record is corrupt (edited by hand) is left as it is; the others
-        are resumed, then `CorruptRecords` names those left out (and those resumed)."""
+        are resumed, then `CorruptRecords` names those left out (and those resumed). A
+        record key that is not a hash (never paused by a move) is left out, and logged."""
         if source is not None:
             validate_name(source, "source")
         names: builtins.list[str] = []
         corrupt: dict[str, str] = {}
         for registration, name, fields, error in self.iter_checked(queue):
+            if error == _NOT_A_HASH:
+                _leave_alone(queue, name, "resumed")
+                continue
             if registration is not None:
                 paused, parked, owner = (
                     registration.paused,
@@ -1483,17 +1493,26 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         self, queue: str, names: Sequence[str]
     ) -> builtins.list[tuple[Registration | None, str, dict[str, str], str]]:
         """Read the records of `names` that exist, in one pipeline: for each, the
-        registration (None when corrupt), its name, its raw fields, and why it is corrupt."""
+        registration (None when corrupt), its name, its raw fields, and why it is corrupt
+        (`_NOT_A_HASH`, with no fields, for a record key of another type)."""
         keys = self.keys(queue)
         with redis_errors(f"read {queue}"):
             pipe = self.client.pipeline(transaction=False)
             for name in names:
                 pipe.hgetall(keys.record(name))
                 pipe.zscore(keys.registry, name)
-            replies = pipe.execute()
+            # Not raising on the first error reply: a record that is not a hash is that one
+            # record's corruption, not the whole read's.
+            replies = pipe.execute(raise_on_error=False)
+            for index, reply in enumerate(replies):
+                if isinstance(reply, Exception) and not (index % 2 == 0 and _wrong_type(reply)):
+                    raise reply
         rows: builtins.list[tuple[Registration | None, str, dict[str, str], str]] = []
         for index, name in enumerate(names):
             raw, score = replies[2 * index], replies[2 * index + 1]
+            if isinstance(raw, Exception):
+                rows.append((None, name, {}, _NOT_A_HASH))
+                continue
             if not raw:
                 continue
             fields = {text(k): text(v) for k, v in raw.items()}
@@ -2029,6 +2048,23 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,
     )
+
+
+def _leave_alone(queue: str, name: str, verb: str) -> None:
+    """Say that `pause_all`/`resume_all` left out a record key of another type: it has no
+    flag to set or read (and never fires: a pump sets it aside as corrupt)."""
+    log.warning(
+        "%s/%s left as it is, not %s: %s; remove it, then add it again",
+        queue,
+        name,
+        verb,
+        _NOT_A_HASH,
+    )
+
+
+def _wrong_type(error: Exception) -> bool:
+    """Whether `error` is a server's WRONGTYPE reply: a key of another type."""
+    return isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
 def _checked(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
