@@ -210,6 +210,8 @@ def parse_every(value: float | timedelta | str) -> int:
         return parse_every_ms(value)
     if seconds > MAX_EVERY_MS / 1000:
         raise ScheduleError(f"every must be at most 1000 years, got {shown(value)} seconds")
+    if seconds < 0:  # before `round`: a float past -1.8e305 s overflows there
+        raise ScheduleError(f"every must be at least 1 ms, got {shown(value)} seconds")
     every_ms = round(seconds * 1000)
     if every_ms <= 0:
         raise ScheduleError(f"every must be at least 1 ms, got {shown(value)} seconds")
@@ -317,7 +319,7 @@ class Every:
 
     def __post_init__(self) -> None:
         if isinstance(self.every_ms, bool) or not isinstance(self.every_ms, int):
-            raise ScheduleError(f"every_ms must be an int, got {self.every_ms!r}")
+            raise ScheduleError(f"every_ms must be an int, got {shown(self.every_ms)}")
         if self.every_ms <= 0:
             raise ScheduleError(f"every_ms must be positive, got {self.every_ms}")
         if self.every_ms > MAX_EVERY_MS:
@@ -325,9 +327,9 @@ class Every:
                 f"every_ms must be at most {MAX_EVERY_MS} (1000 years), got {self.every_ms}"
             )
         if self.anchor not in ANCHORS:
-            raise ScheduleError(f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
+            raise ScheduleError(f"anchor must be one of {ANCHORS}, got {shown(self.anchor)}")
         if isinstance(self.offset_ms, bool) or not isinstance(self.offset_ms, int):
-            raise ScheduleError(f"offset must be a whole number of ms, got {self.offset_ms!r}")
+            raise ScheduleError(f"offset must be a whole number of ms, got {shown(self.offset_ms)}")
         if self.offset_ms and self.anchor != "grid":
             raise ScheduleError(f"offset needs anchor='grid'; anchor={self.anchor!r} has no grid")
         if not 0 <= self.offset_ms < self.every_ms:
@@ -385,7 +387,7 @@ class At:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LATEST_MS:
                 raise ScheduleError(
                     f"an at instant must be epoch ms from 0 (1970) to {LATEST_MS} (9999), "
-                    f"got {value!r}"
+                    f"got {shown(value)}"
                 )
         if any(a >= b for a, b in itertools.pairwise(instants)):
             raise ScheduleError("at instants must be sorted and distinct")
@@ -417,11 +419,26 @@ class At:
         return f"at {first} and {len(self.instants_ms) - 1} more"
 
 
+# Names the zone database holds that are no IANA zone: `localtime` is each host's own
+# /etc/localtime, `posixrules` and `Factory` are build artefacts, `posix/` and `right/` are
+# variants (`right/` counts leap seconds) a host may lack. A schedule in one of them would
+# fire at different instants on different pumps. Compared case-folded: a case-insensitive
+# file system (macOS) finds `LocalTime` too.
+_HOST_ZONES = frozenset({"localtime", "posixrules", "factory"})
+_HOST_ZONE_DIRS = ("posix/", "right/")
+
+
 def _zone(tz: str) -> ZoneInfo:
     if not isinstance(tz, str):
         hint = f" (its key: {tz.key!r})" if isinstance(tz, ZoneInfo) and tz.key else ""
         raise ScheduleError(
             f"tz must be an IANA name such as 'Europe/Paris', got {type(tz).__name__}{hint}"
+        )
+    folded = tz.casefold()
+    if folded in _HOST_ZONES or folded.startswith(_HOST_ZONE_DIRS):
+        raise ScheduleError(
+            f"time zone {shown(tz)} is a file of the host's zone database, not an IANA zone: "
+            "it may differ from host to host; use an IANA name such as 'Europe/Paris' or 'UTC'"
         )
     try:
         return ZoneInfo(tz)
@@ -432,7 +449,7 @@ def _zone(tz: str) -> ZoneInfo:
         OSError,
     ) as exc:  # OSError: 'Europe' is a directory
         raise ScheduleError(
-            f"unknown time zone {tz!r}; use an IANA name such as 'Europe/Paris'"
+            f"unknown time zone {shown(tz)}; use an IANA name such as 'Europe/Paris'"
         ) from exc
 
 
@@ -463,6 +480,7 @@ class Cron:
             raise ScheduleError(
                 f"cron expression is {len(self.expr)} characters; the limit is {MAX_CRON_CHARS}"
             )
+        _check_cron_text(self.expr)
         if self.seed is not None and not isinstance(self.seed, str):
             raise ScheduleError(f"cron seed must be a string, got {type(self.seed).__name__}")
         if not isinstance(self.day_and, bool):  # "no" would switch it on
@@ -539,6 +557,22 @@ _STEP_FIELDS_5 = (
 _STEP_FIELDS_6 = (("second", 60), *_STEP_FIELDS_5)
 
 
+def _check_cron_text(expr: str) -> None:
+    """Raise `ScheduleError` unless `expr` is printable ASCII, its fields separated by spaces
+    or tabs (as crontab(5) separates them, so records written with tabs keep firing):
+    `str.split` also splits on line breaks and Unicode spaces, which the record would keep
+    and the CLI print (a carriage return rewrites the terminal's line)."""
+    if expr.isascii() and expr.isprintable():  # the common case, in one pass
+        return
+    odd = next((c for c in expr if c != "\t" and not (c.isascii() and c.isprintable())), None)
+    if odd is None:
+        return
+    raise ScheduleError(
+        f"cron {shown(expr)} holds the character {odd!r} (U+{ord(odd):04X}): write it in "
+        "printable ASCII, its fields separated by spaces or tabs"
+    )
+
+
 def check_cron_steps(fields: list[str]) -> None:
     """Raise `ScheduleError` if a step (`*/n`, `a-b/n`, `a/n`) is larger than its field has
     values: cronsim reads `*/61` in the minutes as `0` and takes steps of any length, where
@@ -560,7 +594,7 @@ def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
     fields = CRON_ALIASES.get(expr.strip().lower(), expr).split()
     if len(fields) not in (5, 6):
         raise ScheduleError(
-            f"cron {expr!r} must have 5 fields (minute hour day month weekday), "
+            f"cron {shown(expr)} must have 5 fields (minute hour day month weekday), "
             f"6 with seconds first, or be one of {sorted(CRON_ALIASES)}"
         )
     try:
@@ -568,18 +602,18 @@ def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
         check_cron_steps(resolved_fields)
         resolved = " ".join(resolved_fields)
     except ScheduleError as exc:
-        raise ScheduleError(f"invalid cron {expr!r}: {exc}") from None
+        raise ScheduleError(f"invalid cron {shown(expr)}: {exc}") from None
     _zone(tz)
     try:
         CronSim(resolved, datetime(2000, 1, 1))
     except (CronSimError, ValueError, KeyError, IndexError) as exc:
-        raise ScheduleError(f"invalid cron {expr!r}: {exc}") from exc
+        raise ScheduleError(f"invalid cron {shown(expr)}: {exc}") from exc
     # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
     # member with no next run.
     try:
         _cron_next(resolved, tz, bool(day_and), 946_684_800_000)
     except StopIteration as exc:
-        raise ScheduleError(f"cron {expr!r} never fires") from exc
+        raise ScheduleError(f"cron {shown(expr)} never fires") from exc
     return resolved
 
 
@@ -742,22 +776,22 @@ def cadence_from_fields(fields: dict[str, str]) -> Cadence:
         try:
             return At(tuple(int(v) for v in fields["at"].split(",")))
         except ValueError as exc:
-            raise ScheduleError(f"at {fields['at'][:80]!r} is not a list of epoch ms") from exc
+            raise ScheduleError(f"at {shown(fields['at'])} is not a list of epoch ms") from exc
     raw = fields.get("every_ms")
     if not raw:
         raise ScheduleError("record has neither every_ms nor cron")
     try:
         every_ms = int(raw)
     except ValueError as exc:
-        raise ScheduleError(f"every_ms {raw!r} is not an integer") from exc
+        raise ScheduleError(f"every_ms {shown(raw)} is not an integer") from exc
     # A record without `anchor` (EchoMQ's own, or older) keeps the phase it has: "schedule".
     anchor = fields.get("anchor") or "schedule"
     if anchor not in ANCHORS:
-        raise ScheduleError(f"anchor {anchor!r} is not one of {ANCHORS}")
+        raise ScheduleError(f"anchor {shown(anchor)} is not one of {ANCHORS}")
     try:
         offset_ms = int(fields.get("offset_ms") or 0)
     except ValueError as exc:
-        raise ScheduleError(f"offset_ms {fields['offset_ms']!r} is not an integer") from exc
+        raise ScheduleError(f"offset_ms {shown(fields['offset_ms'])} is not an integer") from exc
     return Every(every_ms, anchor, offset_ms)
 
 
@@ -784,7 +818,7 @@ class CatchUp:
 def misfire_policy(misfire: str) -> str:
     """Return the policy a misfire name means (`coalesce` -> `latest`, `catchup` -> `all`)."""
     if misfire not in MISFIRES:
-        raise ScheduleError(f"misfire must be one of {MISFIRES}, got {misfire!r}")
+        raise ScheduleError(f"misfire must be one of {MISFIRES}, got {shown(misfire)}")
     return MISFIRE_ALIASES.get(misfire, misfire)
 
 

@@ -40,6 +40,7 @@ from .errors import ScheduleError
 from .jitter import bound_jitter, parse_jitter, reseed, shape, shaped_from_fields
 from .keys import validate_name
 from .labels import Labels, check_labels, decode_labels, encode_labels
+from .shown import shown
 from .template import (
     MAX_TEMPLATE_BYTES,
     TaskTemplate,
@@ -275,7 +276,7 @@ def misfire_from_fields(fields: Mapping[str, str]) -> tuple[Misfire, int | None,
         try:
             numbers.append(None if raw is None else int(raw))
         except ValueError:
-            raise ScheduleError(f"{key} must be a whole number, got {raw!r}") from None
+            raise ScheduleError(f"{key} must be a whole number, got {shown(raw)}") from None
     window, most = numbers
     check_misfire(misfire, window, most)
     return misfire, window, most  # type: ignore[return-value]  # checked just above
@@ -284,22 +285,23 @@ def misfire_from_fields(fields: Mapping[str, str]) -> tuple[Misfire, int | None,
 def check_misfire(misfire: object, window_ms: object, most: object) -> None:
     """Raise `ScheduleError` unless the misfire policy, window (ms) and `all`'s bound fit."""
     if misfire not in MISFIRES:
-        raise ScheduleError(f"misfire must be one of {MISFIRES}, got {misfire!r}")
+        raise ScheduleError(f"misfire must be one of {MISFIRES}, got {shown(misfire)}")
     if window_ms is not None and (
         isinstance(window_ms, bool)
         or not isinstance(window_ms, int)
         or not 1 <= window_ms <= MAX_EVERY_MS
     ):
         raise ScheduleError(
-            f"catchup_window must be a positive duration of at most 1000 years, got {window_ms!r}"
+            "catchup_window must be a positive duration of at most 1000 years, "
+            f"got {shown(window_ms)}"
         )
     if most is None:
         return
     if misfire_policy(misfire) != "all":
-        raise ScheduleError(f"catchup_max applies to misfire='all' only, not {misfire!r}")
+        raise ScheduleError(f"catchup_max applies to misfire='all' only, not {shown(misfire)}")
     if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_CATCHUP_MAX:
         raise ScheduleError(
-            f"catchup_max must be a whole number from 1 to {MAX_CATCHUP_MAX}, got {most!r}"
+            f"catchup_max must be a whole number from 1 to {MAX_CATCHUP_MAX}, got {shown(most)}"
         )
 
 
@@ -316,7 +318,7 @@ def catchup_window_ms(window: float | timedelta | str | None) -> int | None:
 def check_policies(overlap: object, pause_after_failures: object) -> None:
     """Raise `ScheduleError` unless `overlap` and `pause_after_failures` are usable."""
     if overlap not in OVERLAPS:
-        raise ScheduleError(f"overlap must be one of {OVERLAPS}, got {overlap!r}")
+        raise ScheduleError(f"overlap must be one of {OVERLAPS}, got {shown(overlap)}")
     if pause_after_failures is None:
         return
     if (
@@ -326,7 +328,7 @@ def check_policies(overlap: object, pause_after_failures: object) -> None:
     ):
         raise ScheduleError(
             f"pause_after_failures must be a whole number from 1 to {MAX_PAUSE_AFTER}, "
-            f"got {pause_after_failures!r}"
+            f"got {shown(pause_after_failures)}"
         )
 
 
@@ -337,7 +339,9 @@ def policies_from_fields(fields: Mapping[str, str]) -> tuple[Overlap, int | None
     try:
         pause_after = None if raw is None else int(raw)
     except ValueError:
-        raise ScheduleError(f"pause_after_failures must be a whole number, got {raw!r}") from None
+        raise ScheduleError(
+            f"pause_after_failures must be a whole number, got {shown(raw)}"
+        ) from None
     check_policies(overlap, pause_after)
     return overlap, pause_after  # type: ignore[return-value]  # checked just above
 

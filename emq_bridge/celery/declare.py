@@ -34,6 +34,7 @@ from ..file_stamp import FileStamp, file_fingerprint, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import Stamp, SyncPlan, check_one_source, queues_of, stamped, sync
+from ..template import TaskTemplate
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -198,13 +199,14 @@ def recurring(
     `labels` (str -> str) tag the registration (docs/schedules-and-cli.md). Bad values
     raise `ScheduleError` here.
     """
+    args, kwargs, options = _call_parts(args, kwargs, options)
     schedule = Schedule(
         every=every,
         cron=cron,
         tz=tz,
-        args=tuple(args),
-        kwargs=dict(kwargs or {}),
-        options=dict(options or {}),
+        args=args,
+        kwargs=kwargs,
+        options=options,
         name=name,
         anchor=anchor,
         misfire=misfire,
@@ -230,6 +232,17 @@ def recurring(
         return task
 
     return wrap
+
+
+def _call_parts(
+    args: Sequence[Any], kwargs: Mapping[str, Any] | None, options: Mapping[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """Return `@recurring`'s args, kwargs and options as its schedule keeps them (copies);
+    raise `ScheduleError` unless they are a sequence and mappings, as a template checks them
+    (`tuple("abc")` would be three arguments, `dict([1])` a `TypeError`)."""
+    kwargs, options = {} if kwargs is None else kwargs, {} if options is None else options
+    TaskTemplate("@recurring", args, kwargs, options)  # checks the types only
+    return tuple(args), dict(kwargs), dict(options)
 
 
 def _decorated(app: Celery, context: Entries) -> list[Declaration]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..shown import shown
+
 __all__ = ["message_option_error"]
 
 # Whole numbers: a count, or milliseconds.
@@ -31,14 +33,18 @@ _OBJECTS = ("throws", "retry_when")
 
 def message_option_error(options: Mapping[str, Any]) -> str | None:
     """Return why Dramatiq's middleware cannot use `options`, or None."""
+    if not isinstance(options, Mapping):  # a decorator's `options=1.5`
+        return f"options must be a dict of message options, got {type(options).__name__}"
     for key, what in _COUNTS.items():
         value = options.get(key)
         if value is not None and (type(value) is not int or value < 0):
-            return f"option {key!r} must be a whole number of {what} (0 or more), got {value!r}"
+            return (
+                f"option {key!r} must be a whole number of {what} (0 or more), got {shown(value)}"
+            )
     for key in _ACTOR_NAMES:
         value = options.get(key)
         if value is not None and (not isinstance(value, str) or not value):
-            return f"option {key!r} must name an actor, got {value!r}"
+            return f"option {key!r} must name an actor, got {shown(value)}"
     for key in _OBJECTS:
         if key in options:
             return (
