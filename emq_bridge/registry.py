@@ -815,9 +815,13 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             replies = overlapped_calls(self.client, self.scripts.upsert, calls(chunks))
             again: dict[str, builtins.list[int]] = {}
             overdue = 0
+            not_hashes: builtins.list[str] = []
 
             def tally(queue: str, i: int, digit: str) -> None:
                 nonlocal overdue
+                if digit == "7":  # a record key of another type: left as it is
+                    not_hashes.append(f"{queue}/{items[i][1]}")
+                    return
                 results[i] = _UPSERT_RESULTS[int(digit)]
                 if digit == "3":
                     overdue += 1
@@ -863,6 +867,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     "cadence's passed slots are dropped, counted in missed (listed at DEBUG)",
                     overdue - OVERDUE_SHOWN,
                 )
+        if not_hashes:
+            raise _not_hashes_error(not_hashes, len(items))
         return [r for r in results if r is not None]
 
     def _upsert_item(
@@ -2047,6 +2053,17 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         paused_note=(fields.get("paused_note") or None) if paused else None,
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,
+    )
+
+
+def _not_hashes_error(names: builtins.list[str], count: int) -> CorruptRecord:
+    """The error of an upsert that found record keys of another type (edited by hand): it
+    wrote the other items, and none of those."""
+    listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    which = f"registration {listed} is" if len(names) == 1 else f"registrations {listed} are"
+    return CorruptRecord(
+        f"{which} corrupt: {_NOT_A_HASH}: left as it is, the other {count - len(names)} "
+        "synced; remove it (emq-bridge remove), then run this again"
     )
 
 

@@ -14,7 +14,7 @@ import click
 import redis
 from click.core import ParameterSource
 
-from ..errors import ConfigError, EmqError, RegistryError, RegistryUnavailable
+from ..errors import ConfigError, CorruptRecord, EmqError, RegistryError, RegistryUnavailable
 from ..registry import Repeat
 from ..shown import printable
 from ..urls import client_from_url, redact_url, split_userinfo, url_secrets
@@ -169,6 +169,8 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
     """
     try:
         yield
+    except CorruptRecord as exc:  # a record edited by hand: bad input (exit 1), as documented
+        raise click.ClickException(_clean(str(exc), ctx.find_object(Settings))) from exc
     except (RegistryUnavailable, RegistryError, redis.RedisError) as exc:
         settings = ctx.find_object(Settings)
         where = settings.where if settings is not None else "the server"

@@ -45,8 +45,9 @@
 -- last fired slot and within the old jitter's reach of the old score,
 -- 3 updated with its cadence changed while its next run was overdue,
 -- 6 not written: its cadence digest changes while its next run is overdue: the caller sends
--- it again with the resumed slot (item 10) (a client parses one string faster than an
--- array of integers).
+-- it again with the resumed slot (item 10), 7 not written: its record key is of another
+-- type than a hash (edited by hand), so neither a create nor an update can write it (the
+-- caller names it) (a client parses one string faster than an array of integers).
 -- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
 -- with no pump to claim it. When only what bounds or excludes slots changed (a start or end,
 -- an exclusion: the caller compares the slot-placing fields), the score goes to the first
@@ -220,7 +221,11 @@ local function upsert(record, item)
   local name, digest, cadence_digest, first_run, fields, stale, seed =
     item[1], item[2], item[3], item[4], item[5], item[6], item[7]
   if type(stale) == 'number' then stale = shapes[stale] end
-  if redis.call('EXISTS', record) == 0 then
+  -- One command, as EXISTS was: a key of another type would fail its first write midway
+  -- through the call, after the items before it were written.
+  local kind = redis.call('TYPE', record)['ok']
+  if kind ~= 'none' and kind ~= 'hash' then return 7 end
+  if kind == 'none' then
     write(record, digest, cadence_digest, 'created_ms', ARGV[2], unpack(fields))
     first_run = item[8] or first_run
     if bounded(fields) then
