@@ -66,9 +66,17 @@ class Health:
 
 
 def check(
-    repeat: Repeat, queues: Sequence[str] | None = None, *, max_lag_ms: int = DEFAULT_MAX_LAG_MS
+    repeat: Repeat,
+    queues: Sequence[str] | None = None,
+    *,
+    max_lag_ms: int = DEFAULT_MAX_LAG_MS,
+    host: str | None = None,
 ) -> Health:
     """Check `queues` (default: every queue with a registry under the prefix).
+
+    With `host`, only the pumps of that host count (`PumpInfo.host`, the name its heartbeat
+    gives): the liveness probe of one pump among several on a queue, which another host's
+    live pump would otherwise keep healthy while this one is stuck.
 
     Healthy when there is at least one queue, each has a registry (its sorted set of
     registrations, as `Repeat.queues` finds them: a queue named in `queues` whose registry
@@ -84,6 +92,10 @@ def check(
         raise ValueError("max_lag_ms must not be negative")
     names = list(dict.fromkeys(queues)) if queues is not None else repeat.queues()
     pumps = repeat.pumps_by_queue(names)
+    elsewhere = 0
+    if host is not None:
+        elsewhere = len({p.id for found in pumps.values() for p in found if p.host != host})
+        pumps = {queue: [p for p in found if p.host == host] for queue, found in pumps.items()}
     found = []
     now_ms = 0
     unscored = []  # named queues whose registry holds no score: it may not exist
@@ -105,6 +117,11 @@ def check(
     for item in found:
         if not item.pumps:
             reason = f"no live pump serves queue {item.queue!r}"
+            if host is not None:
+                reason = (
+                    f"no live pump of host {host!r} serves queue {item.queue!r} "
+                    f"({elsewhere} live pump(s) of other hosts not counted)"
+                )
             if item.queue in missing:
                 reason += f", which has no registry under prefix {repeat.prefix!r}"
             return Health(False, reason, now_ms, max_lag_ms, tuple(found))

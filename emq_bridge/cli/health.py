@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from typing import IO, Any
 
 import click
@@ -90,10 +91,16 @@ HEALTH_TIMEOUT_S = 5.0
     show_default=True,
     help="How long a schedule's next run may have passed before the queue is unhealthy.",
 )
+@click.option(
+    "--this-host",
+    is_flag=True,
+    help="Count only the pumps of this host (its hostname): the liveness probe of one pump "
+    "where several serve a queue.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON (stdout).")
 @pass_settings
 def health_command(
-    settings: Settings, queues: tuple[str, ...], max_lag: int, as_json: bool
+    settings: Settings, queues: tuple[str, ...], max_lag: int, this_host: bool, as_json: bool
 ) -> None:
     """Exit 0 if every queue has a live pump and nothing is overdue; else 4, and say why.
 
@@ -106,16 +113,20 @@ def health_command(
     stderr when not. Exit codes: 0 healthy, 4 unhealthy, 1 bad input (a bad queue name),
     2 bad usage, 3 Redis unreachable or refusing a read (a key of the wrong type, named),
     or no answer within 5 s (a hung server). Made for a Kubernetes exec probe (a
-    timeoutSeconds of 10 covers it).
+    timeoutSeconds of 10 covers it). With --this-host only the pumps of the host the command
+    runs on count: where several pumps serve a queue, another's heartbeat would keep the
+    probe of a stuck one passing.
 
     \b
     Examples:
       emq-bridge health
       emq-bridge health --queue reports --max-lag 2m
+      emq-bridge health --queue reports --this-host
     """
     settings.socket_timeout_s = HEALTH_TIMEOUT_S
     repeat = settings.repeat()
-    found = check(repeat, list(queues) if queues else None, max_lag_ms=max_lag)
+    host = socket.gethostname() if this_host else None
+    found = check(repeat, list(queues) if queues else None, max_lag_ms=max_lag, host=host)
     if as_json:
         click.echo(to_json(_health_json(found)))
     if not found.ok:
