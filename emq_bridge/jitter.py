@@ -7,11 +7,14 @@ registry scores and the pump claims at) are the jittered instants; `nominal(scor
 one back to its nominal slot, which is what the occurrence carries (its id, `due_ms`): the
 largest nominal slot at or before the score. That inverse is exact because an offset stays
 below the gap to the next slot. A score that is no jittered slot (written before jitter was
-set) has no nominal slot in reach and is its own.
+set) has no nominal slot in reach and is its own; so is the `immediately` run, scored at the
+registration instant (`immediate_instant`): the slot in reach before it is one from before
+the registration, maybe one a registration of the same name fired (the same id again).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -35,6 +38,8 @@ __all__ = [
     "Jittered",
     "base_cadence",
     "bound_jitter",
+    "immediate_at",
+    "immediate_instant",
     "last_slot",
     "nominal_of",
     "nominal_slot",
@@ -228,13 +233,39 @@ def reseed(cadence: Cadence, seed: str) -> Cadence:
     return cadence
 
 
-def nominal_slot(cadence: Cadence, score_ms: int) -> int:
+def nominal_slot(cadence: Cadence, score_ms: int, immediate_ms: int | None = None) -> int:
     """Return the nominal slot (epoch ms) a registry score stands for: what the occurrence
     sent at `score_ms` carries (its id, `due_ms`). `score_ms` itself unless `cadence` (a
-    registration's `definition.cadence`, any kind) jitters."""
-    if isinstance(cadence, Jittered):
+    registration's `definition.cadence`, any kind) jitters, or the score is `immediate_ms`
+    (the record's `immediate_instant`): the `immediately` run is no slot, but that instant."""
+    if isinstance(cadence, Jittered) and score_ms != immediate_ms:
         return cadence.nominal(score_ms)
     return score_ms
+
+
+def immediate_instant(fields: Mapping[str, str]) -> int | None:
+    """Return the instant a record's `immediately` run is scored at, or None without one.
+
+    `Bounds.first_run` of a created record: its `start_at` when later than its creation,
+    else its creation (`created_ms`, the `now` its first run was derived from). Only that
+    run is scored there: a claim moves the score past it, an edit derives it from the
+    cadence after it (and from its slots, which an exclusion of the instant leaves)."""
+    if fields.get("immediately") != "1":
+        return None
+    return immediate_at(_epoch_ms(fields.get("created_ms")), _epoch_ms(fields.get("start_ms")))
+
+
+def immediate_at(created_ms: int | None, start_ms: int | None) -> int | None:
+    """`immediate_instant` of a record created at `created_ms` (None: not known) with its
+    `start_at` at `start_ms`."""
+    if created_ms is None:
+        return None
+    return start_ms if start_ms is not None and start_ms > created_ms else created_ms
+
+
+def _epoch_ms(raw: str | None) -> int | None:
+    """A record's ms field as an int; None when absent or not digits (edited by hand)."""
+    return int(raw) if raw and raw.isascii() and raw.isdigit() else None
 
 
 def base_cadence(cadence: Cadence) -> Cadence:

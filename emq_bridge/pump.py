@@ -28,7 +28,7 @@ from .errors import (
 )
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .heartbeat import Heartbeat
-from .jitter import Jittered, nominal_slot
+from .jitter import Jittered, immediate_instant, nominal_slot
 from .keys import Lease, lease_member, parse_lease_member, validate_name
 from .lease_keeper import SentAcker
 from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, check_history_size
@@ -442,11 +442,13 @@ class Pump:
             if step is None:  # a checked cadence: it fires the score or defers
                 candidates.append((name, score, next_ms, 0, mode, score))
                 continue
+            # A jittered score stands for its nominal slot: the occurrence's id and due; the
+            # `immediately` run (scored at the registration instant) for itself.
+            immediate = immediate_instant(records.get(name, {}))
             if step.missed:
-                steps[len(candidates)] = _nominal_step(firings[name].cadence, step)
+                steps[len(candidates)] = _nominal_step(firings[name].cadence, step, immediate)
             fire = score if step.fire_ms is None else step.fire_ms
-            # A jittered score stands for its nominal slot: the occurrence's id and due.
-            fire = nominal_slot(firings[name].cadence, fire)
+            fire = nominal_slot(firings[name].cadence, fire, immediate)
             candidates.append(
                 (name, score, next_ms, step.missed, "drop" if step.fire_ms is None else mode, fire)
             )
@@ -1286,17 +1288,18 @@ class Pump:
             self.check_eviction_policy()
 
 
-def _nominal_step(cadence: Cadence, step: CatchUp) -> CatchUp:
+def _nominal_step(cadence: Cadence, step: CatchUp, immediate_ms: int | None) -> CatchUp:
     """`step` with its slots told as nominal times: a jittered cadence's scores are the
-    jittered instants, but the log and the listeners name slots, as occurrences do."""
+    jittered instants, but the log and the listeners name slots, as occurrences do (the
+    `immediately` run, at `immediate_ms`, is its own: `nominal_slot`)."""
     if not isinstance(cadence, Jittered):
         return step
     fire = step.fire_ms
     return replace(
         step,
-        fire_ms=None if fire is None else cadence.nominal(fire),
-        first_ms=cadence.nominal(step.first_ms),
-        last_ms=cadence.nominal(step.last_ms),
+        fire_ms=None if fire is None else nominal_slot(cadence, fire, immediate_ms),
+        first_ms=nominal_slot(cadence, step.first_ms, immediate_ms),
+        last_ms=nominal_slot(cadence, step.last_ms, immediate_ms),
     )
 
 

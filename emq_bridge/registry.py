@@ -45,7 +45,7 @@ from .errors import (
     UnknownRegistration,
 )
 from .heartbeat import HeartbeatMoves
-from .jitter import Jittered, nominal_slot, pending_slot
+from .jitter import Jittered, immediate_at, nominal_slot, pending_slot
 from .keys import (
     DEFAULT_PREFIX,
     QueueKeys,
@@ -918,6 +918,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             item += [["", "", ""], resume]
         elif pending:
             slot = pending_slot(definition.cadence, now)
+            start = definition.bounds.start_ms
+            if slot is not None and start is not None and slot[0] < start:
+                slot = None  # before its start: no slot of it, pending or not
             sent = ["", ""] if slot is None else [str(slot[0]), str(slot[1])]
             item.append([*sent, "" if old_slot is None else str(old_slot)])
         return item
@@ -933,8 +936,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         for i in indexes:
             registration = found.get(items[i][1])
             if registration is not None and registration.next_run_ms is not None:
-                cadence = registration.definition.cadence
-                out[i] = nominal_slot(cadence, registration.next_run_ms)
+                definition = registration.definition
+                bounds = definition.bounds
+                immediate = (
+                    immediate_at(registration.created_ms, bounds.start_ms)
+                    if bounds.immediately
+                    else None
+                )
+                out[i] = nominal_slot(definition.cadence, registration.next_run_ms, immediate)
         return out
 
     def _resume_slots(
