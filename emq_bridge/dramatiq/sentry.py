@@ -10,6 +10,11 @@ on the broker's actors, their cron expression and time zone or their whole-minut
 so Sentry creates the monitor and knows when a run is missed. The check-in id is the
 occurrence id (as hex), so every attempt and every re-send of one occurrence is one check-in.
 
+A worker killed mid-run (SIGKILL, OOM) sends no `ok`/`error`: when a pump marks that
+occurrence lost (its worker stopped heartbeating), the pump thread of any worker with
+`SentryCrons` sends its `error` check-in, as sentry-sdk's Celery receivers do on
+`WorkerLostError`. `max_runtime` (minutes) goes into the declared monitors' config.
+
 Triggered occurrences (runs off the schedule), declared schedules Sentry Crons cannot take
 (under a minute, a seconds field, `H`, exclusions: one WARNING each) and messages emq-bridge
 did not send get no check-in; a jittered schedule is monitored as its slots' cadence, with a
@@ -31,7 +36,11 @@ import dramatiq
 from dramatiq.middleware import Middleware
 
 from ..cadence import CRON_ALIASES, Cadence, Cron, Every
+from ..errors import ConfigError
+from ..events import PumpEvents
 from ..jitter import Jittered
+from ..occurrence import occurrence_id
+from .middleware import RecurringMiddleware
 from .schedule import broker_declarations, occurrence_of
 
 __all__ = ["SentryCrons", "monitor_config_of"]
@@ -72,11 +81,22 @@ class SentryCrons(Middleware):
 
     `slug(queue, name)` names the monitor (default: the registration's name, or
     `<queue>-<name>` for a name the broker's actors declare on several queues, so that each
-    schedule has a monitor of its own). Add it to the broker next to `RecurringMiddleware`;
-    initialise sentry-sdk in the worker process.
+    schedule has a monitor of its own). `max_runtime` (whole minutes, as sentry-sdk's
+    `monitor_config`) is how long Sentry lets a run stay `in_progress` before it marks it a
+    timeout; None leaves Sentry's default. Add it to the broker next to
+    `RecurringMiddleware`, whose pump thread it then tells to send the `error` check-in of
+    an occurrence marked lost; initialise sentry-sdk in the worker process.
     """
 
-    def __init__(self, *, slug: Callable[[str, str], str] | None = None) -> None:
+    def __init__(
+        self, *, slug: Callable[[str, str], str] | None = None, max_runtime: int | None = None
+    ) -> None:
+        if max_runtime is not None and (type(max_runtime) is not int or max_runtime <= 0):
+            raise ConfigError(
+                f"SentryCrons(max_runtime=...) must be a positive whole number of minutes, "
+                f"got {max_runtime!r}"
+            )
+        self.max_runtime = max_runtime
         self.slug = slug or self._default_slug
         self._configs: dict[tuple[str, str], dict[str, Any]] | None = None
         self._shared_names: frozenset[str] = frozenset()  # declared on several queues
@@ -95,6 +115,8 @@ class SentryCrons(Middleware):
             configs = {}
             for d in declared:
                 config = configs[(d.queue, d.name)] = monitor_config_of(d.definition.cadence)
+                if config and self.max_runtime is not None:
+                    config["max_runtime"] = self.max_runtime
                 if not config:  # said once per schedule, as emq-bridge's Celery side does
                     log.warning(
                         "Sentry Crons cannot monitor %s/%s (%s): it gets no check-ins",
@@ -107,6 +129,36 @@ class SentryCrons(Middleware):
 
     def _default_slug(self, queue: str, name: str) -> str:
         return f"{queue}-{name}" if name in self._shared_names else name
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        # Before any `after_worker_boot`: the pump threads start there, with these listeners.
+        for middleware in broker.middleware:
+            if isinstance(middleware, RecurringMiddleware) and not any(
+                isinstance(known, _LostCheckIns) and known.crons is self
+                for known in middleware.listeners
+            ):
+                listener = _LostCheckIns(self, broker, middleware)
+                middleware.listeners = (*middleware.listeners, listener)
+
+    def lost(
+        self, broker: dramatiq.Broker, prefix: str, queue: str, name: str, due_ms: int, ident: str
+    ) -> None:
+        """Send the `error` check-in of the occurrence `ident` (of `name`, due at `due_ms`) a
+        pump of the registry `prefix` marked lost, if `before_process_message` would have
+        opened one: not for a trigger, nor for a schedule Sentry Crons cannot take."""
+        if ident != occurrence_id(prefix, queue, name, due_ms):  # a trigger's (or garbage)
+            return
+        config = self._config(broker, queue, name)
+        if config == {}:
+            return
+        from sentry_sdk.crons import MonitorStatus, capture_checkin
+
+        capture_checkin(
+            monitor_slug=self.slug(queue, name),
+            check_in_id=uuid.UUID(ident).hex,
+            status=MonitorStatus.ERROR,  # no duration: its worker died without telling it
+            monitor_config=config,  # type: ignore[arg-type]
+        )
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         info = occurrence_of(message)
@@ -152,3 +204,20 @@ class SentryCrons(Middleware):
             duration=time.monotonic() - started,
             monitor_config=self._config(broker, info.queue, info.name),  # type: ignore[arg-type]
         )
+
+
+class _LostCheckIns(PumpEvents):
+    """The pump listener `SentryCrons` adds to a `RecurringMiddleware`: the `error` check-in
+    of each occurrence its pump marks lost. The worker that opened the check-in is dead;
+    whichever worker's pump notices sends it, once (a mark is a compare-and-set)."""
+
+    def __init__(
+        self, crons: SentryCrons, broker: dramatiq.Broker, middleware: RecurringMiddleware
+    ) -> None:
+        self.crons = crons
+        self._broker = broker
+        self._middleware = middleware
+
+    def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
+        prefix = self._middleware.registry(self._broker).prefix  # opened at boot, so cached
+        self.crons.lost(self._broker, prefix, queue, name, due_ms, occurrence_id)
