@@ -9,25 +9,14 @@ import signal
 import socket
 import subprocess
 import threading
-import time
-from collections.abc import Callable
 
-from processes import EMQ_BRIDGE, run_cli
+from processes import EMQ_BRIDGE, run_cli, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.testing import RecordingDispatcher
 
 TIMEOUT_S = 30
 PROBE = ("health", "--queue", "reports", "--max-lag", "5m")
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout_s}s")
 
 
 def test_this_host_counts_only_its_own_pumps(redis_url: str, prefix: str, repeat: Repeat) -> None:
@@ -40,7 +29,7 @@ def test_this_host_counts_only_its_own_pumps(redis_url: str, prefix: str, repeat
     thread.start()
     here: subprocess.Popen[bytes] | None = None
     try:
-        wait_until(lambda: bool(repeat.pumps(["reports"])), "the other host's heartbeat")
+        wait_until(lambda: repeat.pumps(["reports"]), TIMEOUT_S, "the other host's heartbeat")
         assert run_cli(redis_url, prefix, *PROBE).returncode == 0  # the queue is served
         alone = run_cli(redis_url, prefix, *PROBE, "--this-host")
         assert alone.returncode == 4, alone.stdout
@@ -57,12 +46,11 @@ def test_this_host_counts_only_its_own_pumps(redis_url: str, prefix: str, repeat
             stderr=subprocess.DEVNULL,
         )
         pid = here.pid
-        wait_until(lambda: pid in {p.pid for p in repeat.pumps(["reports"])}, "this host's pump")
+        wait_until(lambda: pid in {p.pid for p in repeat.pumps(["reports"])}, TIMEOUT_S, "its pump")
         assert run_cli(redis_url, prefix, *PROBE, "--this-host").returncode == 0
         here.send_signal(signal.SIGSTOP)  # frozen: alive, not ticking, its heartbeat expires
-        wait_until(
-            lambda: pid not in {p.pid for p in repeat.pumps(["reports"])}, "its heartbeat expiring"
-        )
+        gone = lambda: pid not in {p.pid for p in repeat.pumps(["reports"])}  # noqa: E731
+        wait_until(gone, TIMEOUT_S, "its heartbeat expiring")
         assert run_cli(redis_url, prefix, *PROBE).returncode == 0  # still served elsewhere
         frozen = run_cli(redis_url, prefix, *PROBE, "--this-host")
         assert frozen.returncode == 4 and "no live pump of host" in frozen.stderr
