@@ -265,6 +265,8 @@ class CeleryDispatcher:
         task = self.app.tasks.get(name)
         if task is None and self.known_tasks_only:
             self.check_task(name)
+        if task is not None:
+            _check_arguments(task, args, kwargs)
         try:
             if task is not None:
                 task.apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
@@ -379,3 +381,19 @@ def last_success_time(request: Any) -> datetime | None:
     """Return when a run of the registration last succeeded, as its worker reported it
     (aware, UTC, the worker's clock), or None if none did (or reports are off)."""
     return _utc(_ms_header(request, LAST_SUCCESS_HEADER))
+
+
+def _check_arguments(task: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Raise `PermanentDispatchError` if `task` refuses `args` and `kwargs`, as Celery's
+    `apply_async` checks them (`Task.typing`, on by default) before any broker I/O: no retry
+    can send them, so the registration is parked, where a retry kept its lease for ever and
+    a fix then sent every slot held meanwhile at once."""
+    check = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
+    if check is None:
+        return
+    try:
+        check(*args, **kwargs)
+    except TypeError as exc:
+        raise PermanentDispatchError(
+            f"its args and kwargs do not fit task {task.name!r}: {exc}"
+        ) from exc
