@@ -14,6 +14,7 @@ Part of `emq_bridge.celery`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -219,11 +220,30 @@ def registry_name(key: str) -> str:
         raise ConfigError(f"beat_schedule keys must be non-empty strings, got {shown(key)}")
     if len(key) <= MAX_NAME_BYTES and _ASCII_NAME.fullmatch(key):
         return key  # most keys: nothing to replace, a valid name as it is
-    name = _BAD_NAME_CHARS.sub("_", key)
+    name = _shortened(_BAD_NAME_CHARS.sub("_", key))
     try:
         return validate_name(name, "registration name")
     except EmqError as exc:
         raise ConfigError(f"{entry_label(key)}: {exc}") from exc
+
+
+# What an over-long key keeps of itself, in UTF-8 bytes, before `~` and its digest.
+_KEPT_BYTES = MAX_NAME_BYTES - 1 - 16
+
+
+def _shortened(name: str) -> str:
+    """`name` if it fits a registration name, else its first `_KEPT_BYTES` bytes (whole
+    characters), `~` and 16 hex characters of its SHA-256: the same name at every start, and
+    another for any other key. Celery keys an unnamed `add_periodic_task` by the signature's
+    repr, which long args make longer than a name may be (Celery's beat takes any key)."""
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:  # not valid UTF-8: `validate_name` refuses it, whole
+        return name
+    if len(encoded) <= MAX_NAME_BYTES:
+        return name
+    kept = encoded[:_KEPT_BYTES].decode("utf-8", "ignore")
+    return f"{kept}~{hashlib.sha256(encoded).hexdigest()[:16]}"
 
 
 def entry_label(key: object) -> str:
