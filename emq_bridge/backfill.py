@@ -19,6 +19,13 @@ apply; jitter does not: a slot's id and nominal time are what matter) and hands 
   live slot, `backfill=True` on the occurrence (Celery header and Dramatiq option
   `emq_backfill`), redelivered after a crash like any lease.
 
+The slots queued follow the registration's later changes until they are sent (`claim.lua`
+decides it as it serves each): one the schedule can no longer have (before a `start_at` moved
+later, after an `end_at` moved earlier, not one of a one-off's `at`, any once it has a `limit`
+or its slots are placed otherwise: another `every`, cron, zone, offset or exclusions) is
+dropped, unsent, and taken off the ledger, so a later backfill may queue it again; while it is
+paused they are held, and a resume sends them.
+
 A backfill needs running pumps to send what it queued; it never fires a slot twice, whatever
 backfills and live firing overlap.
 """
@@ -38,7 +45,6 @@ from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
 
 if TYPE_CHECKING:
-    from .registry import Registration
     from .scripts import Scripts
 
 __all__ = [
@@ -135,7 +141,9 @@ class BackfillMoves:
     def server_time_ms(self) -> int:  # pragma: no cover - Repeat's
         raise NotImplementedError
 
-    def read(self, queue: str, name: str) -> Registration:  # pragma: no cover - Repeat's
+    # Repeat's: decodes the whole record, raising `CorruptRecord` (its result, a
+    # `Registration`, is not needed here: typed `object`, so this module imports no registry).
+    def read(self, queue: str, name: str) -> object:  # pragma: no cover
         raise NotImplementedError
 
     def backfill(
@@ -200,9 +208,8 @@ class BackfillMoves:
             parked = fields.get("paused_next_ms", "")
             frontier = _frontier(cadence, score, parked if fields.get("paused") == "1" else "")
             score_text = "" if score is None else _score_text(score)
-            result = self._queue_slots(
-                keys, name, slots, score_text, parked, frontier, now, spacing, dry_run
-            )
+            read = (score_text, parked, fields.get("cadence_digest", ""))
+            result = self._queue_slots(keys, name, slots, read, frontier, now, spacing, dry_run)
             if result is not None:
                 queued, live, done, ahead, outside = result
                 return Backfill(
@@ -218,16 +225,18 @@ class BackfillMoves:
         keys: QueueKeys,
         name: str,
         slots: list[int],
-        score: str,
-        parked: str,
+        read: tuple[str, str, str],
         frontier: str,
         now: int,
         spacing: int,
         dry_run: bool,
     ) -> tuple[list[int], int, int, int, int] | None:
         """Send `slots` to backfill.lua in chunks; None when the registration changed (the
-        chunks before stay queued: a retry skips them as `done`). `ScheduleError` when it
-        has a `limit` now."""
+        chunks before stay queued: a retry skips them as `done`). `read` is what the slots
+        and the frontier were computed from: the score, `paused_next_ms` and
+        `cadence_digest` as read, which the script compares. `ScheduleError` when it has a
+        `limit` now."""
+        score, parked, digest = read
         queued: list[int] = []
         live = done = ahead = outside = 0
         for start in range(0, len(slots), CHUNK) or [0]:
@@ -245,6 +254,7 @@ class BackfillMoves:
                         spacing,
                         "1" if dry_run else "",
                         keys.wake_channel,
+                        digest,
                     ],
                 )
             if not isinstance(reply, list):

@@ -1765,6 +1765,18 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         ]
         if cadence_digests:
             args.append(json.dumps(list(cadence_digests)))
+        # The record and ledger of each registration with a pending backfill due: the claim
+        # judges those slots by the record as it is now (claim.lua's backfill_verdict).
+        backfill_keys: builtins.list[str] = []
+        places: dict[str, builtins.list[int]] = {}
+        next_key = n + 4 + len(history_keys)  # KEYS index (from 1) of the next key given
+        for name in _backfilling(expired):
+            places[name] = [next_key + len(backfill_keys), next_key + len(backfill_keys) + 1]
+            backfill_keys += [keys.record(name), keys.backfilled(name)]
+        if places:
+            if not cadence_digests:
+                args.append("[]")  # ARGV[7]: no check
+            args.append(json.dumps(places))
         with redis_errors(f"claim {queue}"):
             reply = self.scripts.claim(
                 keys=[
@@ -1773,6 +1785,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     *(keys.record(c[0]) for c in candidates),
                     keys.running,
                     *history_keys,
+                    *backfill_keys,
                 ],
                 args=args,
             )
@@ -2063,6 +2076,19 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,
     )
+
+
+def _backfilling(expired: Sequence[str]) -> builtins.list[str]:
+    """The names of the pending backfill members (`"<name> <slot> backfill"`) in `expired`,
+    each once, in order."""
+    names: dict[str, None] = {}
+    for member in expired:
+        if member.endswith(" backfill"):
+            head = member[: -len(" backfill")]
+            name, _, slot = head.rpartition(" ")
+            if name and slot.isdigit():
+                names[name] = None
+    return list(names)
 
 
 def _not_hashes_error(names: builtins.list[str], count: int) -> CorruptRecord:

@@ -14,10 +14,11 @@
 -- ARGV[7]  ms between two slots queued (the rate limit; 0 for none)
 -- ARGV[8]  '1' for a dry run: decide, write nothing
 -- ARGV[9]  wake channel
+-- ARGV[10] the record's `cadence_digest` as read ('' when none; absent: not compared)
 --
--- The frontier was computed by the caller from ARGV[2..3] (cron math is Python's): if the
--- score or `paused_next_ms` changed since the read, nothing is written (-2) and the caller
--- reads again. The bounds are read here, from the record as it is now (bounds.py): a
+-- The frontier and the slots were computed by the caller from ARGV[2..3] and the cadence of
+-- ARGV[10] (cron math is Python's): if the score, `paused_next_ms` or `cadence_digest`
+-- changed since the read, nothing is written (-2) and the caller reads again. The bounds are read here, from the record as it is now (bounds.py): a
 -- registration with a `limit` is never backfilled (-3: its runs are counted, and a backfill
 -- would add runs it cannot have); a slot before `start_ms`, after `end_ms` or, for a
 -- one-off, not one of its `at` instants is a slot the schedule cannot have (`outside`).
@@ -27,6 +28,12 @@
 -- (`done`). Every other slot is added to KEYS[4] and queued as the pending member
 -- "<name> <slot> backfill" in KEYS[3], scored by its send time, which claim.lua turns into
 -- the lease "<name> <slot> backfilled" when it is due: one send, the id of the live slot.
+-- The slots queued follow the registration's later changes: claim.lua drops a pending one
+-- the schedule can no longer have and holds it while paused. So that it can tell a change
+-- of the fields that place the slots, a backfill that queues keeps their signature in the
+-- record (`backfill_cadence`, slot_signature: claim.lua's too); one that finds another
+-- signature there first drops the slots still pending under it (walking the ledger, once
+-- per such change), but those it would queue itself, and counts them in `backfill_dropped`.
 -- Returns {1, queued slots (JSON), live, done, ahead, outside}; -1 no such registration;
 -- -2 changed; -3 it has a limit.
 -- A key of another type (edited by hand) fails the call before anything is written: a slot
@@ -43,6 +50,13 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local parked = redis.call('HGET', KEYS[2], 'paused_next_ms')
 if (score or '') ~= ARGV[2] and tonumber(score) ~= tonumber(ARGV[2]) then return -2 end
 if (parked or '') ~= ARGV[3] then return -2 end
+if ARGV[10] and (redis.call('HGET', KEYS[2], 'cadence_digest') or '') ~= ARGV[10] then
+  return -2
+end
+
+-- #include slots
+local placed = redis.call('HMGET', KEYS[2], 'backfill_cadence', unpack(SLOT_FIELDS))
+local signature = slot_signature(placed, 2)
 
 local f = redis.call('HMGET', KEYS[2], 'runs', 'run', 'last_due_ms', 'created_ms',
   'start_ms', 'end_ms', 'at', 'limit')
@@ -77,6 +91,7 @@ end
 local frontier = tonumber(ARGV[4])
 local at, spacing, dry = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
 local queued, live, done, ahead, outside = {}, 0, 0, 0, 0
+local kept = {}  -- the slots of this call the schedule has: pending ones of them stay
 for _, text in ipairs(cjson.decode(ARGV[5])) do
   local slot = tonumber(text)
   if outside_bounds(slot) then
@@ -87,6 +102,7 @@ for _, text in ipairs(cjson.decode(ARGV[5])) do
     live = live + 1
   elseif redis.call('ZSCORE', KEYS[4], text) then
     done = done + 1
+    kept[text] = true
   else
     if not dry then
       redis.call('ZADD', KEYS[4], slot, text)
@@ -94,7 +110,33 @@ for _, text in ipairs(cjson.decode(ARGV[5])) do
         ARGV[1] .. ' ' .. text .. ' backfill')
     end
     queued[#queued + 1] = text
+    kept[text] = true
   end
+end
+
+-- The slots still pending under another signature (see above), but `kept`. After the writes
+-- above, and no command on a key once it is empty (cluster slot migration, claim.lua).
+local function drop_former_slots()
+  local dropped, left = 0, redis.call('ZCARD', KEYS[3])
+  for _, text in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+    if left == 0 then break end
+    local member = ARGV[1] .. ' ' .. text .. ' backfill'
+    if not kept[text] and redis.call('ZREM', KEYS[3], member) == 1 then
+      left = left - 1
+      redis.call('ZREM', KEYS[4], text)
+      dropped = dropped + 1
+    end
+  end
+  if dropped == 0 then return end
+  -- A counter edited by hand into a non-integer restarts (claim.lua's `count`).
+  local counted = redis.pcall('HINCRBY', KEYS[2], 'backfill_dropped', dropped)
+  if type(counted) == 'table' and counted.err then
+    redis.call('HSET', KEYS[2], 'backfill_dropped', dropped)
+  end
+end
+if not dry and placed[1] ~= signature and (placed[1] or #queued > 0) then
+  if placed[1] then drop_former_slots() end
+  redis.call('HSET', KEYS[2], 'backfill_cadence', signature)
 end
 if #queued > 0 and not dry then redis.pcall('PUBLISH', ARGV[9], 'backfill') end
 local reply = '[]'

@@ -5,6 +5,9 @@
 -- KEYS[3 .. 2+n]  <prefix>:{q}:repeat:<name> records, one per candidate
 -- KEYS[3+n]  <prefix>:{q}:running      sorted set: occurrence in flight -> lost deadline
 -- KEYS[4+n ..]  <prefix>:{q}:history:<name> lists of the guarded candidates (see below)
+-- KEYS[...]  then, for each registration with a pending backfill among ARGV[4]'s members, its
+--            record <prefix>:{q}:repeat:<name> and its ledger <prefix>:{q}:backfill:<name>
+--            (ARGV[8] says where)
 -- ARGV[1]  now, epoch ms
 -- ARGV[2]  lease deadline, epoch ms
 -- ARGV[3]  JSON array of the n candidates, each [name, score read by scan, next score,
@@ -40,6 +43,9 @@
 --          cadence's first run was that slot), so the next score the pump computed is the
 --          old cadence's (off the new grid, or past a slot of it). Its next scan reads it
 --          again.
+-- ARGV[8]  JSON object: name -> [KEYS index of its record, KEYS index of its ledger], for
+--          each name with a pending backfill member in ARGV[4] (may be absent: such members
+--          are then sent as they are, unjudged)
 -- (Two JSON arguments rather than thousands of plain ones: the client packs them cheaply.)
 --
 -- A candidate is claimed only if its score is still the one scan read, so two pumps never
@@ -56,7 +62,10 @@
 -- the pending member is dropped and not re-leased.
 -- A pending buffered slot "<name> <due_ms> buffered" (report.lua) becomes the plain lease
 -- "<name> <due_ms>", its first send. A pending backfill "<name> <due_ms> backfill"
--- (backfill.lua, scored by when to send it) becomes the lease "<name> <due_ms> backfilled".
+-- (backfill.lua, scored by when to send it) becomes the lease "<name> <due_ms> backfilled",
+-- unless its record now says otherwise (backfill_verdict, below): dropped when the schedule
+-- can no longer have that slot, held (scored ARGV[2]) while it is paused. Its record and
+-- ledger keys are given (ARGV[8]); read only for such a member.
 -- A fired (or buffered) candidate extends the record's runs of fired slots (`track`).
 -- Returns {{claimed candidate index (1-based), ...}, {re-leased member as given, ...},
 --          earliest registry score or '', earliest lease deadline or '',
@@ -304,9 +313,73 @@ for i, candidate in ipairs(candidates) do
     if #writes > 0 then redis.call('HSET', record, unpack(writes)) end
   end
 end
+-- Pending backfills ("<name> <slot> backfill") follow the changes their registration had
+-- since the backfill queued them: backfill_verdict reads its record (one HMGET a name, only
+-- when such a member is due) and says 'drop' for a slot the schedule cannot have now (before
+-- `start_ms`, after `end_ms`, not one of a one-off's `at`; any slot once it has a `limit`,
+-- whose runs are counted; any slot once the fields that place its slots differ from those
+-- backfill.lua queued it under, `backfill_cadence`), 'hold' while it is paused (a resume
+-- sends it), else nil: sent. A record that cannot be read (gone, not a hash, no cadence) is
+-- left to the pump, which drops the lease and reports it, as for any lease of such a record.
+-- SLOT_FIELDS and slot_signature (slots.lib.lua) are backfill.lua's too: one signature.
+-- #include slots
+local BACKFILL_READ = {'paused', 'start_ms', 'end_ms', 'at', 'limit', 'backfill_cadence',
+                       unpack(SLOT_FIELDS)}
+local backfill_rules = {}  -- name -> what backfill_verdict applies, or false: unreadable
+local backfill_keys = ARGV[8] and cjson.decode(ARGV[8]) or {}  -- name -> {record, ledger}
+local function read_backfill_rules(name)
+  local at = backfill_keys[name]
+  if type(at) ~= 'table' then return false end  -- not given: sent unjudged, as before
+  local f = redis.pcall('HMGET', KEYS[at[1]], unpack(BACKFILL_READ))
+  if type(f) ~= 'table' or f.err or not (f[7] or f[11] or f[4]) then return false end
+  local rules = {paused = f[1] == '1', limit = f[5] and f[5] ~= '',
+                 start_ms = tonumber(f[2]), end_ms = tonumber(f[3])}
+  if f[4] and f[4] ~= '' then
+    rules.instants = {}
+    for at in string.gmatch(f[4], '%d+') do rules.instants[at] = true end
+  end
+  -- Members queued before backfills kept a signature (no `backfill_cadence`) are not judged.
+  rules.moved = f[6] and f[6] ~= slot_signature(f, 7)
+  return rules
+end
+local function backfill_verdict(name, slot)
+  if backfill_rules[name] == nil then backfill_rules[name] = read_backfill_rules(name) end
+  local rules = backfill_rules[name]
+  if not rules then return nil end
+  local at = tonumber(slot)
+  if rules.limit or rules.moved or (rules.start_ms and at < rules.start_ms)
+    or (rules.end_ms and at > rules.end_ms) or (rules.instants and not rules.instants[slot]) then
+    return 'drop'
+  end
+  if rules.paused then return 'hold' end
+  return nil
+end
+
+-- Take the dropped backfilled slots off their ledgers (`<prefix>:{q}:backfill:<name>`, next
+-- to the registry key), so a later backfill may queue them again if the schedule has them
+-- again, and count them in the record's `backfill_dropped`. One ZREM a thousand
+-- slots, none once the ledger is empty: a key emptied is touched no more (cluster slot
+-- migration, below).
+local function forget_backfilled(unqueued)
+  for name, slots in pairs(unqueued) do
+    local at = backfill_keys[name]  -- judged, so given
+    local ledger = KEYS[at[2]]
+    -- pcall: a ledger gone (by hand) reads as a key moved away while the slot is MIGRATING;
+    -- it must not fail the claim after its leases were written.
+    local left = redis.pcall('ZCARD', ledger)
+    if type(left) ~= 'number' then left = 0 end
+    for i = 1, #slots, 1000 do
+      if left == 0 then break end
+      left = left - redis.call('ZREM', ledger, unpack(slots, i, math.min(i + 999, #slots)))
+    end
+    count(KEYS[at[1]], 'backfill_dropped', #slots)
+  end
+end
+
 local PENDING, TRIGGERED, BUFFERED = ' manual', ' triggered', ' buffered'
 local BACKFILL, BACKFILLED = ' backfill', ' backfilled'
 local released, held, served = {}, {}, {}
+local unqueued = {}  -- name -> {slot, ...}: backfilled slots dropped, off its ledger at the end
 for _, member in ipairs(expired) do
   local lease = redis.call('ZSCORE', KEYS[2], member)
   if lease and tonumber(lease) <= tonumber(now) then
@@ -317,8 +390,21 @@ for _, member in ipairs(expired) do
       target = string.sub(member, 1, -#BUFFERED - 1)
     elseif string.sub(member, -#BACKFILL) == BACKFILL then  -- backfill.lua's, due to send
       target = string.sub(member, 1, -#BACKFILL - 1) .. BACKFILLED
+      local name, slot = string.match(member, '^(.*) (%d+) backfill$')
+      local verdict = name and backfill_verdict(name, slot)
+      if verdict == 'hold' then
+        -- Paused: looked at again a lease from now; a resume lets it go then.
+        leases[#leases + 1] = deadline
+        leases[#leases + 1] = member
+        target = nil
+      elseif verdict == 'drop' then
+        served[#served + 1] = member
+        unqueued[name] = unqueued[name] or {}
+        table.insert(unqueued[name], slot)
+        target = nil
+      end
     end
-    if target ~= member then
+    if target and target ~= member then  -- (nil: a backfilled slot held or dropped above)
       served[#served + 1] = member
       if redis.call('ZSCORE', KEYS[2], target) then target = nil end  -- in flight already
     end
@@ -339,6 +425,7 @@ end
 zadd_all(KEYS[1], moves)
 zadd_all(KEYS[2], leases)
 local emptied = remove_served(KEYS[2], served, held)
+forget_backfilled(unqueued)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local first_lease = {}
 if not emptied then first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES') end
