@@ -44,6 +44,7 @@ __all__ = [
     "apply_plan",
     "check_not_owned_by",
     "declarations_fingerprint",
+    "moves_of",
     "plan_sync",
     "queues_of",
     "stamped",
@@ -608,7 +609,7 @@ def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:
         imported = plan.adopted.get((declaration.queue, declaration.name))
         if imported is not None and _relocate(repeat, declaration, imported):
             applied.adopted[(declaration.queue, declaration.name)] = imported
-    moves = _moves(plan)
+    moves = moves_of(plan)
     if not moves:
         _write(repeat, plan, applied, {})
         return
@@ -682,7 +683,7 @@ _MOVE_FIELDS = (
 )
 
 
-def _moves(plan: SyncPlan) -> list[tuple[Declaration, str]]:
+def moves_of(plan: SyncPlan) -> list[tuple[Declaration, str]]:
     """Return the created declarations whose name the plan removes from another queue, each
     with that queue (the first, should it be removed from several)."""
     if not (plan.remove and plan.create):
@@ -915,6 +916,17 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     """
     source = applied.source
     debug = log.isEnabledFor(logging.DEBUG)
+    # A queue move is one change, said as one: not a removal (which reads as a schedule lost)
+    # and a creation.
+    moves = moves_of(applied)
+    moved_from = {(queue, d.name) for d, queue in moves}
+    moved_to = {(d.queue, d.name) for d, _ in moves}
+    for index, (d, queue) in enumerate(moves):
+        level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
+        log.log(level, "sync %s: > %s/%s moved to queue %s", source, queue, d.name, d.queue)
+    _more(moves, CHANGED_SHOWN, logging.WARNING, source, "moved")
+    removed = [key for key in applied.remove if key not in moved_from]
+    created = [d for d in applied.create if (d.queue, d.name) not in moved_to]
     for index, d in enumerate(applied.update):
         level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
         if level == logging.WARNING or debug:
@@ -922,20 +934,19 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
             changes = _changes(record, d, source)
             log.log(level, "sync %s: ~ %s/%s  %s", source, d.queue, d.name, changes)
     _more(applied.update, CHANGED_SHOWN, logging.WARNING, source, "updated")
-    for index, (queue, name) in enumerate(applied.remove):
+    for index, (queue, name) in enumerate(removed):
         level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
         if level == logging.WARNING or debug:
-            removed = old.get((queue, name))
-            was = f"  (was {_described(removed)})" if removed else ""
+            gone = old.get((queue, name))
+            was = f"  (was {_described(gone)})" if gone else ""
             log.log(level, "sync %s: - %s/%s%s", source, queue, name, was)
-    _more(applied.remove, CHANGED_SHOWN, logging.WARNING, source, "removed")
+    _more(removed, CHANGED_SHOWN, logging.WARNING, source, "removed")
     if log.isEnabledFor(logging.INFO):  # a boot sync may create a million: describe few
-        created = applied.create if debug else applied.create[:CREATED_SHOWN]
-        for index, d in enumerate(created):
+        for index, d in enumerate(created if debug else created[:CREATED_SHOWN]):
             level = logging.INFO if index < CREATED_SHOWN else logging.DEBUG
             described = d.definition.cadence.describe()
             log.log(level, "sync %s: + %s/%s  %s", source, d.queue, d.name, described)
-        _more(applied.create, CREATED_SHOWN, logging.INFO, source, "created")
+        _more(created, CREATED_SHOWN, logging.INFO, source, "created")
     if debug:
         for d in applied.unchanged:
             log.debug("sync %s: = %s/%s", source, d.queue, d.name)

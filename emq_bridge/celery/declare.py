@@ -33,7 +33,7 @@ from ..errors import ConfigError, EmqError
 from ..file_stamp import FileStamp, file_fingerprint, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
-from ..sync import Stamp, SyncPlan, check_one_source, queues_of, stamped, sync
+from ..sync import Stamp, SyncPlan, check_one_source, moves_of, queues_of, stamped, sync
 from ..template import TaskTemplate
 from .entries import (
     PLACEHOLDER,
@@ -604,7 +604,8 @@ def _warn_removed_elsewhere(applied: SyncPlan, queues: Sequence[str]) -> None:
     """Say so when the app's sync removed schedules from queues the app does not use: the
     schedules an entry moved away from, or another app's that shares the source (two apps
     both named `Celery("tasks")` on one registry delete each other's at each boot)."""
-    elsewhere = sorted({q for q, _ in applied.remove} - set(queues))
+    moved = {(queue, d.name) for d, queue in moves_of(applied)}  # said as moves by the sync
+    elsewhere = sorted({q for q, n in applied.remove if (q, n) not in moved} - set(queues))
     if elsewhere:
         log.warning(
             "emq-bridge: sync %s removed schedules in queue(s) %s, which this app does not "
