@@ -479,7 +479,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
     fingerprint = app_fingerprint(app, entries, _DECLARED) if stamps else None
     vouched = _vouched(repeat, source, fingerprint)
     path = _setting(app, "emq_bridge_schedule_file")
-    file = _file_stamp(repeat, str(path), generation) if path and stamps else None
+    file = _file_stamp(repeat, str(path), generation, app) if path and stamps else None
     plan = _app_schedule(app, (), entries) if vouched is None else None
     loaded = None
     if path and (file is None or not file.holds):
@@ -512,6 +512,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
             repeat,
             declared,
             loaded.source,
+            prune_tasks=_file_pruned(app),
             generation=generation,
             stamp=its_stamp,
             # the app's, when vouched
@@ -633,11 +634,20 @@ def _file_source(app: Celery) -> tuple[str, ...]:
     return (found[0],) if found is not None else ()
 
 
-def _file_stamp(repeat: Repeat, path: str, generation: int | None) -> FileStamp | None:
-    """The schedule file's stamp; None when the registry cannot say (the full path then
-    reports the file's errors first, and the registry's)."""
+def _file_pruned(app: Celery) -> frozenset[str]:
+    """The tasks whose schedules the app's schedule-file sync removes when the file no longer
+    declares them: the app's own. Two apps' files may share a source (`file:schedules.toml`,
+    the default), and each would otherwise remove the other's at every boot, whatever their
+    `emq_bridge_source` (the Dramatiq middleware prunes by its broker's actors alike)."""
+    return frozenset(app.tasks)
+
+
+def _file_stamp(repeat: Repeat, path: str, generation: int | None, app: Celery) -> FileStamp | None:
+    """The schedule file's stamp, checked against the tasks its sync prunes (`_file_pruned`);
+    None when the registry cannot say (the full path then reports the file's errors first,
+    and the registry's)."""
     try:
-        return file_stamp(repeat, path, generation)
+        return file_stamp(repeat, path, generation, ";".join(sorted(_file_pruned(app))))
     except EmqError as exc:
         log.debug("emq-bridge: the schedule file's stamp could not be read: %s", exc)
         return None
@@ -714,7 +724,14 @@ def sync_app(
             ]
         plans = _sync_own(app, repeat, plan, fingerprint=stamp or None)
         plans += [
-            sync(repeat, decls, source, generation=generation, stamp=stamp or None)
+            sync(
+                repeat,
+                decls,
+                source,
+                generation=generation,
+                stamp=stamp or None,
+                prune_tasks=_file_pruned(app),
+            )
             for source, decls in plan.extra
         ]
     finally:
