@@ -13,7 +13,10 @@
 -- ARGV[3]  generation of that owner's declarations ('' for none: no check)
 --
 -- Removing a record with an owner counts one write of it in KEYS[8], when that source keeps
--- a counter there (upsert.lua).
+-- a counter there (upsert.lua). Removing the registry member of a record that is gone (deleted
+-- by hand with DEL) or not a hash, whose owner cannot be read, counts one write of every
+-- source that keeps one: a stamp vouched for it, and the next sync of its source, whichever
+-- it is, reads in full (and creates it again, if declared).
 -- Returns 1 when something was removed, 0 when nothing existed (or the guard refused), and
 -- '!' followed by the stored generation when the queue holds a higher generation of the
 -- owner than ARGV[3] (nothing removed: a sync of older declarations must not prune what a
@@ -39,12 +42,24 @@ if ARGV[3] ~= '' then
   end
 end
 local owner = redis.pcall('HGET', KEYS[2], 'source')
-if type(owner) == 'table' then owner = false end  -- not a hash (edited by hand): no owner
+local not_hash = type(owner) == 'table'
+if not_hash then owner = false end  -- not a hash (edited by hand): no owner
 if ARGV[2] ~= '' and owner ~= ARGV[2] then return 0 end
-local removed = redis.call('DEL', KEYS[2]) + redis.call('ZREM', KEYS[1], ARGV[1])
+local had_record = redis.call('DEL', KEYS[2])
+local had_member = redis.call('ZREM', KEYS[1], ARGV[1])
+local removed = had_record + had_member
+
+-- One more write in KEYS[8]'s counter `counter` (`{w}<source>`).
+local function count_write(counter)
+  local result = redis.pcall('HINCRBY', KEYS[8], counter, 1)  -- edited by hand: restart
+  if type(result) == 'table' and result.err then redis.call('HSET', KEYS[8], counter, 1) end
+end
 if owner and removed > 0 and redis.call('HEXISTS', KEYS[8], '{w}' .. owner) == 1 then
-  local result = redis.pcall('HINCRBY', KEYS[8], '{w}' .. owner, 1)  -- edited by hand: restart
-  if type(result) == 'table' and result.err then redis.call('HSET', KEYS[8], '{w}' .. owner, 1) end
+  count_write('{w}' .. owner)
+elseif had_member == 1 and (had_record == 0 or not_hash) then
+  for _, field in ipairs(redis.call('HKEYS', KEYS[8])) do
+    if string.sub(field, 1, 3) == '{w}' then count_write(field) end
+  end
 end
 redis.call('DEL', KEYS[6], KEYS[7])
 local prefix = ARGV[1] .. ' '
