@@ -42,6 +42,7 @@ __all__ = [
     "Stamp",
     "SyncPlan",
     "apply_plan",
+    "check_not_emptied",
     "check_not_owned_by",
     "declarations_fingerprint",
     "moves_of",
@@ -476,8 +477,12 @@ def sync(
     unread_sources: Collection[str] = (),
     read_queues: Collection[str] = (),
     generation_sources: Collection[str] = (),
+    empty_prunes: bool = True,
 ) -> SyncPlan:
     """Plan, then (unless `dry_run`) apply: upsert what is new or changed, cancel what is pruned.
+
+    `empty_prunes=False` (a schedule file's sync) refuses, with `ConfigError` and before any
+    schedule is written, to prune when nothing is declared (`check_not_emptied`).
 
     `prune_tasks` (with `prune`) removes only the source's registrations whose task is one
     of these: a process that knows only some of its source's tasks (a Dramatiq worker pool
@@ -537,6 +542,8 @@ def sync(
         # Read before the plan: a write after this read moves a count, so the stamp is refused.
         counts = repeat.begin_stamp(source, queues) if isinstance(stamp, Stamp) else {}
         plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
+        if not empty_prunes:
+            check_not_emptied(plan, len(wanted))
         old = _old_records(repeat, plan)
         _apply(repeat, plan, applied)
         if isinstance(stamp, Stamp):
@@ -555,6 +562,19 @@ def sync(
         )
     _log(applied, old)
     return applied
+
+
+def check_not_emptied(plan: SyncPlan, declared: int, hint: str = "") -> None:
+    """Raise `ConfigError` when `plan` declares nothing (`declared` is 0) yet removes its
+    source's schedules: a schedule file emptied or cut short by a deploy would otherwise
+    remove every schedule it declared before. `hint` says how to do it on purpose."""
+    if declared or not plan.remove:
+        return
+    raise ConfigError(
+        f"the schedule file declares no schedule: its sync would remove all "
+        f"{len(plan.remove)} schedule(s) of source {plan.source!r} (an emptied or truncated "
+        f"file?); nothing written{hint}"
+    )
 
 
 def _stamp(repeat: Repeat, applied: SyncPlan, counts: dict[str, int], stamp: Stamp) -> None:

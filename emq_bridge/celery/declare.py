@@ -513,6 +513,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
             declared,
             loaded.source,
             prune_tasks=_file_pruned(app),
+            empty_prunes=False,
             generation=generation,
             stamp=its_stamp,
             # the app's, when vouched
@@ -731,6 +732,7 @@ def sync_app(
                 generation=generation,
                 stamp=stamp or None,
                 prune_tasks=_file_pruned(app),
+                empty_prunes=False,
             )
             for source, decls in plan.extra
         ]

@@ -26,7 +26,7 @@ from ..pump import Pump
 from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
 from ..replies import redis_errors, text
-from ..sync import SyncPlan, apply_plan, plan_sync, sync
+from ..sync import SyncPlan, apply_plan, check_not_emptied, plan_sync, sync
 from .context import (
     FiniteRange,
     Settings,
@@ -163,16 +163,25 @@ def _stamp_of(repeat: Repeat, file: str) -> FileStamp | None:
     show_default=True,
     help="Remove schedules this file's source declared before and no longer declares.",
 )
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Let a file that declares no schedule remove every schedule of its source.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @pass_settings
-def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_json: bool) -> None:
+def sync_command(
+    settings: Settings, file: str, dry_run: bool, prune: bool, allow_empty: bool, as_json: bool
+) -> None:
     """Sync a schedule file; print the plan as a diff.
 
     `+` created, `~` updated, `-` removed, `=` unchanged (nothing written for it, so its
     live cadence is kept). Only schedules tagged with the file's `source` are removed;
     schedules the file does not name, such as those added at runtime, are never touched.
     The whole file is validated first: if any entry is invalid, nothing is written.
-    A file whose bytes are those of its last sync, when nothing else has written its
+    A file that declares no schedule while its source has some is refused (an emptied or
+    truncated file would remove them all), unless --allow-empty. A file whose bytes are
+    those of its last sync, when nothing else has written its
     schedules since, is not read again: the registry holds a stamp of that sync.
 
     \b
@@ -201,6 +210,8 @@ def sync_command(settings: Settings, file: str, dry_run: bool, prune: bool, as_j
         prune=prune,
         stamped=stamp is not None,
     )
+    if not (dry_run or allow_empty):
+        check_not_emptied(plan, len(schedule_file.declarations), " (--allow-empty removes them)")
     touched: dict[str, list[str]] = {}
     for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
         touched.setdefault(queue, []).append(name)

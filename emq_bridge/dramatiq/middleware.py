@@ -426,6 +426,7 @@ class RecurringMiddleware(Middleware):
                     generation=self.generation,
                     stamp=stamp,
                     prune_tasks=actors,
+                    empty_prunes=source == self.source,  # a file's: refused emptied
                     # The file's names, when its stamp held: its code may not take them.
                     unread_sources=(unread.source,) if unread is not None else (),
                 )

@@ -391,7 +391,9 @@ def test_sync_no_prune_keeps_dropped_schedules_and_json_parses(
     kept = json.loads(run("sync", str(path), "--no-prune", "--json").stdout)
     assert kept["remove"] == []
     assert sorted(repeat.names("reports")) == ["digest", "nightly"]
-    pruned = json.loads(run("sync", str(path), "--json").stdout)
+    # A file that declares nothing prunes all only when asked (session 27: an emptied file).
+    assert run("sync", str(path), "--json").exit_code == 1
+    pruned = json.loads(run("sync", str(path), "--json", "--allow-empty").stdout)
     assert sorted(i["name"] for i in pruned["remove"]) == ["digest", "nightly"]
 
 

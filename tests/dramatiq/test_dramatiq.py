@@ -454,6 +454,33 @@ def test_a_worker_does_not_boot_when_its_schedule_file_names_an_unknown_actor(
     broker.close()
 
 
+def test_a_worker_does_not_boot_when_its_schedule_file_was_emptied(
+    redis_url: str,
+    client: redis.Redis,
+    prefix: str,
+    names: tuple[str, str],
+    tmp_path: Any,
+) -> None:
+    # Session 27: a schedule file emptied (or cut short) by a deploy removed every schedule
+    # of its source at the next worker boot; it is refused, nothing removed.
+    queue, namespace = names
+    schedule_file = tmp_path / "schedules.toml"
+    schedule_file.write_text(
+        f'[[schedule]]\nqueue = "{queue}"\nname = "x"\ntask = "tick"\nevery = "1h"\n'
+    )
+    Repeat(client, prefix).upsert(
+        queue, "x", every="1h", template={"task": "tick"}, source="file:schedules.toml"
+    )
+    schedule_file.write_text("")
+    broker = RedisBroker(url=redis_url, namespace=namespace)
+    build_app(broker, client, prefix, queue, [], run_pump=False, schedule_file=schedule_file)
+    worker = dramatiq.Worker(broker, worker_threads=1)
+    with pytest.raises(BootError, match="the schedule file declares no schedule"):
+        worker.start()
+    assert Repeat(client, prefix).names(queue) == ["x"]
+    broker.close()
+
+
 def test_a_stub_broker_test_sees_exactly_what_a_manual_clock_makes_due(repeat: Repeat) -> None:
     broker = StubBroker()
     broker.add_middleware(RecurringMiddleware(repeat, run_pump=False))
