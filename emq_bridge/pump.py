@@ -75,6 +75,11 @@ FIRST_BATCH = 32
 # A tick's first scan of a queue serves its drain if it is at most this old (and a tenth
 # of the lease); a queue reached later, after others were drained, is scanned again.
 SCAN_FRESH_S = 0.1
+# How long one tick drains before it ends, even while batches come back full: a pump behind
+# a backlog ends its tick to write its heartbeat and tell its listeners (`on_tick`), and lets
+# go of what the tick sent, then goes on at once. (A tick that never ended let the heartbeat
+# lapse while the pump sent, and held every occurrence it sent in `Tick.dispatched`.)
+TICK_BUDGET_S = 2.0
 # Where the template is among a record's definition fields (the decode cache's keys).
 _TEMPLATE_AT = DEFINITION_FIELDS.index("template")
 # Decoded definitions kept between ticks, keyed by their raw record fields; the cache is
@@ -316,6 +321,7 @@ class Pump:
             return tick, errors
         size = min(FIRST_BATCH, self.batch_size)
         scanned_at = time.monotonic()
+        deadline = scanned_at + TICK_BUDGET_S
         scans = self.repeat.scan_many(self.queues, size, now_ms)
         # A drain takes time; a queue drained after it is scanned again, so its claim's
         # clock and lease deadline are not that much older (a lease must outlive a send).
@@ -330,7 +336,7 @@ class Pump:
             fresh = _idle(scan) or time.monotonic() - scanned_at < fresh_s
             try:
                 self._retry_acks(queue, scan.now_ms)
-                self._drain(queue, now_ms, tick, size, scan if fresh else None)
+                self._drain(queue, now_ms, tick, size, scan if fresh else None, deadline)
             except RegistryUnavailable:
                 raise
             except RegistryError as exc:
@@ -338,9 +344,16 @@ class Pump:
         return tick, errors
 
     def _drain(
-        self, queue: str, now_ms: int | None, tick: Tick, size: int, scan: Scan | None
+        self,
+        queue: str,
+        now_ms: int | None,
+        tick: Tick,
+        size: int,
+        scan: Scan | None,
+        deadline: float,
     ) -> None:
-        """Fire batches of `queue` until one is not full, starting from `scan` if given.
+        """Fire batches of `queue` until one is not full, starting from `scan` if given, or
+        the tick's `deadline` (monotonic) passes: the next tick then starts at once.
 
         Slow start: a burst's first batch is small (`size`), so its first message leaves
         within milliseconds; the batches then grow to `batch_size`, where the throughput is.
@@ -364,7 +377,7 @@ class Pump:
                 # Expired, and left to newer code: wake when this pump may take it again.
                 earliest_lease = min(left.values())
             full = max(len(scan.due), len(expired), len(scan.lost)) >= size
-            if not full or self._stop.is_set():
+            if not full or self._stop.is_set() or time.monotonic() >= deadline:
                 # After a full batch, look again; otherwise the earliest score says when.
                 tick.wake_at(earliest if not full else scan.now_ms)
                 tick.wake_at(earliest_lease)
