@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from .cadence import Cadence, CatchUp, Misfire, catch_up, now_arg
@@ -86,6 +87,8 @@ _TEMPLATE_AT = DEFINITION_FIELDS.index("template")
 # emptied when it holds this many, or this many bytes of template JSON.
 DECODED_CACHE_SIZE = 10_000
 DECODED_CACHE_BYTES = 32 * 1024 * 1024
+# The template a cached shape holds (`Pump._decode`): none of its own.
+_NO_TEMPLATE: Mapping[str, Any] = MappingProxyType({})
 # Once asked to stop, a pump sending a batch one occurrence at a time goes on this long, then
 # hands back the leases of what it has not sent, so a stop ends within about this time.
 STOP_GRACE_S = 0.5
@@ -901,7 +904,10 @@ class Pump:
                     )
                     if len(self._shapes) >= DECODED_CACHE_SIZE:
                         self._shapes.clear()
-                    self._shapes[rest] = firing
+                    # Kept without its template, which each registration brings its own of:
+                    # the decoded templates of thousands of shapes would escape the byte
+                    # budget `_remember` keeps.
+                    self._shapes[rest] = firing.with_template(_NO_TEMPLATE)
                 else:
                     firing = shape.with_template(decode_frozen(join_template(fields)))
                 self._remember(key, firing, len(fields.get("template") or ""))
