@@ -428,14 +428,14 @@ _HOST_ZONES = frozenset({"localtime", "posixrules", "factory"})
 _HOST_ZONE_DIRS = ("posix/", "right/")
 
 
-def _zone(tz: str) -> ZoneInfo:
+def _zone(tz: str, stored: bool = False) -> ZoneInfo:
     if not isinstance(tz, str):
         hint = f" (its key: {tz.key!r})" if isinstance(tz, ZoneInfo) and tz.key else ""
         raise ScheduleError(
             f"tz must be an IANA name such as 'Europe/Paris', got {type(tz).__name__}{hint}"
         )
     folded = tz.casefold()
-    if folded in _HOST_ZONES or folded.startswith(_HOST_ZONE_DIRS):
+    if not stored and (folded in _HOST_ZONES or folded.startswith(_HOST_ZONE_DIRS)):
         raise ScheduleError(
             f"time zone {shown(tz)} is a file of the host's zone database, not an IANA zone: "
             "it may differ from host to host; use an IANA name such as 'Europe/Paris' or 'UTC'"
@@ -469,6 +469,10 @@ class Cron:
     tz: str = "UTC"
     day_and: bool = False
     seed: str | None = None
+    # Read back from a record (`cadence_from_fields`): what a release before session 27 took
+    # (a cron holding a tab-like blank, a host zone file such as 'localtime') keeps firing
+    # rather than reading as corrupt; new definitions are refused it.
+    stored: bool = field(default=False, repr=False, compare=False)
     # The expression handed to cronsim: the alias expanded, `H` resolved (set once).
     resolved: str = field(init=False, repr=False, compare=False)
 
@@ -480,12 +484,13 @@ class Cron:
             raise ScheduleError(
                 f"cron expression is {len(self.expr)} characters; the limit is {MAX_CRON_CHARS}"
             )
-        _check_cron_text(self.expr)
+        if not self.stored:
+            _check_cron_text(self.expr)
         if self.seed is not None and not isinstance(self.seed, str):
             raise ScheduleError(f"cron seed must be a string, got {type(self.seed).__name__}")
         if not isinstance(self.day_and, bool):  # "no" would switch it on
             raise ScheduleError(f"day_and must be True or False, got {shown(self.day_and)}")
-        key = (self.expr, self.tz, self.day_and, self.seed)
+        key = (self.expr, self.tz, self.day_and, self.seed, self.stored)
         if isinstance(self.tz, str) and isinstance(self.day_and, int):  # hashable: cached
             resolved = _checked_cron(*key)
         else:
@@ -588,7 +593,7 @@ def check_cron_steps(fields: list[str]) -> None:
                 raise ScheduleError(f"{what} field {shown(term)}: the step must be 1 to {count}")
 
 
-def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
+def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None, stored: bool = False) -> str:
     """Return the expression handed to cronsim (alias expanded, `H` resolved); raise
     `ScheduleError` if it is not a cron that fires in a known zone."""
     fields = CRON_ALIASES.get(expr.strip().lower(), expr).split()
@@ -603,7 +608,7 @@ def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None) -> str:
         resolved = " ".join(resolved_fields)
     except ScheduleError as exc:
         raise ScheduleError(f"invalid cron {shown(expr)}: {exc}") from None
-    _zone(tz)
+    _zone(tz, stored)
     try:
         CronSim(resolved, datetime(2000, 1, 1))
     except (CronSimError, ValueError, KeyError, IndexError) as exc:
@@ -771,6 +776,7 @@ def cadence_from_fields(fields: dict[str, str]) -> Cadence:
             fields.get("tz") or "UTC",
             fields.get("day_and") == "1",
             fields.get("seed") or None,
+            stored=True,
         )
     if fields.get("at"):
         try:

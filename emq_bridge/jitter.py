@@ -229,7 +229,7 @@ def reseed(cadence: Cadence, seed: str) -> Cadence:
             return cadence
         return Excluding(inner, cadence.rules, cadence.tz, cadence.calendars)
     if isinstance(cadence, Cron) and cadence.seed is None and uses_hash(cadence.expr):
-        return Cron(cadence.expr, cadence.tz, cadence.day_and, seed)
+        return Cron(cadence.expr, cadence.tz, cadence.day_and, seed, stored=cadence.stored)
     return cadence
 
 

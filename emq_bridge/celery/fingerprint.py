@@ -34,7 +34,9 @@ from .entries import own_tasks
 __all__ = ["app_fingerprint"]
 
 # Raised when what the conversion does with the same inputs changes without a release.
-FORMAT = 3  # 3: a kombu Queue or Exchange in options is stored described, not by name
+# 3: a kombu Queue or Exchange in options is stored described, not by name; 4: a key longer
+# than a name is cut short with a digest, a schedule file prunes only the app's tasks.
+FORMAT = 4
 # The settings the conversion reads, besides every `emq_bridge_*` one: the time zone, cron
 # deadlines, and what routing reads (Celery's router and its queues).
 _SETTINGS = (
