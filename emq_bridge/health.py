@@ -116,14 +116,12 @@ def check(
     missing = _missing(repeat, unscored)
     for item in found:
         if not item.pumps:
-            reason = f"no live pump serves queue {item.queue!r}"
-            if host is not None:
-                reason = (
-                    f"no live pump of host {host!r} serves queue {item.queue!r} "
-                    f"({elsewhere} live pump(s) of other hosts not counted)"
-                )
+            whose = "" if host is None else f" of host {host!r}"
+            reason = f"no live pump{whose} serves queue {item.queue!r}"
             if item.queue in missing:
                 reason += f", which has no registry under prefix {repeat.prefix!r}"
+            if host is not None:
+                reason += f" ({elsewhere} live pump(s) of other hosts not counted)"
             return Health(False, reason, now_ms, max_lag_ms, tuple(found))
     for item in found:
         if item.queue in missing:

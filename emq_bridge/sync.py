@@ -574,8 +574,12 @@ def check_not_emptied(plan: SyncPlan, declared: int, hint: str = "") -> None:
     raise ConfigError(
         f"the schedule file declares no schedule: its sync would remove all "
         f"{len(plan.remove)} schedule(s) of source {plan.source!r} (an emptied or truncated "
-        f"file?); nothing written{hint}"
+        f"file?); nothing written{hint or _ON_PURPOSE}"
     )
+
+
+# How a boot's refusal of an emptied file says to remove its schedules on purpose.
+_ON_PURPOSE = " (to remove them on purpose: emq-bridge sync FILE --allow-empty)"
 
 
 def _stamp(repeat: Repeat, applied: SyncPlan, counts: dict[str, int], stamp: Stamp) -> None:
@@ -985,12 +989,13 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
         )
     _more(applied.kept, KEPT_SHOWN, logging.INFO, source, "kept")
     log.info(
-        "sync %s: %d created, %d updated, %d unchanged, %d removed%s%s",
+        "sync %s: %d created, %d updated, %d unchanged, %d removed%s%s%s",
         source,
         len(applied.create),
         len(applied.update),
         len(applied.unchanged),
         len(applied.remove),
+        f" ({len(moves)} of each a queue move)" if moves else "",
         f", {len(applied.kept)} kept" if applied.kept else "",
         _generation_note(applied),
     )

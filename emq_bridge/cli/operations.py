@@ -26,7 +26,7 @@ from ..pump import Pump
 from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
 from ..replies import redis_errors, text
-from ..sync import SyncPlan, apply_plan, check_not_emptied, plan_sync, sync
+from ..sync import SyncPlan, apply_plan, check_not_emptied, moves_of, plan_sync, sync
 from .context import (
     FiniteRange,
     Settings,
@@ -94,9 +94,21 @@ def _labels(labels: Mapping[str, str]) -> str:
 
 
 def _plan_lines(plan: SyncPlan, old: dict[tuple[str, str], Registration]) -> list[tuple[str, str]]:
-    """Return the plan as `(colour, line)` pairs: `+` create, `~` update, `-` remove, `=` same."""
+    """Return the plan as `(colour, line)` pairs: `+` create, `~` update, `-` remove, `=` same
+    (a queue move is a `+` and a `-`, each saying where it moves)."""
+    found = moves_of(plan)
+    moved_to = {(queue, d.name): d.queue for d, queue in found}  # by the removed one
+    moved_from = {(d.queue, d.name): queue for d, queue in found}  # by the created one
+
+    def origin(d: Declaration) -> str:
+        queue = moved_from.get((d.queue, d.name))
+        return f"  (moved from queue {queue})" if queue else ""
+
     lines = [
-        ("green", f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}{plan.adopts(d)}")
+        (
+            "green",
+            f"+ {d.queue}/{d.name}  {d.definition.cadence.describe()}{plan.adopts(d)}{origin(d)}",
+        )
         for d in plan.create
     ]
     lines += [
@@ -105,8 +117,14 @@ def _plan_lines(plan: SyncPlan, old: dict[tuple[str, str], Registration]) -> lis
     ]
     for queue, name in plan.remove:
         was = old.get((queue, name))
+        moved = moved_to.get((queue, name))
         lines.append(
-            ("red", f"- {queue}/{name}" + (f"  {was.definition.cadence.describe()}" if was else ""))
+            (
+                "red",
+                f"- {queue}/{name}"
+                + (f"  {was.definition.cadence.describe()}" if was else "")
+                + (f"  (moved to queue {moved})" if moved else ""),
+            )
         )
     lines += [
         ("", f"= {d.queue}/{d.name}  {d.definition.cadence.describe()}") for d in plan.unchanged
@@ -210,8 +228,16 @@ def sync_command(
         prune=prune,
         stamped=stamp is not None,
     )
-    if not (dry_run or allow_empty):
-        check_not_emptied(plan, len(schedule_file.declarations), " (--allow-empty removes them)")
+    if not allow_empty:
+        try:
+            check_not_emptied(
+                plan, len(schedule_file.declarations), " (--allow-empty removes them)"
+            )
+        except ConfigError as exc:
+            if not dry_run:
+                raise
+            # The plan is shown, with what the sync itself would say.
+            click.echo(f"note: without --dry-run: {exc}", err=True)
     touched: dict[str, list[str]] = {}
     for queue, name in [*((d.queue, d.name) for d in plan.update), *plan.remove]:
         touched.setdefault(queue, []).append(name)
@@ -233,9 +259,12 @@ def sync_command(
         click.echo(
             "\n".join(click.style(line, fg=colour) if colour else line for colour, line in lines)
         )
+    moves = len(moves_of(plan))
     click.echo(
         f"{len(plan.create)} created, {len(plan.update)} updated, {len(plan.remove)} removed, "
-        f"{len(plan.unchanged)} unchanged" + (" (dry run: nothing written)" if dry_run else ""),
+        f"{len(plan.unchanged)} unchanged"
+        + (f" ({moves} of each a queue move)" if moves else "")
+        + (" (dry run: nothing written)" if dry_run else ""),
         err=True,
     )
 

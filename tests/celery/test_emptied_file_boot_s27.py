@@ -43,6 +43,7 @@ def test_a_beat_refuses_to_boot_on_an_emptied_file(
     boot_schedule(app, repeat)
     assert sorted(repeat.names("q")) == ["a", "b"]
     path.write_text("")
-    with pytest.raises(ConfigError, match="the schedule file declares no schedule"):
+    with pytest.raises(ConfigError, match="the schedule file declares no schedule") as caught:
         boot_schedule(app, repeat)
+    assert "(to remove them on purpose: emq-bridge sync FILE --allow-empty)" in str(caught.value)
     assert sorted(repeat.names("q")) == ["a", "b"]

@@ -46,6 +46,7 @@ def test_sync_refuses_an_emptied_file_unless_allowed(
         assert sorted(repeat.names("q")) == ["a", "b"]
     shown = run("sync", str(path), "--dry-run")
     assert shown.exit_code == 0 and "- q/a" in shown.stdout and "- q/b" in shown.stdout
+    assert "note: without --dry-run: the schedule file declares no schedule" in shown.stderr
     assert sorted(repeat.names("q")) == ["a", "b"]
     assert run("sync", str(path), "--allow-empty").exit_code == 0
     assert repeat.names("q") == []
