@@ -9,6 +9,7 @@ read the records, claim, ack), whatever the batch size. A drain's batches start 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -76,10 +77,12 @@ FIRST_BATCH = 32
 # A tick's first scan of a queue serves its drain if it is at most this old (and a tenth
 # of the lease); a queue reached later, after others were drained, is scanned again.
 SCAN_FRESH_S = 0.1
-# How long one tick drains before it ends, even while batches come back full: a pump behind
-# a backlog ends its tick to write its heartbeat and tell its listeners (`on_tick`), and lets
-# go of what the tick sent, then goes on at once. (A tick that never ended let the heartbeat
-# lapse while the pump sent, and held every occurrence it sent in `Tick.dispatched`.)
+# How long one tick of a pump's loop (`step`, so `run`, Celery's beat and the Dramatiq thread)
+# drains before it ends, even while batches come back full: a pump behind a backlog ends its
+# tick to write its heartbeat and tell its listeners (`on_tick`), and lets go of what the
+# tick sent, then goes on at once. `run_once` fires everything due, whatever it takes. (A
+# tick that never ended let the heartbeat lapse while the pump sent, and held every
+# occurrence it sent in `Tick.dispatched`.)
 TICK_BUDGET_S = 2.0
 # Where the template is among a record's definition fields (the decode cache's keys).
 _TEMPLATE_AT = DEFINITION_FIELDS.index("template")
@@ -306,9 +309,13 @@ class Pump:
             raise next(iter(errors.values()))
         return tick
 
-    def _tick(self, now_ms: int | None) -> tuple[Tick, dict[str, RegistryError]]:
+    def _tick(
+        self, now_ms: int | None, budget_s: float | None = None
+    ) -> tuple[Tick, dict[str, RegistryError]]:
         """Drain every queue; a queue whose move fails (a key of the wrong type, a script
-        error) is returned with its error and does not stop the others.
+        error) is returned with its error and does not stop the others. With `budget_s` (a
+        pump's loop, `step`), the tick ends once it has lasted that long, the next starting at
+        once; without (`run_once`: "everything due now"), it drains until nothing is due.
 
         The first scan of every queue goes in one pipeline (`Repeat.scan_many`), so an idle
         tick is one round trip however many queues the pump serves; only the queues with
@@ -324,7 +331,7 @@ class Pump:
             return tick, errors
         size = min(FIRST_BATCH, self.batch_size)
         scanned_at = time.monotonic()
-        deadline = scanned_at + TICK_BUDGET_S
+        deadline = scanned_at + budget_s if budget_s is not None else math.inf
         scans = self.repeat.scan_many(self.queues, size, now_ms)
         # A drain takes time; a queue drained after it is scanned again, so its claim's
         # clock and lease deadline are not that much older (a lease must outlive a send).
@@ -1174,7 +1181,7 @@ class Pump:
         self._watch_eviction_policy()  # here, so that beat's loop watches it as `run` does
         began = time.monotonic()
         try:
-            tick, errors = self._tick(None)
+            tick, errors = self._tick(None, TICK_BUDGET_S)
         except RegistryUnavailable as exc:
             if self._outage_since is None:
                 # From the start of the tick that failed: a server that hangs (no answer, no

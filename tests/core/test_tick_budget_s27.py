@@ -65,3 +65,17 @@ def test_a_pump_behind_ends_its_ticks_and_heartbeats_while_it_sends(
     assert len(ticks) >= 3 and max(ticks) < DUE  # several ticks, none holding all of it
     dues = [(o.name, o.due_ms) for o in dispatcher.occurrences]
     assert len(dues) == DUE and len(set(dues)) == DUE  # every slot once
+
+
+def test_run_once_still_fires_everything_due(
+    repeat: Repeat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `run_once` (`emq-bridge pump --once`, tests, a manual pump) is "everything due now",
+    # however long it takes: the budget is the loop's.
+    monkeypatch.setattr(emq_bridge.pump, "TICK_BUDGET_S", 0.05)
+    hour_ago = repeat.server_time_ms() - 3_600_000
+    for i in range(300):
+        repeat.register("q", f"s{i:03d}", every="1h", template={"task": "t"}, now_ms=hour_ago)
+    dispatcher = SlowDispatcher()
+    tick = Pump(repeat, ["q"], dispatcher, batch_size=50).run_once()
+    assert len(tick.dispatched) == 300 == len(dispatcher.occurrences)
