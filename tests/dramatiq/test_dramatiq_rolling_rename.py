@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,7 +138,16 @@ def test_an_old_worker_leaves_a_renamed_actors_schedule_to_the_new_one_without_p
     wait_until(
         lambda: "tick_v2" in deploy.logs[0].read_text(errors="replace"), 30, "an old pump's try"
     )
-    time.sleep(3)
+    # Its first try may race the new boot's rewrite (the template changed since its read: not
+    # parked either, tried again after the lease); a later slot it claims says why it leaves it.
+    wait_until(
+        lambda: (
+            "not parked: newer code of its source is live"
+            in deploy.logs[0].read_text(errors="replace")
+        ),
+        30,
+        "the old pump leaving a slot to the new one",
+    )
     stop(old)  # the deploy ends: every worker runs version 2
     tick = deploy.repeat.get(deploy.queue, "tick")
     assert tick is not None and tick.parked_reason is None and not tick.paused
