@@ -47,6 +47,7 @@ from .errors import (
 from .heartbeat import HeartbeatMoves
 from .jitter import Jittered, immediate_at, nominal_slot, pending_slot
 from .keys import (
+    BACKFILL,
     DEFAULT_PREFIX,
     QueueKeys,
     parse_lease_member,
@@ -2083,11 +2084,14 @@ def _backfilling(expired: Sequence[str]) -> builtins.list[str]:
     each once, in order."""
     names: dict[str, None] = {}
     for member in expired:
-        if member.endswith(" backfill"):
-            head = member[: -len(" backfill")]
-            name, _, slot = head.rpartition(" ")
-            if name and slot.isdigit():
-                names[name] = None
+        if not member.endswith(" " + BACKFILL):  # most are not: no parse
+            continue
+        try:
+            lease = parse_lease_member(member)
+        except ValueError:  # garbage: the claim drops it
+            continue
+        if lease.pending:
+            names[lease.name] = None
     return list(names)
 
 

@@ -265,13 +265,16 @@ class CeleryDispatcher:
         task = self.app.tasks.get(name)
         if task is None and self.known_tasks_only:
             self.check_task(name)
-        if task is not None:
-            _check_arguments(task, args, kwargs)
         try:
             if task is not None:
                 task.apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
             else:
                 self.app.send_task(name, args, kwargs, task_id=task_id, headers=headers, **options)
+        except TypeError as exc:
+            if task is not None:
+                _check_arguments(task, args, kwargs)  # Celery's own check refused them?
+            where = f"{occurrence.queue}/{occurrence.name}"
+            raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
         except Exception as exc:
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
@@ -387,7 +390,8 @@ def _check_arguments(task: Any, args: list[Any], kwargs: dict[str, Any]) -> None
     """Raise `PermanentDispatchError` if `task` refuses `args` and `kwargs`, as Celery's
     `apply_async` checks them (`Task.typing`, on by default) before any broker I/O: no retry
     can send them, so the registration is parked, where a retry kept its lease for ever and
-    a fix then sent every slot held meanwhile at once."""
+    a fix then sent every slot held meanwhile at once. Asked only once a send raised a
+    `TypeError`: the check runs again to tell Celery's refusal from any other."""
     check = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
     if check is None:
         return
