@@ -166,6 +166,9 @@ class Registration:
     paused_note: str | None = None
     paused_by: str | None = None
     paused_ms: int | None = None
+    # The backfilled slots the claim dropped unsent: the schedule could no longer have them
+    # (bounds moved, a limit added, its slots placed otherwise; claim.lua).
+    backfill_dropped: int = 0
 
     def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
         """Return the next `n` runs (epoch ms), starting with the stored next run, within
@@ -2076,6 +2079,7 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         paused_note=(fields.get("paused_note") or None) if paused else None,
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,
+        backfill_dropped=_counter(fields, "backfill_dropped"),
     )
 
 

@@ -270,6 +270,7 @@ def registration_json(
         "failures": registration.failures,
         "skipped": registration.skipped,
         "lost": registration.lost,
+        "backfill_dropped": registration.backfill_dropped,
         "inflight": inflight_json(registration.inflight),
         "buffered_due_ms": registration.buffered_due_ms,
         "completed": registration.completed,

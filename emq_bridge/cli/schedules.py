@@ -331,6 +331,7 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
         ("missed", str(registration.missed)),
         ("skipped", str(registration.skipped)),
         ("lost", str(registration.lost)),
+        *_dropped_lines(registration),
         *_in_flight_lines(registration, now_ms),
         ("misfire", _misfire_text(registration)),
         *_policy_lines(registration),
@@ -342,6 +343,14 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     click.echo(f"{queue}/{name}")
     for label, value in lines:  # a note or an error from outside stays on its line
         click.echo(f"  {label:<9} {printable(value)}")
+
+
+def _dropped_lines(registration: Registration) -> list[tuple[str, str]]:
+    """Return `show`'s line on the backfilled slots dropped unsent (none if there are none)."""
+    dropped = registration.backfill_dropped
+    if not dropped:
+        return []
+    return [("dropped", f"{dropped} backfilled slot(s) the schedule no longer has, unsent")]
 
 
 def _pause_lines(registration: Registration, now_ms: int) -> list[tuple[str, str]]:
