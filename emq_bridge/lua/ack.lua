@@ -75,7 +75,7 @@ if fence == '' then
 else
   -- The fenced leases are read one by one and dropped in one ZREM (a chunk), before any is
   -- handed back; `held` counts a member given twice once.
-  local drop, held = {}, {}
+  local drop, held, records = {}, {}, {}
   local number = tonumber(fence)
   for i = 5, last do
     local member = ARGV[i]
@@ -83,10 +83,16 @@ else
     if deadline and not held[member] and tonumber(deadline) == number then
       held[member] = true
       drop[#drop + 1] = member
-      if released_ms ~= '' then count(KEYS[i - 3], released_ms) end
+      records[#records + 1] = KEYS[i - 3]
     end
   end
+  -- The leases go first, the counts after: a server over its maxmemory refuses a script's
+  -- first write that may grow memory (the counts' HINCRBY), not a ZREM, after which the
+  -- script may write; counted first, the counts were refused and the leases dropped anyway.
   dropped, emptied = zrem_all(KEYS[1], drop, 1, #drop)
+  if released_ms ~= '' then
+    for _, record in ipairs(records) do count(record, released_ms) end
+  end
   local handed = 0
   local first_back = last + 1
   if emptied then first_back = #ARGV + 1 end  -- nothing left to hand back
