@@ -8,8 +8,10 @@
 -- ARGV[3]  how long the heartbeat lives, ms
 --
 -- Times are this server's clock (TIME), as every due decision is, so readers on hosts with
--- other clocks agree on who is alive. The key's own expiry is the latest heartbeat's, so a
--- queue whose last pump died holds no key once that pump's heartbeat expired.
+-- other clocks agree on who is alive. The key has no expiry of its own (PERSIST drops one an
+-- earlier release set): under a `volatile-*` maxmemory policy a key with a TTL is what the
+-- server evicts first, and the queue's live pumps would vanish from `health`. A queue whose
+-- last pump died keeps its expired field until another pump of it writes (readers skip it).
 -- Returns the server's now, ms.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -21,7 +23,7 @@ end
 -- cluster slot migration: while the queue's slot is MIGRATING, a command on a key this
 -- script emptied fails ("non local key": the server takes it for a key moved away), so the
 -- HGETALL must not follow a delete of the last field. Each field is deleted once, and the
--- key is touched no more once it is empty (an expiry is set only while a field is kept).
+-- key is touched no more once it is empty (PERSIST only while a field is kept).
 local latest = 0
 local entries = redis.call('HGETALL', key)
 for i = 1, #entries, 2 do
@@ -33,6 +35,6 @@ for i = 1, #entries, 2 do
   end
 end
 if latest > now then
-  redis.call('PEXPIREAT', key, latest)
+  redis.call('PERSIST', key)
 end
 return now
