@@ -29,6 +29,10 @@ _COUNTS = {
 _ACTOR_NAMES = ("on_success", "on_failure", "on_retry_exhausted")
 # Python objects a message cannot carry: they belong on the actor.
 _OBJECTS = ("throws", "retry_when")
+# Arguments of `broker.enqueue` (`send_with_options(delay=...)`), not message options: a
+# message sent with them in its options is not delayed (the broker reads `eta` only from a
+# message it delayed itself), so a schedule holding one would be silently on time.
+_ENQUEUE_ARGUMENTS = ("delay", "eta")
 
 
 def message_option_error(options: Mapping[str, Any]) -> str | None:
@@ -50,5 +54,12 @@ def message_option_error(options: Mapping[str, Any]) -> str | None:
             return (
                 f"option {key!r} holds Python objects, which a stored schedule cannot carry: "
                 "set it on the actor (@dramatiq.actor(...))"
+            )
+    for key in _ENQUEUE_ARGUMENTS:
+        if key in options:
+            return (
+                f"option {key!r} is an argument of broker.enqueue, not a message option, so "
+                "the message would not be delayed: place the runs later with the cadence "
+                "instead (offset= for an interval, the cron expression, at=)"
             )
     return None
