@@ -12,6 +12,7 @@ succeeded), the last two null when unknown. Times are epoch ms.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -193,22 +194,31 @@ class CeleryDispatcher:
     def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
         """Send a claimed batch, each through `apply_async`, on one producer.
 
-        Where kombu can batch publishes (`Producer.batch()`, kombu 5.7+, the Redis
-        transport), the batch's messages reach the broker in one pipeline when the batch
-        ends; every signal and hook still runs per message. If that pipeline fails, delivery
-        of the whole batch is uncertain, so every message is reported failed and comes back
-        with the same id when its lease expires. Elsewhere each message is published as sent.
+        Where kombu can batch publishes (kombu 5.7+, the Redis transport), the batch's
+        messages reach the broker in one pipeline when the batch ends (`_RedisPublishBatch`:
+        the commands kombu's Redis channel makes, byte for byte); every signal and hook
+        still runs per message. Each reply of that pipeline is read: a message Redis
+        refused (out of memory, a key of another type) is reported failed with that
+        refusal, and the rest of the batch, which Redis took, is not. If the pipeline fails
+        as a whole (the connection drops), delivery of the whole batch is uncertain, so every
+        message is reported failed and comes back with the same id when its lease expires.
+        Elsewhere (RabbitMQ) each message is published as sent.
         """
         errors: list[BaseException | None] = [None] * len(occurrences)
         try:
             with self.app.producer_or_acquire() as producer:
-                if not getattr(producer, "supports_batch_publish", False):
+                batch = None
+                if getattr(producer, "supports_batch_publish", False):
+                    batch = _RedisPublishBatch.install(producer)
+                if batch is None:
                     self._send_each(occurrences, errors, producer)
                     return errors
-                # Room for every publish (and x-expires refreshes): one flush, at the end.
-                with producer.batch(max_size=16 * len(occurrences) + 16):
-                    self._send_each(occurrences, errors, producer)
-        except Exception as exc:  # no producer, or the pipeline failed: nothing is known in
+                try:
+                    self._send_each(occurrences, errors, producer, batch)
+                finally:
+                    batch.uninstall()
+                batch.send(occurrences, errors)
+        except Exception as exc:  # no producer: nothing of the batch was sent
             failure = batch_failure(exc)
             return [error or failure for error in errors]
         return errors
@@ -218,8 +228,11 @@ class CeleryDispatcher:
         occurrences: Sequence[Occurrence],
         errors: list[BaseException | None],
         producer: Any,
+        batch: _RedisPublishBatch | None = None,
     ) -> None:
         for index, occurrence in enumerate(occurrences):
+            if batch is not None:
+                batch.index = index
             try:
                 headers = self.headers(occurrence)
                 self.send(occurrence, occurrence.id, headers, producer=producer)
@@ -308,6 +321,116 @@ class CeleryDispatcher:
                 self._routed.clear()
             self._routed[key] = routed
         return routed
+
+
+# The commands of kombu's Redis channel that put a message in the broker (`_put`, `_put_fanout`);
+# its others (`PEXPIRE`, a queue's `x-expires` refreshed) do not decide whether it is there.
+_DELIVERIES = frozenset({"lpush", "publish"})
+
+
+class _RedisPublishBatch:
+    """A claimed batch's messages on a Redis broker, sent in one pipeline whose every reply
+    is read.
+
+    kombu's own `Producer.batch()` (kombu 5.7) buffers them in a pipeline that is not a
+    transaction: when Redis refuses one of its commands (a shared server out of memory
+    refuses each `LPUSH` from the one that does not fit on), the commands before it are in,
+    yet kombu raises for the whole batch, and re-sending it sent those a second time. This
+    takes that batch's place on the producer (the `_batch_local.current` kombu's
+    `Producer.publish` hands each message to, as `Producer.batch()` sets it) and records the
+    commands kombu's Redis channel makes of each message (`_put` and `_put_fanout` give them
+    to the `_publish_batch` they are passed: the same keys, the same `dumps`), with the index
+    of the occurrence being sent. `send` pipelines them without retry (kombu's
+    `supports_batch_publish` said so) and reads each reply, as `PipelinedCeleryDispatcher`
+    does: one round trip, and exactly the occurrences Redis refused are reported failed.
+
+    kombu internals read here: the producer's `_batch_local`, the batch protocol of
+    `Producer.publish` (`publish(channel, message, **kwargs)`) and of the Redis channel
+    (`basic_publish(..., _publish_batch=batch)` calling `batch.add(command, *args)`). A
+    producer without them is sent one message at a time, as on RabbitMQ.
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.index = -1  # the occurrence being sent (`_send_each`)
+        self.channel: Any = None
+        self.commands: list[tuple[int, str, tuple[Any, ...]]] = []
+
+    @classmethod
+    def install(cls, producer: Any) -> _RedisPublishBatch | None:
+        """Make a batch the one `producer` publishes into (this thread); None if it cannot
+        take one (a kombu whose producer batches otherwise, a batch already open)."""
+        local = getattr(producer, "_batch_local", None)
+        if not isinstance(local, threading.local) or getattr(local, "current", None) is not None:
+            return None
+        batch = cls(producer)
+        local.current = batch
+        return batch
+
+    def uninstall(self) -> None:
+        """Let the producer publish at once again (before it goes back to its pool)."""
+        local = self.producer._batch_local
+        if getattr(local, "current", None) is self:
+            del local.current
+
+    def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
+        """kombu's `Producer.publish` hands each message here: record a Redis channel's
+        commands for it; another channel publishes it at once."""
+        if not _takes_publish_batch(channel):
+            return channel.basic_publish(message, **kwargs)
+        self.channel = channel
+        return channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, name: str, *args: Any) -> None:
+        """kombu's Redis channel adds each command of a message here."""
+        self.commands.append((self.index, name, args))
+
+    def send(self, occurrences: Sequence[Occurrence], errors: list[BaseException | None]) -> None:
+        """Pipeline the recorded commands (one round trip) and set, in `errors`, the error of
+        each occurrence whose message Redis refused, or of all if the pipeline failed.
+
+        An occurrence whose send raised after kombu made its commands (a failing hook) is
+        left out: it is reported failed, so it must not be in the broker.
+        """
+        pending = [command for command in self.commands if errors[command[0]] is None]
+        self.commands = []
+        if not pending:
+            return
+        try:
+            with (
+                self.channel.conn_or_acquire() as client,
+                client.pipeline(transaction=False) as pipe,
+            ):
+                for _, name, args in pending:
+                    getattr(pipe, name)(*args)
+                replies = pipe.execute(raise_on_error=False)
+        except Exception as exc:  # no reply read: none of the batch is known to be in
+            failure = batch_failure(exc)
+            for index, _, _ in pending:
+                errors[index] = failure
+            return
+        for (index, name, _), reply in zip(pending, replies, strict=True):
+            if name in _DELIVERIES and isinstance(reply, Exception) and errors[index] is None:
+                occurrence = occurrences[index]
+                error = DispatchError(
+                    f"{occurrence.queue}/{occurrence.name}: the broker did not take the "
+                    f"batch's message: {type(reply).__name__}: {reply}"
+                )
+                error.__cause__ = reply
+                errors[index] = error
+
+
+def _takes_publish_batch(channel: Any) -> bool:
+    """True for a channel of kombu's Redis transport that defers its writes to a batch (as
+    kombu's own `Producer.batch()` asks it: `create_publish_batch`,
+    `supports_batch_publish`)."""
+    from kombu.transport.redis import Channel as RedisChannel
+
+    return (
+        isinstance(channel, RedisChannel)
+        and getattr(channel, "create_publish_batch", None) is not None
+        and bool(getattr(channel, "supports_batch_publish", False))
+    )
 
 
 # The options that say where a task goes.
