@@ -15,7 +15,19 @@ exposition adds them up. Importing this package does not import `prometheus_clie
 from __future__ import annotations
 
 import sys
+from importlib.util import find_spec
 from typing import TYPE_CHECKING
+
+# Found, not imported (see families.py): without it the first tick's metrics would fail in a
+# pump listener, and every later one go missing, where this says which extra is missing.
+try:
+    _FOUND = find_spec("prometheus_client") is not None
+except (ImportError, ValueError):  # a finder refusing it; a module set to None
+    _FOUND = False
+if not _FOUND:
+    raise ImportError(
+        "emq_bridge.metrics needs prometheus_client: pip install 'emq-bridge[metrics]'"
+    )
 
 from ..events import add_outcome_listener, remove_outcome_listener
 from ..pump import Pump

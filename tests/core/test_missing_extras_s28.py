@@ -1,0 +1,54 @@
+"""The library APIs of the `[web]` and `[metrics]` extras name the extra to install when it
+is missing, as `emq_bridge.celery` and `emq_bridge.dramatiq` do.
+
+Before: `from emq_bridge.web import app` failed with `No module named 'jinja2'`, and
+`emq_bridge.metrics` imported fine without prometheus_client, so `MetricsEvents()` was made
+and the pump's first tick logged a listener traceback, every later metric silently missing.
+Each case runs in a fresh interpreter whose import system refuses the extra's packages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+BLOCK = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+        return None
+sys.meta_path.insert(0, Refuse())
+try:
+    import {module}
+except ImportError as exc:
+    print(exc)
+else:
+    print("imported")
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked", "said"),
+    [
+        ("emq_bridge.web", {"jinja2"}, "pip install 'emq-bridge[web]'"),
+        ("emq_bridge.web", {"starlette"}, "pip install 'emq-bridge[web]'"),
+        ("emq_bridge.metrics", {"prometheus_client"}, "pip install 'emq-bridge[metrics]'"),
+    ],
+)
+def test_a_missing_extra_is_named_at_import(module: str, blocked: set[str], said: str) -> None:
+    code = BLOCK.format(module=module, blocked=blocked)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout, done.stdout
+
+
+def test_with_the_extras_the_modules_import() -> None:
+    code = (
+        "import emq_bridge.web, emq_bridge.metrics, sys; print('prometheus_client' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"  # found, not imported (its multiprocess mode)
