@@ -8,10 +8,12 @@ these checks refuse it before anything is written, as `validate_name` does for n
 
 from __future__ import annotations
 
+import os
+
 from .errors import ScheduleError
 from .shown import clipped
 
-__all__ = ["check_pause_texts", "check_utf8", "is_utf8"]
+__all__ = ["check_pause_texts", "check_utf8", "from_command_line", "is_utf8"]
 
 
 def is_utf8(value: str) -> bool:
@@ -21,6 +23,23 @@ def is_utf8(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def from_command_line(value: str) -> str:
+    """Return an argument or environment variable as the text its bytes spell in UTF-8.
+
+    In a locale whose encoding cannot decode them (`LC_ALL=C` without Python's UTF-8 mode:
+    ASCII), Python keeps each byte past ASCII as a lone surrogate (`é` is `'\\udcc3\\udca9'`),
+    which `check_utf8` would refuse. Its bytes (`os.fsencode`, the encoding that decoded it)
+    are recovered and read as UTF-8; `value` is returned as is when they are not valid
+    UTF-8, for the checks to refuse, or when it holds no surrogate.
+    """
+    if is_utf8(value):
+        return value
+    try:
+        return os.fsencode(value).decode("utf-8")
+    except UnicodeError:  # not the bytes of UTF-8 text (`$'\\xff'`), or not from the locale
+        return value
 
 
 def check_utf8(value: str, what: str) -> str:

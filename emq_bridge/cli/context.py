@@ -23,6 +23,7 @@ from ..utf8 import check_utf8
 __all__ = [
     "DEFAULT_REDIS_URL",
     "EXIT_SERVER",
+    "REDIS_URL_ENV",
     "FiniteRange",
     "ServerError",
     "Settings",
@@ -35,11 +36,13 @@ __all__ = [
     "install_logging",
     "pass_settings",
     "redact_url",
+    "refused_authentication",
     "usage_line",
     "utf8_option",
 ]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL_ENV = "REDIS_URL"
 EXIT_SERVER = 3
 """Exit code when Redis is unreachable or refuses a command (1: bad input, 2: bad usage)."""
 
@@ -91,6 +94,9 @@ class Settings:
     redis_url: str
     prefix: str
     verbosity: int = 0
+    # The variable that gave an empty URL (`REDIS_URL=`), which click reads as unset: refused
+    # where the URL is used (`client`, `given_as`), so a missing secret never means localhost.
+    empty_env: str | None = None
     _client: Any = field(default=None, repr=False)
     _repeat: Repeat | None = field(default=None, repr=False)
     # A command may wait less for an answer (`health`, a probe with a timeout of its own);
@@ -105,6 +111,7 @@ class Settings:
     def client(self) -> Any:
         """Return the Redis client, creating it on first use (closed when the command ends)."""
         if self._client is None:
+            self.check_env()
             try:
                 self._client = client_from_url(
                     self.redis_url,
@@ -117,6 +124,15 @@ class Settings:
                 ) from exc
             click.get_current_context().call_on_close(self.close)
         return self._client
+
+    def check_env(self) -> None:
+        """Raise `UrlError` (exit 2) if the URL's variable is set but empty and no
+        `--redis-url` was given."""
+        if self.empty_env is not None:
+            raise UrlError(
+                f"{self.empty_env} is set but empty: give --redis-url, or unset {self.empty_env} "
+                f"to use {DEFAULT_REDIS_URL} (see 'emq-bridge --help')"
+            )
 
     def repeat(self) -> Repeat:
         """Return the registry on the configured server and prefix."""
@@ -151,6 +167,9 @@ def given_as(name: str) -> str | None:
     That is its flag (`--redis-url`) or its environment variable (`$REDIS_URL`).
     """
     root = click.get_current_context().find_root()
+    settings = root.find_object(Settings)
+    if name == "redis_url" and settings is not None:
+        settings.check_env()  # "not given" would mean the app's or the default server
     source = root.get_parameter_source(name)
     param = next(p for p in root.command.params if p.name == name)
     if source is ParameterSource.COMMANDLINE:
@@ -174,8 +193,10 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
     except (RegistryUnavailable, RegistryError, redis.RedisError) as exc:
         settings = ctx.find_object(Settings)
         where = settings.where if settings is not None else "the server"
+        cause = exc.__cause__ if isinstance(exc, RegistryUnavailable) else exc
+        if isinstance(cause, redis.AuthenticationError):  # a ConnectionError to redis-py
+            raise ServerError(_clean(refused_authentication(where, cause), settings)) from exc
         if isinstance(exc, (RegistryUnavailable, redis.ConnectionError, redis.TimeoutError)):
-            cause = exc.__cause__ if isinstance(exc, RegistryUnavailable) else exc
             detail: object = cause or exc
             if settings is not None and _misread_userinfo(settings.redis_url):
                 detail = MISREAD_USERINFO  # redis-py's message names a "host" cut from the password
@@ -188,6 +209,27 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
         raise  # a command given no arguments shows its help, as click does
     except click.UsageError as exc:
         raise usage_line(exc, ctx.find_object(Settings)) from exc
+
+
+def refused_authentication(where: str, exc: redis.AuthenticationError) -> str:
+    """The line for a server that refused the credentials sent, or wants some not sent.
+
+    The server's reply to a client that sent none is about `HELLO` (RESP3) or
+    "Authentication required." (RESP2, `NOAUTH`): said here as what to do.
+    """
+    reply = str(exc)
+    if reply.startswith(_NO_CREDENTIALS_SENT):
+        reason = (
+            "it requires a password and none was given "
+            "(redis://:PASSWORD@host:port/db, or redis://USER:PASSWORD@... for an ACL user)"
+        )
+    else:  # WRONGPASS, a disabled user, a password sent to a server that has none
+        reason = f"check the user and password: {reply}"
+    return f"Redis refused authentication at {where}: {reason}"
+
+
+# redis-py's `AuthenticationError` messages when no credentials were sent (NOAUTH).
+_NO_CREDENTIALS_SENT = ("Authentication required", "HELLO must be called with the client already")
 
 
 def usage_line(exc: click.UsageError, settings: Settings | None = None) -> UsageLine:

@@ -7,8 +7,11 @@ the command line itself never imports Celery.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
+import select
+import sys
 from types import ModuleType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -23,10 +26,21 @@ from ..keys import validate_name
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
 from ..migrate.plan import ImportPlan, apply_import, queues_note, result_lines
 from ..urls import client_from_url, redact_url
-from .context import ServerError, Settings, UrlError, pass_settings, utf8_option
+from .context import (
+    ServerError,
+    Settings,
+    UrlError,
+    pass_settings,
+    refused_authentication,
+    utf8_option,
+)
 from .render import to_json
 
 __all__ = ["COMMANDS"]
+
+# What one write of an export to stdout holds: a write a pipe cuts short (its reader gone)
+# is followed by another, which fails (EPIPE), so a file cut short is never said exported.
+STDOUT_CHUNK_BYTES = 64 * 2**10
 
 
 def _celery_side(module: str) -> ModuleType:
@@ -214,6 +228,9 @@ def import_redbeat(
             key_prefix=key_prefix,
             source=source,
         )
+    except redis.AuthenticationError as exc:  # a ConnectionError to redis-py
+        where = f"{redact_url(from_url)} (celery-redbeat's)"
+        raise ServerError(refused_authentication(where, exc)) from exc
     except redis.RedisError as exc:  # the old Redis, not the registry: say which
         raise ServerError(f"cannot read celery-redbeat at {redact_url(from_url)}: {exc}") from exc
     finally:
@@ -325,7 +342,7 @@ def export_command(
         raise
     text = render(export, chosen)
     if output is None:
-        click.echo(text, nl=False)
+        _write_stdout(text.encode("utf-8"))  # TOML and JSON are UTF-8, whatever the locale
     else:
         try:
             with open(output, "w", encoding="utf-8") as handle:
@@ -338,6 +355,36 @@ def export_command(
     click.echo(
         f"exported {len(export.entries)} schedule(s), {len(export.refused)} left out", err=True
     )
+
+
+def _write_stdout(data: bytes) -> None:
+    """Write `data` whole to stdout, else `ClickException` (exit 1) saying why, as `-o` does.
+
+    Not `click.echo`: a large write to a pipe whose reader is gone returns short, and the
+    text layer drops the rest without an error (the export said "exported", exit 0).
+    Written unbuffered, so nothing is left to fail at exit.
+    """
+    stream = sys.stdout
+    binary: Any = getattr(stream, "buffer", None)
+    raw: Any = getattr(binary, "raw", binary)  # FileIO: unbuffered
+    try:
+        stream.flush()
+        if raw is None:  # a text stream a caller put there: text is what it takes
+            stream.write(data.decode("utf-8"))
+            stream.flush()
+            return
+        binary.flush()
+        view = memoryview(data)
+        while view:
+            written = raw.write(view[:STDOUT_CHUNK_BYTES])
+            if written is None:  # a non-blocking stdout that is full: wait until it is not
+                select.select([], [raw], [])
+                continue
+            if not written:  # a file that takes nothing more: never a loop without end
+                raise OSError(errno.EIO, "the write stopped short")
+            view = view[written:]
+    except OSError as exc:  # EPIPE (the reader stopped), ENOSPC
+        raise click.ClickException(f"cannot write to stdout: {exc.strerror or exc}") from exc
 
 
 def _refused_lines(refused: list[tuple[str, str, str]]) -> None:

@@ -458,12 +458,13 @@ def pump_command(
             )
         return
     where = target.source if target else f"list {list_key}"
-    click.echo(
-        f"pumping {', '.join(all_queues)} -> {where} on {settings.where}; Ctrl-C to stop", err=True
-    )
     stop = threading.Event()
     try:
-        with stop_on_signals(stop):
+        with stop_on_signals(stop):  # before it says so: Ctrl-C from then on stops it, exit 0
+            click.echo(
+                f"pumping {', '.join(all_queues)} -> {where} on {settings.where}; Ctrl-C to stop",
+                err=True,
+            )
             pump.run(stop)
     except StopOverdue:
         log.warning(

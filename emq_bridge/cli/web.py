@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import click
 
@@ -130,7 +136,7 @@ def web_command(settings: Settings, bind: tuple[str, int], token_file: Path | No
     then the pages' unlock form (or `Authorization: Bearer <token>` on the API) allows
     pause, resume, trigger now and remove. The token is read from a file or the
     environment, never from the command line, where other users could see it. Stops on
-    Ctrl-C or SIGTERM.
+    Ctrl-C or SIGTERM (exit 0).
 
     \b
     Examples:
@@ -162,11 +168,38 @@ def web_command(settings: Settings, bind: tuple[str, int], token_file: Path | No
             raise click.BadParameter(where, param_hint="'--bind'") from exc
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise click.ClickException(f"cannot listen on {shown}:{port}: {reason}") from exc
-    click.echo(f"serving {settings.where} on http://{shown}:{port}/ ({mode})", err=True)
     config = uvicorn.Config(
         app(repeat, token=token), host=host, port=port, log_level="warning", access_log=False
     )
-    uvicorn.Server(config).run(sockets=[listening])
+    server = uvicorn.Server(config)
+    with _stop_gracefully(server):  # before it says so: a signal from then on stops it, exit 0
+        click.echo(f"serving {settings.where} on http://{shown}:{port}/ ({mode})", err=True)
+        server.run(sockets=[listening])
+    click.echo("web view stopped", err=True)
+
+
+@contextmanager
+def _stop_gracefully(server: Any) -> Iterator[None]:
+    """Make SIGTERM and SIGINT a graceful stop, exit 0, as `pump`'s.
+
+    uvicorn handles both while it serves, then raises the signal again once stopped (to
+    hand it on): with the default handlers, SIGTERM would kill the process (143) and SIGINT
+    end in click's "Aborted!" (1). Here that second delivery finds a handler that asks the
+    server to stop, as one before uvicorn's own handlers are in place does.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 COMMANDS = (web_command,)
