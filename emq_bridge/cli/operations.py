@@ -663,6 +663,10 @@ def demo_command(settings: Settings) -> None:
       emq-bridge --redis-url redis://127.0.0.1:6379/0 demo
     """
     demo = importlib.import_module("emq_bridge.demo")
+    try:  # the demo runs Dramatiq: without its extra, say which, in one line
+        importlib.import_module("emq_bridge.dramatiq")
+    except ImportError as exc:
+        raise click.ClickException(f"the demo runs a Dramatiq worker: {exc}") from None
     if given_as("redis_url") is None:
         result = demo.main()
     else:

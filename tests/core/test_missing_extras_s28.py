@@ -52,3 +52,15 @@ def test_with_the_extras_the_modules_import() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"  # found, not imported (its multiprocess mode)
+
+
+def test_the_demo_without_dramatiq_says_which_extra_in_one_line() -> None:
+    code = BLOCK.format(module="emq_bridge.cli", blocked={"dramatiq"}).replace(
+        'print("imported")',
+        'from emq_bridge.cli import main\nsys.argv = ["emq-bridge", "demo"]\nmain()',
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: the demo runs a Dramatiq worker"), lines
+    assert "pip install 'emq-bridge[dramatiq]'" in lines[0]
