@@ -76,6 +76,7 @@ __all__ = [
     "Repeat",
     "Scan",
     "Seed",
+    "Synced",
     "Upserted",
     "WakeSubscription",
     "WakeupsRefused",
@@ -88,6 +89,10 @@ log = logging.getLogger(__name__)
 
 Registered = Literal["registered", "exists"]
 Upserted = Literal["created", "unchanged", "updated", "owned"]
+# What `upsert_declared` (a sync's upsert) answers per declaration: `Upserted`, or "restored"
+# for a record left unchanged whose registry member was missing (evicted, or removed by
+# hand) and is put back (upsert.lua's digit 8). `upsert` and `upsert_many` say "updated".
+Synced = Literal["created", "unchanged", "updated", "owned", "restored"]
 # Items per upsert script call: large enough to amortise the round trip, small enough that
 # one call holds the server for a few milliseconds at most.
 UPSERT_CHUNK = 500
@@ -102,13 +107,27 @@ READ_CHUNK = 1000
 # Why a record key of another type is corrupt: it has no fields to read or flag.
 _NOT_A_HASH = "the key is not a hash (WRONGTYPE)"
 # 3: updated, and the old cadence's overdue slots were dropped and counted (upsert.lua).
-_UPSERT_RESULTS: dict[int, Upserted] = {
+_UPSERT_RESULTS: dict[int, Synced] = {
     0: "unchanged",
     1: "created",
     2: "updated",
     3: "updated",
     4: "owned",  # `keep_owners`: another source's record, not written
+    8: "restored",  # unchanged, its missing registry member put back
 }
+# What `upsert_many` answers for each: a member put back is an update.
+_API_RESULTS: dict[Synced, Upserted] = {
+    "created": "created",
+    "unchanged": "unchanged",
+    "updated": "updated",
+    "owned": "owned",
+    "restored": "updated",
+}
+# Why a registry member is read as a corrupt registration: its record is gone.
+MISSING_RECORD = (
+    "its record is missing (a registry member without its record: evicted, or deleted by "
+    "hand); `emq-bridge remove` drops the member"
+)
 # Policies that may evict keys without a TTL, i.e. the registry.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
@@ -169,6 +188,10 @@ class Registration:
     # The backfilled slots the claim dropped unsent: the schedule could no longer have them
     # (bounds moved, a limit added, its slots placed otherwise; claim.lua).
     backfill_dropped: int = 0
+    # Its record is there but its registry member is not (evicted, or removed by hand): no
+    # pump claims it, so it never fires until a sync or a pause and resume puts it back.
+    # Only a read that asks the registry says so (`read`, `get`, `list`).
+    unscheduled: bool = False
 
     def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
         """Return the next `n` runs (epoch ms), starting with the stored next run, within
@@ -716,9 +739,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 )
             validate_name(item[0], "queue")
             validate_name(item[1], "registration name")
-        return self._upsert(
+        results = self._upsert(
             items, source, now_ms, generation, queues, seeds, declared=False, keep=keep_owners
         )
+        # A member put back is an update to the API's callers (as before digit 8 existed).
+        return [_API_RESULTS[r] for r in results]
 
     def upsert_declared(
         self,
@@ -728,11 +753,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         generation: int | None = None,
         queues: Sequence[str] = (),
         seeds: Sequence[Seed | None] = (),
-    ) -> list[Upserted]:
+    ) -> list[Synced]:
         """Upsert declarations as `upsert_many` does their `(queue, name, definition)`.
 
         A `Declaration` checked its names and seeded its definition with its name when it
         was built, so a sync of many does neither again. `seeds` as `upsert_many`'s.
+        "restored" for an unchanged record whose registry member was missing (evicted, or
+        removed by hand): the script put it back, at its next run under its cadence (at
+        +inf when paused or completed), where `upsert_many` says "updated".
         """
         items = [(d.queue, d.name, d.definition) for d in declarations]
         return self._upsert(items, source, None, generation, queues, seeds, declared=True)
@@ -748,7 +776,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         *,
         declared: bool,
         keep: bool = False,
-    ) -> list[Upserted]:
+    ) -> list[Synced]:
         """`upsert_many` of items whose names are valid (`declared`: and whose definitions
         are seeded with them)."""
         if source is not None:
@@ -759,7 +787,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             by_queue.setdefault(item[0], []).append(index)
         now = self._now(now_ms)
         _check_runs_left(items, now, declared)
-        results: list[Upserted | None] = [None] * len(items)
+        results: list[Synced | None] = [None] * len(items)
         chunks = [
             (queue, indexes[start : start + UPSERT_CHUNK])
             for queue, indexes in by_queue.items()
@@ -1213,8 +1241,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         names: builtins.list[str] = []
         corrupt: dict[str, str] = {}
         for registration, name, fields, error in self.iter_checked(queue):
-            if error == _NOT_A_HASH:
-                _leave_alone(queue, name, "paused")
+            if error in (_NOT_A_HASH, MISSING_RECORD):
+                _leave_alone(queue, name, "paused", error)
                 continue
             paused = fields.get("paused") == "1"  # as pause.lua reads it
             owner = registration.source if registration is not None else fields.get("source")
@@ -1254,8 +1282,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         names: builtins.list[str] = []
         corrupt: dict[str, str] = {}
         for registration, name, fields, error in self.iter_checked(queue):
-            if error == _NOT_A_HASH:
-                _leave_alone(queue, name, "resumed")
+            if error in (_NOT_A_HASH, MISSING_RECORD):
+                _leave_alone(queue, name, "resumed", error)
                 continue
             if registration is not None:
                 paused, parked, owner = (
@@ -1357,7 +1385,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             raw, score = pipe.execute()
         if not raw:
             raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
-        return _checked(queue, name, {text(k): text(v) for k, v in raw.items()}, score)
+        fields = {text(k): text(v) for k, v in raw.items()}
+        return _checked(queue, name, fields, score, unscheduled=score is None)
 
     def get_many(self, queue: str, names: Sequence[str]) -> builtins.dict[str, Registration]:
         """Return the registrations of `names` that exist, by name: `READ_CHUNK` a round trip,
@@ -1395,7 +1424,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         The names are read at once (so the order is one snapshot), the records a chunk at a
         time, so memory stays bounded by the chunk at any registry size. A registration
-        removed meanwhile is left out.
+        removed meanwhile is left out; a member without its record (evicted, or deleted by
+        hand) is left out and logged, as a corrupt record is.
         """
         keys = self.keys(queue)
         with redis_errors(f"list {queue}"):
@@ -1499,7 +1529,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         return self.read(queue, name).upcoming(n)
 
     def _read(self, queue: str, names: Sequence[str]) -> builtins.list[Registration]:
-        """The registrations of `names` that exist; a corrupt one is logged and left out."""
+        """The registrations of `names` that exist; a corrupt one is logged and left out (a
+        member whose record is missing too: see `_read_checked`)."""
         found = []
         for registration, name, _, error in self._read_checked(queue, names):
             if registration is None:
@@ -1513,7 +1544,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     ) -> builtins.list[tuple[Registration | None, str, dict[str, str], str]]:
         """Read the records of `names` that exist, in one pipeline: for each, the
         registration (None when corrupt), its name, its raw fields, and why it is corrupt
-        (`_NOT_A_HASH`, with no fields, for a record key of another type)."""
+        (`_NOT_A_HASH`, with no fields, for a record key of another type).
+
+        A name whose record is missing while its registry member is there (evicted, or
+        deleted by hand) is a corrupt registration too, with no fields and
+        `MISSING_RECORD`: a listing says so instead of leaving it out unsaid. The member is
+        read after the record, and `cancel` removes both at once, so a registration removed
+        meanwhile has neither (only one registered between the two reads would be taken
+        for one, and logged once)."""
         keys = self.keys(queue)
         with redis_errors(f"read {queue}"):
             pipe = self.client.pipeline(transaction=False)
@@ -1533,10 +1571,13 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 rows.append((None, name, {}, _NOT_A_HASH))
                 continue
             if not raw:
+                if score is not None:
+                    rows.append((None, name, {}, MISSING_RECORD))
                 continue
             fields = {text(k): text(v) for k, v in raw.items()}
             try:
-                rows.append((_registration(queue, name, fields, score), name, fields, ""))
+                found = _registration(queue, name, fields, score, unscheduled=score is None)
+                rows.append((found, name, fields, ""))
             except (ScheduleError, ValueError) as exc:
                 rows.append((None, name, fields, str(exc)))
         return rows
@@ -2043,7 +2084,9 @@ def _stale_fields(fields: Mapping[str, str], source: str | None) -> list[str]:
     return stale
 
 
-def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
+def _registration(
+    queue: str, name: str, fields: dict[str, str], score: Any, *, unscheduled: bool = False
+) -> Registration:
     paused = fields.get("paused") == "1"
     next_run = _field_score(fields, "paused_next_ms") if paused else _score(score)
     return Registration(
@@ -2080,6 +2123,7 @@ def _registration(queue: str, name: str, fields: dict[str, str], score: Any) -> 
         paused_by=(fields.get("paused_by") or None) if paused else None,
         paused_ms=_optional_int(fields, "paused_ms") if paused else None,
         backfill_dropped=_counter(fields, "backfill_dropped"),
+        unscheduled=unscheduled,
     )
 
 
@@ -2110,15 +2154,19 @@ def _not_hashes_error(names: builtins.list[str], count: int) -> CorruptRecord:
     )
 
 
-def _leave_alone(queue: str, name: str, verb: str) -> None:
-    """Say that `pause_all`/`resume_all` left out a record key of another type: it has no
-    flag to set or read (and never fires: a pump sets it aside as corrupt)."""
+def _leave_alone(queue: str, name: str, verb: str, why: str) -> None:
+    """Say that `pause_all`/`resume_all` left out a record key of another type, or a member
+    whose record is missing: it has no flag to set or read (and never fires: a pump sets it
+    aside as corrupt)."""
+    if why == MISSING_RECORD:
+        log.warning("%s/%s left as it is, not %s: %s", queue, name, verb, why)
+        return
     log.warning(
         "%s/%s left as it is, not %s: %s; remove it, then add it again",
         queue,
         name,
         verb,
-        _NOT_A_HASH,
+        why,
     )
 
 
@@ -2127,10 +2175,12 @@ def _wrong_type(error: Exception) -> bool:
     return isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
-def _checked(queue: str, name: str, fields: dict[str, str], score: Any) -> Registration:
+def _checked(
+    queue: str, name: str, fields: dict[str, str], score: Any, *, unscheduled: bool = False
+) -> Registration:
     """`_registration`, or `CorruptRecord` naming the registration and what is wrong."""
     try:
-        return _registration(queue, name, fields, score)
+        return _registration(queue, name, fields, score, unscheduled=unscheduled)
     except (ScheduleError, ValueError) as exc:
         raise CorruptRecord(
             f"registration {queue}/{name} is corrupt: {exc} (remove it, then add it again; "

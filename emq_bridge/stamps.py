@@ -9,6 +9,14 @@ while nobody but that sync wrote the source's records. A later boot whose finger
 same, and that finds every stamp holding, knows the registry is what a full sync would leave
 it, and reads three things instead of every record.
 
+The counters see writes, not losses: a registry sorted set evicted, or deleted by hand, with
+its `synced` hash kept, loses the members of the source's records without a write. So the
+stamp also records how many of the source's schedules the sync left in each queue (every
+registration keeps one member, a paused or completed one at +inf), and holds only while
+each such queue's registry has at least that many members (one `ZCARD` per queue, in the
+pipeline of the stamp reads). Other sources' and runtime schedules only add members, so a
+queue they share never fails it; a loss they outnumber is not seen (a full sync finds it).
+
 Part of `Repeat` (a base class of it, as `HeartbeatMoves` is).
 """
 
@@ -94,11 +102,14 @@ class StampMoves:
         fingerprint: str,
         expected: Mapping[str, int],
         summary: Mapping[str, Any],
+        declared: Mapping[str, int] | None = None,
     ) -> bool:
         """Stamp each queue of `expected` with `fingerprint` if its count of `source`'s writes
-        is the one given (`stamp.lua`), then record the stamp and `summary` (JSON) under the
-        source. True if every queue took it; a queue that refused drops its stamp, so the
-        next boot syncs in full."""
+        is the one given (`stamp.lua`), then record the stamp, `summary` (JSON) and
+        `declared` (how many of the source's schedules the sync left per queue; `stamp_of`
+        checks the registry still has as many members) under the source. True if every
+        queue took it; a queue that refused drops its stamp, so the next boot syncs in
+        full."""
         queues = sorted(expected)
         calls = [([self.keys(q).synced], [source, fingerprint, expected[q]]) for q in queues]
         replies = self._script_calls(self.scripts.stamp, calls, "stamp", queues)
@@ -106,8 +117,14 @@ class StampMoves:
             if isinstance(reply, EmqError):
                 raise reply
         held = all(int(reply) == 1 for reply in replies)
+        counted = {q: n for q, n in sorted((declared or {}).items()) if n > 0}
         record = json.dumps(
-            {"fingerprint": fingerprint, "queues": queues, "summary": dict(summary)},
+            {
+                "fingerprint": fingerprint,
+                "queues": queues,
+                "summary": dict(summary),
+                "declared": counted,
+            },
             separators=(",", ":"),
         )
         key = synced_key(self.prefix, source)
@@ -124,8 +141,11 @@ class StampMoves:
     def stamp_of(self, source: str, fingerprint: str) -> dict[str, Any] | None:
         """Return the summary of `source`'s last stamped sync if its fingerprint is
         `fingerprint` and every stamp still holds, in the queues it read and in every queue
-        there is now (a new one may hold what a full sync would prune); else None.
-        Reads only: the record, the queues (SCAN) and one field pair per queue."""
+        there is now (a new one may hold what a full sync would prune), and every queue the
+        source declared schedules in has at least as many registry members as the sync left
+        of them (a registry evicted or deleted by hand: the module docstring); else None.
+        Reads only: the record, the queues (SCAN), and one field pair per queue and one
+        `ZCARD` per queue of the source's schedules, in one pipeline."""
         with redis_errors(f"stamp {source}"):
             raw = self.client.get(synced_key(self.prefix, source))
         if raw is None:
@@ -134,20 +154,37 @@ class StampMoves:
             record = json.loads(text(raw))
             stamped = set(record["queues"])
             summary = record["summary"]
+            # A record of an earlier version has no counts: a full sync writes them.
+            declared = record["declared"]
             if record["fingerprint"] != fingerprint or not isinstance(summary, dict):
                 return None
             if not all(isinstance(queue, str) for queue in stamped):
                 return None
+            if not isinstance(declared, dict) or not all(
+                queue in stamped and type(n) is int for queue, n in declared.items()
+            ):
+                return None
         except (ValueError, TypeError, KeyError, RecursionError):  # edited by hand: in full
             return None
         queues = sorted(stamped | set(self.queues()))
+        counted = sorted(declared.items())
         field = _counter(source)
         with redis_errors(f"stamp {source}"):
             pipe = self.client.pipeline(transaction=False)
             for queue in queues:
                 pipe.hmget(self.keys(queue).synced, [source, field])
-            replies = pipe.execute()
-        for stamp, counter in replies:
+            for queue, _ in counted:
+                pipe.zcard(self.keys(queue).registry)
+            # A registry key of another type (edited by hand) fails its ZCARD alone: no stamp
+            # holds over it, and the full sync says what is wrong.
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies[: len(queues)]:
+                if isinstance(reply, Exception):
+                    raise reply
+        for stamp, counter in replies[: len(queues)]:
             if stamp is None or counter is None or text(stamp) != f"{fingerprint} {text(counter)}":
+                return None
+        for (_, left), members in zip(counted, replies[len(queues) :], strict=True):
+            if isinstance(members, Exception) or int(members) < left:  # lost, unwritten
                 return None
         return summary

@@ -14,14 +14,22 @@ logged at WARNING, creations at INFO, unchanged schedules at DEBUG.
 A sync may also carry a `Stamp`: the fingerprint of everything its declarations were built
 from. Once applied, it stamps the queues it read (stamps.py); a later boot with the same
 fingerprint asks `stamped` and, while every stamp holds (nobody else wrote that source's
-records since), skips building and syncing its declarations: the registry is what a full
-sync would leave.
+records since, and no queue of its schedules lost registry members: stamps.py), skips
+building and syncing its declarations: the registry is what a full sync would leave.
+
+A declared record whose registry member is missing (evicted, or removed by hand: nothing
+fires it) is not among the registry's members the plan reads, so the plan creates it; the
+upsert finds the record unchanged and puts its member back, at its next run under its
+cadence (upsert.lua's digit 8). Such a schedule is `restored`: listed among the updates
+(what an `emq-bridge sync` prints as `~ q/name ... (recreated)`) and named in one WARNING.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -32,7 +40,7 @@ from .bulk import without_gc
 from .definition import DEFINITION_FIELDS, Declaration, Definition
 from .errors import ConfigError, EmqError
 from .keys import validate_name
-from .registry import Repeat, Seed, StaleGeneration, Upserted, generation_arg, record_digest
+from .registry import Repeat, Seed, StaleGeneration, Synced, generation_arg, record_digest
 from .stamps import code_versions
 
 # Declaration lives in definition.
@@ -83,6 +91,9 @@ class SyncPlan:
     # Created declarations that take over an import's registration of the same schedule in
     # another queue (`_imported_elsewhere`): (queue, name) -> (the import's queue, its owner).
     adopted: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # Of `update`, the declarations whose record was unchanged but whose registry member was
+    # missing (evicted, or removed by hand), which the sync put back (an applied plan's).
+    restored: list[Declaration] = field(default_factory=list)
 
     @property
     def changes(self) -> int:
@@ -175,9 +186,11 @@ def declarations_fingerprint(
 
 def stamped(repeat: Repeat, source: str, fingerprint: str) -> dict[str, Any] | None:
     """Return the summary of `source`'s last stamped sync when it was of `fingerprint` and
-    nobody else has written that source's records since, in any queue: a sync of the same
-    declarations would then write nothing, and the caller may skip it. Else None. Reads only
-    (a SCAN of the queues and one round trip)."""
+    nobody else has written that source's records since, in any queue, and each queue of
+    its schedules still has at least as many registry members as that sync left of them (a
+    registry sorted set evicted or deleted by hand loses members without a write): a sync
+    of the same declarations would then write nothing, and the caller may skip it. Else
+    None. Reads only (a SCAN of the queues and one round trip)."""
     validate_name(source, "source")
     return repeat.stamp_of(source, fingerprint)
 
@@ -242,6 +255,7 @@ def check_not_owned_by(
 # A declaration's (queue, name), and its name, read in C (a sync may hold a million).
 _KEY = attrgetter("queue", "name")
 _NAME = attrgetter("name")
+_QUEUE = attrgetter("queue")
 
 
 def _check_unique(declarations: list[Declaration]) -> None:
@@ -503,7 +517,9 @@ def sync(
     (see `stamped`). `stamp=True` stamps with `declarations_fingerprint`, and first looks for
     that stamp: while it holds, the registry is what this sync would leave, so nothing is read
     or written and the plan returned has every declaration unchanged (`by_stamp`). A record
-    deleted by hand with `DEL` (not `cancel`) is then not recreated: see `stamped`.
+    deleted by hand with `DEL` (not `cancel`) is then not recreated, nor a registry member
+    lost in a queue where other schedules outnumber the loss: see `stamped`. A full sync
+    puts back the member of an unchanged declared record that lost it (`restored`).
 
     `unread_sources`: other sources this process syncs whose declarations it skipped, their
     stamp holding; a declaration naming a schedule one of them owns is refused before any
@@ -590,7 +606,13 @@ def _stamp(repeat: Repeat, applied: SyncPlan, counts: dict[str, int], stamp: Sta
         expected[declaration.queue] += 1
     for queue, _ in applied.remove:
         expected[queue] += 1
-    if not repeat.write_stamps(applied.source, stamp.fingerprint, expected, stamp.summary):
+    # What the sync left of the source's schedules per queue, each with its registry member:
+    # a later boot's stamp holds only while the registry has at least as many (stamps.py).
+    declared = Counter(
+        map(_QUEUE, itertools.chain(applied.create, applied.update, applied.unchanged))
+    )
+    held = repeat.write_stamps(applied.source, stamp.fingerprint, expected, stamp.summary, declared)
+    if not held:
         log.info(
             "sync %s: not stamped: another writer changed its schedules during the sync; "
             "the next boot syncs in full",
@@ -659,7 +681,7 @@ def _write(
     """Upsert the creates and updates of `plan` (a created one starting from its seed, if
     any), then cancel its removals; record what each did in `applied`."""
     source, generation = plan.source, applied.generation
-    buckets: dict[Upserted, list[Declaration]] = {
+    buckets: dict[Synced, list[Declaration]] = {
         "created": applied.create,
         "updated": applied.update,
         "unchanged": applied.unchanged,
@@ -672,7 +694,11 @@ def _write(
         seeds=[seeds.get((d.queue, d.name)) for d in todo] if seeds else (),
     )
     for declaration, result in zip(todo, results, strict=True):
-        buckets[result].append(declaration)
+        if result == "restored":  # an update to what reads a plan; named as such in the log
+            applied.update.append(declaration)
+            applied.restored.append(declaration)
+        else:
+            buckets[result].append(declaration)
     for queue, name in plan.remove:
         if repeat.cancel(queue, name, if_source=source, generation=generation):
             applied.remove.append((queue, name))
@@ -952,13 +978,18 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     _more(moves, CHANGED_SHOWN, logging.WARNING, source, "moved")
     removed = [key for key in applied.remove if key not in moved_from]
     created = [d for d in applied.create if (d.queue, d.name) not in moved_to]
-    for index, d in enumerate(applied.update):
+    _log_restored(applied)
+    updated = applied.update
+    if applied.restored:  # named in their own line, not as updates
+        restored = {(d.queue, d.name) for d in applied.restored}
+        updated = [d for d in updated if (d.queue, d.name) not in restored]
+    for index, d in enumerate(updated):
         level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
         if level == logging.WARNING or debug:
             record = old.get((d.queue, d.name), {})
             changes = _changes(record, d, source)
             log.log(level, "sync %s: ~ %s/%s  %s", source, d.queue, d.name, changes)
-    _more(applied.update, CHANGED_SHOWN, logging.WARNING, source, "updated")
+    _more(updated, CHANGED_SHOWN, logging.WARNING, source, "updated")
     for index, (queue, name) in enumerate(removed):
         level = logging.WARNING if index < CHANGED_SHOWN else logging.DEBUG
         if level == logging.WARNING or debug:
@@ -989,15 +1020,35 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
         )
     _more(applied.kept, KEPT_SHOWN, logging.INFO, source, "kept")
     log.info(
-        "sync %s: %d created, %d updated, %d unchanged, %d removed%s%s%s",
+        "sync %s: %d created, %d updated%s, %d unchanged, %d removed%s%s%s",
         source,
         len(applied.create),
         len(applied.update),
+        f" ({len(applied.restored)} of them restored)" if applied.restored else "",
         len(applied.unchanged),
         len(applied.remove),
         f" ({len(moves)} of each a queue move)" if moves else "",
         f", {len(applied.kept)} kept" if applied.kept else "",
         _generation_note(applied),
+    )
+
+
+def _log_restored(applied: SyncPlan) -> None:
+    """Say, in one WARNING line, which schedules the sync put back in their registry: their
+    record was there, unchanged, but their member was missing (evicted, or removed by hand),
+    so nothing fired them. The first `CHANGED_SHOWN` are named, the rest counted."""
+    if not applied.restored:
+        return
+    names = [f"{d.queue}/{d.name}" for d in applied.restored[:CHANGED_SHOWN]]
+    more = len(applied.restored) - len(names)
+    log.warning(
+        "sync %s: %d schedule(s) restored: %s%s (their record was there, unchanged, but "
+        "their registry member was missing: evicted, or removed by hand, so nothing fired "
+        "them; each runs at its cadence's next slot, the slots passed meanwhile unsent)",
+        applied.source,
+        len(applied.restored),
+        ", ".join(names),
+        f" and {more} more" if more else "",
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -150,13 +151,34 @@ def upcoming(registration: Registration, n: int) -> list[int]:
 
 
 def state(registration: Registration) -> str:
-    """Return `active`, `paused`, `parked` (stopped by a dispatch that can never work), or
-    `completed` (past its end, its limit or its last one-off instant; it never fires again)."""
+    """Return `active`, `paused`, `parked` (stopped by a dispatch that can never work),
+    `completed` (past its end, its limit or its last one-off instant; it never fires again),
+    or `unscheduled` (an active one whose registry member is missing: nothing fires it)."""
     if registration.parked_reason is not None:
         return "parked"
     if registration.completed is not None:
         return "completed"
-    return "paused" if registration.paused else "active"
+    if registration.paused:
+        return "paused"
+    return "unscheduled" if registration.unscheduled else "active"
+
+
+# What `show` says of an unscheduled registration (`state`), and how it comes back: a pause
+# parks it at +inf (a member again), and its resume puts it at its next run.
+UNSCHEDULED_TEXT = (
+    "not scheduled: its registry member is missing (evicted, or deleted by hand), so nothing "
+    "fires it"
+)
+
+
+def unscheduled_fix(registration: Registration) -> str:
+    """The commands that put an unscheduled registration back at its next run (a sync that
+    reads its source's schedules does too: one whose stamp holds reads none)."""
+    queue, name = registration.queue, registration.name
+    pause = shlex.join(["emq-bridge", "pause", queue, name])
+    resume = shlex.join(["emq-bridge", "resume", queue, name])
+    also = " (or a full sync of its source)" if registration.source else ""
+    return f"put it back: {pause}, then {resume}{also}"
 
 
 COMPLETED_WORDS = {
@@ -238,6 +260,7 @@ def registration_json(
         "name": registration.name,
         "state": state(registration),
         "unserved": unserved,
+        "unscheduled": registration.unscheduled,
         "parked_reason": registration.parked_reason,
         "parked_ms": registration.parked_ms,
         "cadence": cadence_text(registration),
@@ -296,7 +319,7 @@ def next_run_text(registration: Registration, now_ms: int) -> str:
     if registration.paused:  # its parked next run is not a run: nothing fires until resumed
         return "- (paused)"
     if registration.next_run_ms is None:
-        return "-"
+        return "- (not scheduled)" if registration.unscheduled else "-"
     if registration.next_run_ms > LATEST_MS:  # a score written by hand, or by an old version
         return "- (never)"
     zone = zone_of(registration.definition.cadence)

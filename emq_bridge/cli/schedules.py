@@ -39,6 +39,7 @@ from .context import Settings, client_address, given_as, pass_settings
 from .frameworks import framework_options, framework_params, given_frameworks, load_target
 from .health import UNSERVED_TEXT, flagged_state
 from .render import (
+    UNSCHEDULED_TEXT,
     absolute,
     cadence_text,
     completed_text,
@@ -54,6 +55,7 @@ from .render import (
     table,
     table_lines,
     to_json,
+    unscheduled_fix,
     upcoming,
     zone_of,
 )
@@ -310,6 +312,8 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
     if fired_ms is not None:
         last = f"{absolute(fired_ms, zone)} ({relative(fired_ms, now_ms)})"
     state = data["state"] if not data["unserved"] else UNSERVED_TEXT
+    if data["state"] == "unscheduled":
+        state = UNSCHEDULED_TEXT
     if registration.completed is not None:
         state = completed_text(registration)
     if registration.parked_ms is not None:
@@ -319,6 +323,8 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
         ("cadence", data["cadence"]),
         ("state", state),
     ]
+    if data["state"] == "unscheduled":  # its record is there, its registry member is not
+        lines.append(("", unscheduled_fix(registration)))
     if registration.parked_reason is not None:
         lines.append(("reason", registration.parked_reason))
         lines.append(("", f"fix it, then: emq-bridge resume {queue} {name}"))
@@ -845,6 +851,12 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
                 f"({existing.definition.cadence.describe()}); add --replace to overwrite it"
             )
         click.echo(f"exists {queue}/{name} (identical; nothing written)")
+        # An add writes nothing over a record, so it does not put back a missing member.
+        if existing.unscheduled and not existing.paused and existing.completed is None:
+            click.echo(
+                f"note: {queue}/{name} is {UNSCHEDULED_TEXT}; {unscheduled_fix(existing)}",
+                err=True,
+            )
     if not given:
         options = " SPEC or ".join(f"--{framework}" for framework in targets.frameworks())
         hint = f" (give {options} SPEC to check it against the app)" if options else ""

@@ -47,7 +47,12 @@
 -- 6 not written: its cadence digest changes while its next run is overdue: the caller sends
 -- it again with the resumed slot (item 10), 7 not written: its record key is of another
 -- type than a hash (edited by hand), so neither a create nor an update can write it (the
--- caller names it) (a client parses one string faster than an array of integers).
+-- caller names it), 8 unchanged, but its registry member was missing (evicted, or removed
+-- by hand) and is put back: at +inf for a paused (or parked) or completed record, which is
+-- where pause.lua and the completion leave it, else at its next run under its cadence, the
+-- first slot after now (item 4, the caller's) and after its last fired slot (`after_fired`),
+-- completing it past its bounds (`place`) (a client parses one string faster than an array
+-- of integers).
 -- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
 -- with no pump to claim it. When only what bounds or excludes slots changed (a start or end,
 -- an exclusion: the caller compares the slot-placing fields), the score goes to the first
@@ -58,7 +63,8 @@
 -- them, so no slot is dropped silently. The resumed slot holds only while the record's
 -- cadence digest and score are those the caller read (compare-and-set).
 -- An update keeps the score unless the cadence changed; a paused record stays paused
--- (score +inf). A record whose registry member went missing gets it back (repair).
+-- (score +inf). A record whose registry member went missing gets it back (repair: digit 8
+-- when its definition is unchanged, 2 with the update).
 -- A score never moves to a slot at or before the last fired one (`after_fired`).
 -- Bounds (bounds.py): a created record with a `limit` gets `remaining` = limit; an update
 -- that changes the limit moves `remaining` by the difference (below 0 when the limit goes
@@ -253,12 +259,12 @@ local function upsert(record, item)
   local old_every = (not cur[10] or cur[10] == '') and not cur[11] and tonumber(cur[9])
   local live = redis.call('ZSCORE', registry, name)
   if cur[1] == digest then
-    -- Unchanged. Only repair a record whose registry member went missing.
+    -- Unchanged. Only repair a record whose registry member went missing (digit 8).
     if live then return 0 end
     local score = '+inf'
     if not (paused or completed) then score = place(record, after_fired(record, first_run, nil, last)) end
     redis.call('ZADD', registry, score, name)
-    return 2
+    return 8
   end
   local old_jitter = tonumber(cur[13])
   local ahead = old_jitter and tonumber(live) and tonumber(live) > tonumber(ARGV[2])
@@ -363,9 +369,10 @@ local function upsert(record, item)
   return 2
 end
 
--- The digits of an item written (created, updated): 0, 4, 5 and 6 wrote nothing, and a
--- stamp counts what a sync writes (5 and 6 are written by the call that sends them again).
-local WROTE = {[1] = true, [2] = true, [3] = true}
+-- The digits of an item written (created, updated, its member restored): 0, 4, 5, 6 and 7
+-- wrote nothing, and a stamp counts what a sync writes (5 and 6 are written by the call that
+-- sends them again).
+local WROTE = {[1] = true, [2] = true, [3] = true, [8] = true}
 local results, written = {}, false
 for i, item in ipairs(cjson.decode(ARGV[3])) do
   results[i] = upsert(KEYS[3 + i], item)

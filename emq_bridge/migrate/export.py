@@ -25,7 +25,7 @@ from ..errors import ConfigError, EmqError, ScheduleError
 from ..jitter import Jittered
 from ..keys import validate_name
 from ..millis import iso_utc
-from ..registry import Registration, Repeat, record_digest
+from ..registry import MISSING_RECORD, Registration, Repeat, record_digest
 from ..template import TaskTemplate
 
 __all__ = ["FORMATS", "Export", "Format", "SourceLeftOut", "export_registry", "render"]
@@ -92,7 +92,9 @@ def export_registry(
             owner = found.source if found is not None else fields.get("source")
             if source is not None and owner != source:
                 continue
-            if found is None:
+            if found is None and error == MISSING_RECORD:  # a member without its record
+                corrupt.append((queue, name, error))
+            elif found is None:
                 corrupt.append((queue, name, f"its record is corrupt: {error}"))
             else:
                 registrations.append(found)
