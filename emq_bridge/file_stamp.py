@@ -36,8 +36,10 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["FileStamp", "file_fingerprint", "file_stamp"]
 
 # Raised when what a sync makes of the same bytes changes without a release. 2: crons with
-# control characters and host zone files ('localtime') refused, an emptied file refused.
-FORMAT = 2
+# control characters and host zone files ('localtime') refused, an emptied file refused;
+# 3: a template keeps its dicts' key order as the file gives it (earlier releases sorted
+# them: the first sync of an unchanged file rewrites those templates).
+FORMAT = 3
 # The first table header (`[calendars]`, `[[schedule]]`): top-level keys come before it.
 _FIRST_TABLE = re.compile(r"^[ \t]*\[", re.MULTILINE)
 

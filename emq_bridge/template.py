@@ -3,6 +3,9 @@
 A template is a JSON object. The adapters, the schedule file and the CLI all write it as
 `{"task": ..., "args": [...], "kwargs": {...}, "options": {...}}`: `TaskTemplate` is that
 value, with one builder (`TaskTemplate.to_dict`) and one reader (`TaskTemplate.read`).
+It is stored as compact JSON whose objects in `args`, `kwargs` and `options` keep their keys
+in the order given (`encode_template`): what the task receives is what the user declared,
+dict order included.
 
 Every walk over a template here is iterative, so no nesting depth can exhaust the stack;
 the depth is bounded anyway (`MAX_TEMPLATE_DEPTH`), where a template is accepted.
@@ -42,18 +45,28 @@ MAX_TEMPLATE_BYTES = 64 * 1024
 # Objects and arrays nested at most this deep, the template itself counting as 1: deep
 # enough for any task's arguments, far from what a JSON codec or a stack could choke on.
 MAX_TEMPLATE_DEPTH = 32
-# The one canonical encoding of a template (built once: `json.dumps` with options builds an
-# encoder per call, a cost a sync of many schedules pays per schedule).
-_CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
-)
-# `_CANONICAL.encode` with the C encoder called directly (its Python frames cost more than
-# the encoding of a 100-byte template), the cycle check kept.
-_canonical = direct_encoder(_CANONICAL)
+# The one encoding of a template: compact JSON, every object's keys in the order they were
+# given (built once: `json.dumps` with options builds an encoder per call, a cost a sync of
+# many schedules pays per schedule). Never sorted: the task gets its `args` and `kwargs`
+# with the dicts in them in the order the user wrote them, as Celery's own beat sends them
+# (Python dicts keep insertion order, pickle and JSON carry it), and `options` likewise.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+# `_COMPACT.encode` with the C encoder called directly (its Python frames cost more than the
+# encoding of a 100-byte template), the cycle check kept.
+_compact = direct_encoder(_COMPACT)
 
 
 def encode_template(template: object) -> str:
-    """Return `template` as compact canonical JSON; raise `ScheduleError` if it breaks a rule.
+    """Return `template` as compact JSON; raise `ScheduleError` if it breaks a rule.
+
+    Every object in `args`, `kwargs` and `options` (at any depth) keeps its keys in the
+    order given: that is what the task receives. The template's own keys (`task`, `args`,
+    `kwargs`, `options`: what no task receives as a dict) are written in the order of their
+    names, so a template and the schedule file it is exported to read back as one text, and
+    a template stored by an earlier release (which sorted the keys at every depth) whose
+    objects were declared in sorted order is stored as before. The text is what the
+    definition digest covers: a reorder of a sent object's keys is another definition (an
+    upsert rewrites the template), and one declaration gives one text in every process.
 
     The rules: a JSON object with string keys, no NaN or Infinity, valid UTF-8, at most
     `MAX_TEMPLATE_BYTES` once encoded and `MAX_TEMPLATE_DEPTH` levels deep.
@@ -62,8 +75,12 @@ def encode_template(template: object) -> str:
         raise ScheduleError(
             f"template must be a JSON object (a dict), got {type(template).__name__}"
         )
+    # Another Mapping is refused by the encoder, as before. Most templates are built by
+    # `TaskTemplate.to_dict` (or as it builds them): in order already, told in one compare.
+    if isinstance(template, dict) and list(template) != _ENVELOPE:
+        template = _in_name_order(template)
     try:
-        text = _canonical(template)
+        text = _compact(template)
     except (TypeError, ValueError) as exc:
         raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
     except RecursionError as exc:
@@ -83,6 +100,25 @@ def encode_template(template: object) -> str:
     if encoded is None:
         raise ScheduleError("template holds a string that is not valid UTF-8")
     return text
+
+
+# The template's own keys as `TaskTemplate.to_dict` writes them: in the order of their names.
+_ENVELOPE = ["args", "kwargs", "options", "task"]
+
+
+def _in_name_order(template: dict[Any, Any]) -> dict[Any, Any]:
+    """Return `template` with its own keys in the order of their names (its values as they
+    are): itself when they are; `ScheduleError` for keys that cannot be ordered (not all
+    strings)."""
+    keys = list(template)
+    try:
+        order = sorted(keys)
+    except TypeError as exc:  # keys of several types: not all strings
+        check_structure(template)  # raises, naming the key
+        raise ScheduleError(f"template is not JSON-serialisable: {exc}") from exc
+    if keys == order:
+        return template
+    return {key: template[key] for key in order}
 
 
 def check_structure(template: Mapping[Any, Any]) -> None:
@@ -369,12 +405,17 @@ class TaskTemplate:
                 raise ScheduleError(f"{what} must be a dict, got {type(value).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the JSON object stored as a registration's `template`."""
+        """Return the JSON object stored as a registration's `template`.
+
+        Its own keys come in the order of their names, the order `encode_template` stores
+        them in (so it writes this dict without building another). The objects in `args`,
+        `kwargs` and `options` keep the order they were given in.
+        """
         return {
-            "task": self.task,
             "args": list(self.args),
             "kwargs": dict(self.kwargs),
             "options": dict(self.options),
+            "task": self.task,
         }
 
     @classmethod

@@ -602,12 +602,26 @@ def _call_parts(
 
 
 def _task_template(
-    task: str, args: list[Any], kwargs: dict[Any, Any], options: Mapping[str, Any]
+    task: str,
+    args: list[Any],
+    kwargs: dict[Any, Any],
+    options: Mapping[str, Any],
+    schedule: str | None = None,
 ) -> dict[str, Any]:
     """`TaskTemplate(task, args, kwargs, options).to_dict()`, whose checks these values pass
     (`_call_parts` made them a list and dicts): copies, as it makes them, since routing
-    sees the entry's own `args` and `kwargs`."""
-    return {"task": task, "args": list(args), "kwargs": dict(kwargs), "options": dict(options)}
+    sees the entry's own `args` and `kwargs`; the dicts in them keep the entry's order.
+    `schedule` names a custom Celery schedule (what the registry's readers show). The keys
+    come in the order of their names, as `to_dict` writes them."""
+    if schedule is None:
+        return {"args": list(args), "kwargs": dict(kwargs), "options": dict(options), "task": task}
+    return {
+        "args": list(args),
+        "kwargs": dict(kwargs),
+        "options": dict(options),
+        "schedule": schedule,
+        "task": task,
+    }
 
 
 # The keys of a plain entry (`_convert_plain`): Celery's own that `ScheduleEntry` stores as
@@ -740,9 +754,9 @@ def convert_entry(
     try:
         if not task.strip():
             TaskTemplate(task)  # raises its error for a blank task name
-        template = _task_template(task, args, kwargs, options)
-        if custom is not None:  # what the registry's readers (`emq-bridge list`) show
-            template["schedule"] = custom.describe()
+        # A custom schedule is named in the template: what `emq-bridge list` shows.
+        label_text = custom.describe() if custom is not None else None
+        template = _task_template(task, args, kwargs, options, label_text)
         cadence, bounds = _when(cadence, when)
         definition = Definition(
             cadence,

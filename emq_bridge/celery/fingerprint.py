@@ -35,8 +35,10 @@ __all__ = ["app_fingerprint"]
 
 # Raised when what the conversion does with the same inputs changes without a release.
 # 3: a kombu Queue or Exchange in options is stored described, not by name; 4: a key longer
-# than a name is cut short with a digest, a schedule file prunes only the app's tasks.
-FORMAT = 4
+# than a name is cut short with a digest, a schedule file prunes only the app's tasks; 5: a
+# template keeps its dicts' key order (earlier releases stored them sorted, and a stamp of
+# theirs would vouch for those records: the first boot syncs in full and rewrites them).
+FORMAT = 5
 # The settings the conversion reads, besides every `emq_bridge_*` one: the time zone, cron
 # deadlines, and what routing reads (Celery's router and its queues).
 _SETTINGS = (

@@ -69,7 +69,7 @@ def _change(old: Registration | None, new: Declaration, source: str) -> str:
     if bounds_before != bounds_after:
         words_before, words_after = bounds_before.describe(), bounds_after.describe()
         notes.append(f"bounds {words_before or 'none'} -> {words_after or 'none'}")
-    if dict(old.definition.template) != dict(new.definition.template):
+    if old.definition.template_json != new.definition.template_json:  # a reorder too
         notes.append("template changed")
     if old.definition.misfire != new.definition.misfire:
         notes.append(f"misfire {old.definition.misfire} -> {new.definition.misfire}")

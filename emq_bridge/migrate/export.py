@@ -14,6 +14,7 @@ paused state, counters, history.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,6 +28,11 @@ from ..keys import validate_name
 from ..millis import iso_utc
 from ..registry import MISSING_RECORD, Registration, Repeat, record_digest
 from ..template import TaskTemplate
+
+if sys.version_info >= (3, 11):
+    from tomllib import loads as _toml_loads
+else:  # pragma: no cover - Python 3.10
+    from tomli import loads as _toml_loads  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["FORMATS", "Export", "Format", "SourceLeftOut", "export_registry", "render"]
 
@@ -283,7 +289,31 @@ def _entry(
         entry["labels"] = dict(definition.labels)
     if fmt == "toml" and _has_null(entry):
         raise _Refused("it holds a null, which TOML cannot write: export it with --format json")
+    if fmt == "toml" and _toml_reorders(entry):
+        raise _Refused(
+            "TOML would give its args, kwargs or options back with their keys in another "
+            "order (a table is written after the plain keys of its object), which the task "
+            "would receive: export it with --format json"
+        )
     return entry
+
+
+def _toml_reorders(entry: dict[str, Any]) -> bool:
+    """True when the file `render` writes in TOML would read `entry`'s args, kwargs or
+    options back with the keys of an object in another order: tomli-w writes the plain keys
+    of a table first, then its sub-tables, so `{"n": 1, "nested": {...}, "flag": true}`
+    comes back as n, flag, nested (the template keeps its order: a sync would rewrite it).
+    """
+    sent = {key: entry[key] for key in ("args", "kwargs", "options") if key in entry}
+    if not sent or "{" not in json.dumps(sent)[1:]:  # no object inside: nothing to reorder
+        return False
+    try:
+        import tomli_w
+    except ImportError:  # `render` says what is missing
+        return False
+    # A table, as in the file (a `[[schedule]]` entry is too long to be written inline).
+    back = _toml_loads(tomli_w.dumps({"entry": sent}))["entry"]
+    return json.dumps(back) != json.dumps(sent)
 
 
 def _cadence(cadence: Any) -> dict[str, Any]:
