@@ -12,12 +12,12 @@ pump serves its queue, so nothing will fire it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .cadence import NEVER_MS
 from .errors import RegistryError, RegistryUnavailable
 from .heartbeat import PumpInfo
-from .registry import Registration, Repeat
+from .registry import EVICTING_POLICIES, Registration, Repeat
 from .replies import redis_errors, text
 
 __all__ = [
@@ -63,6 +63,9 @@ class Health:
     now_ms: int
     max_lag_ms: int
     queues: tuple[QueueHealth, ...] = field(default=())
+    # The server's maxmemory-policy (None when CONFIG is refused): one that evicts any key
+    # can drop schedules, which the line then says (never the cause of a failed check).
+    eviction_policy: str | None = None
 
 
 def check(
@@ -85,11 +88,28 @@ def check(
     pipeline for every queue's earliest run, one for the pumps and the server's clock: three
     round trips however many queues (and the SCAN that finds them when `queues` is not
     given), plus one when a named queue holds no scheduled run (none, or all paused), to
-    tell whether its registry exists. Raises `RegistryUnavailable`/`RegistryError` when
-    Redis fails (the first failing queue's error; a key of the wrong type is named).
+    tell whether its registry exists, and one for the server's `maxmemory-policy`: one that
+    evicts any key (`allkeys-*`) is named in the line, healthy or not, without failing the
+    check (a restarted pod would not fix it; an evicted registry is often why a queue has
+    none). Raises `RegistryUnavailable`/`RegistryError` when Redis fails (the first failing
+    queue's error; a key of the wrong type is named).
     """
     if max_lag_ms < 0:
         raise ValueError("max_lag_ms must not be negative")
+    found = _check(repeat, queues, max_lag_ms, host)
+    policy = repeat.eviction_policy()
+    reason = found.reason
+    if policy in EVICTING_POLICIES:
+        reason += (
+            f" (warning: maxmemory-policy is {policy}: Redis may evict schedules; "
+            "set it to noeviction)"
+        )
+    return replace(found, reason=reason, eviction_policy=policy)
+
+
+def _check(
+    repeat: Repeat, queues: Sequence[str] | None, max_lag_ms: int, host: str | None
+) -> Health:
     names = list(dict.fromkeys(queues)) if queues is not None else repeat.queues()
     pumps = repeat.pumps_by_queue(names)
     elsewhere = 0

@@ -533,6 +533,19 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         policy is `known` (what an earlier check returned), so a periodic check warns once
         per change.
         """
+        policy = self.eviction_policy()
+        if policy in EVICTING_POLICIES and policy != known:
+            log.warning(
+                "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
+                "set it to noeviction (or a volatile-* policy)",
+                policy,
+            )
+        return policy
+
+    def eviction_policy(self) -> str | None:
+        """Return the server's `maxmemory-policy` (on a cluster, an evicting one of any
+        primary's, else the first's), or None when it cannot be read (CONFIG refused by an
+        ACL or a managed service: said at INFO)."""
         try:
             with redis_errors("CONFIG GET maxmemory-policy"):
                 if self.cluster:
@@ -546,14 +559,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
         nodes = reply.values() if per_node else [reply]
         policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
-        policy = next((p for p in policies if p in EVICTING_POLICIES), policies[0])
-        if policy in EVICTING_POLICIES and policy != known:
-            log.warning(
-                "maxmemory-policy is %s: Redis may evict registry keys and lose schedules; "
-                "set it to noeviction (or a volatile-* policy)",
-                policy,
-            )
-        return policy
+        return next((p for p in policies if p in EVICTING_POLICIES), policies[0])
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in epoch ms (the one clock pumps agree on), or the

@@ -141,6 +141,7 @@ def _health_json(found: Health) -> dict[str, Any]:
         "reason": found.reason,
         "now_ms": found.now_ms,
         "max_lag_ms": found.max_lag_ms,
+        "eviction_policy": found.eviction_policy,
         "queues": [
             {
                 "queue": item.queue,
