@@ -1165,6 +1165,19 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         passed while paused: that scheduler may have sent it without its store saying so yet
         (django-celery-beat saves its last runs every few minutes).
         """
+        return self._resume(queue, name, catchup, now_ms, seed, None)
+
+    def _resume(
+        self,
+        queue: str,
+        name: str,
+        catchup: bool,
+        now_ms: int | None,
+        seed: Seed | None,
+        told: builtins.list[tuple[str, int]] | None,
+    ) -> bool:
+        """`resume`; the slots dropped at the resume are added to `told` instead of logged
+        when it is given."""
         if not isinstance(catchup, bool):  # "no" would be taken as True
             raise ScheduleError(f"catchup must be True or False, got {type(catchup).__name__}")
         now_arg(now_ms)
@@ -1209,7 +1222,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             if result == -1:
                 raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
             if result != -2:  # -2: the record changed since it was read
-                if result == 1 and dropped:
+                if result == 1 and dropped and told is not None:
+                    told.append((name, dropped))  # resume_all says them in a few lines
+                elif result == 1 and dropped:
                     log.warning(
                         "%s/%s: %d slot(s) passed before it was paused, with no pump to send "
                         "them; dropped at its resume, counted in missed (resume with catch-up "
@@ -1306,14 +1321,16 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 else:
                     names.append(name)
         resumed = []
+        told: builtins.list[tuple[str, int]] = []
         for name in names:
             try:
-                if self.resume(queue, name, catchup=catchup, now_ms=now_ms):
+                if self._resume(queue, name, catchup, now_ms, None, told):
                     resumed.append(name)
             except KeyError:  # removed since it was listed
                 continue
             except CorruptRecord as exc:  # edited by hand since it was listed
                 corrupt[name] = str(exc.__cause__ or exc)
+        _log_dropped_at_resume(queue, told)
         if corrupt:
             left_out = "; ".join(f"{n}: {why}" for n, why in corrupt.items())
             raise CorruptRecords(
@@ -2052,6 +2069,36 @@ _MAX_STALE_SHAPES = 4096
 _Shared = tuple[list[str], list[str], str, str | None]
 # upsert.lua's items, one JSON argument (one encoder, built once).
 _PAYLOAD = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+# Registrations `resume_all` names when it drops slots that passed before their pause; the
+# rest are counted in one more line (as the pump says a catch-up of many at once).
+DROPPED_AT_RESUME_SHOWN = 5
+
+
+def _log_dropped_at_resume(queue: str, told: Sequence[tuple[str, int]]) -> None:
+    """Say which registrations a `resume_all` dropped slots of (passed before their pause
+    with no pump to send them, counted in missed): the first few by name, then a count."""
+    for name, dropped in told[:DROPPED_AT_RESUME_SHOWN]:
+        log.warning(
+            "%s/%s: %d slot(s) passed before it was paused, with no pump to send them; dropped "
+            "at its resume, counted in missed (resume with catch-up hands them to the misfire "
+            "policy)",
+            queue,
+            name,
+            dropped,
+        )
+    rest = told[DROPPED_AT_RESUME_SHOWN:]
+    if rest:
+        log.warning(
+            "%s: %d more registration(s) resumed with %d slot(s) dropped that passed before "
+            "their pause, counted in missed (listed at DEBUG)",
+            queue,
+            len(rest),
+            sum(dropped for _, dropped in rest),
+        )
+        for name, dropped in rest:
+            log.debug("%s/%s: %d slot(s) dropped at its resume", queue, name, dropped)
 
 
 def _counters(seed: Seed | None) -> dict[str, str]:
