@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from ..cadence import LATEST_MS, At, Cadence, Cron, Every
+from ..cadence import LATEST_MS, At, Cadence, Cron, Every, misfire_policy
 from ..calendars import Excluding
 from ..jitter import Jittered, base_cadence
 from ..keys import parse_lease_member
@@ -266,6 +266,9 @@ def registration_json(
         "cadence": cadence_text(registration),
         **(cadence_json(cadence) if computed_by(registration) is None else {"kind": "computed"}),
         "misfire": registration.definition.misfire,
+        # What it means: `coalesce` (the default) is `latest`, `catchup` is `all`, so that a
+        # script selecting by policy finds the schedules left at the default too.
+        "misfire_policy": misfire_policy(registration.definition.misfire),
         "catchup_window_ms": registration.definition.catchup_window_ms,
         "catchup_max": registration.definition.catchup_max,
         "paused_note": registration.paused_note,
