@@ -43,8 +43,8 @@ import errno
 import json
 import os
 import stat
-import sys
 import time
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -74,11 +74,6 @@ from .shown import QUOTED_CHARS, clipped, shown
 from .strict_json import number_error, read_json
 from .sync import SyncPlan, sync
 from .template import MAX_TEMPLATE_DEPTH, TaskTemplate, check_structure, check_task_name
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = [
     "ENTRY_FIELDS",

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +27,6 @@ from .keys import validate_name
 from .registry import Repeat
 from .stamps import code_versions
 from .sync import Stamp, queues_of, stamped
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["FileStamp", "file_fingerprint", "file_stamp"]
 

@@ -14,9 +14,9 @@ paused state, counters, history.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from tomllib import loads as _toml_loads
 from typing import Any, Literal
 
 from ..cadence import Cron, Every
@@ -28,11 +28,6 @@ from ..keys import validate_name
 from ..millis import iso_utc
 from ..registry import MISSING_RECORD, Registration, Repeat, record_digest
 from ..template import TaskTemplate
-
-if sys.version_info >= (3, 11):
-    from tomllib import loads as _toml_loads
-else:  # pragma: no cover - Python 3.10
-    from tomli import loads as _toml_loads  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["FORMATS", "Export", "Format", "SourceLeftOut", "export_registry", "render"]
 

@@ -23,9 +23,9 @@ def test_a_reordered_template_is_an_update_that_says_template_changed(
 ) -> None:
     run = cli_runner(redis_url, prefix)
     path = tmp_path / "s.toml"
-    path.write_text(FILE.format(kwargs='a = 1, b = 2'))
+    path.write_text(FILE.format(kwargs="a = 1, b = 2"))
     assert run("sync", str(path)).exit_code == 0
-    path.write_text(FILE.format(kwargs='b = 2, a = 1'))
+    path.write_text(FILE.format(kwargs="b = 2, a = 1"))
     result = run("sync", str(path))
     assert result.exit_code == 0, result.output
     assert "~ q/n" in result.output and "template changed" in result.output, result.output

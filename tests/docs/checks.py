@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,11 +21,6 @@ from emq_bridge.config import load_schedule_file
 from emq_bridge.errors import ConfigError
 
 from .blocks import Block, prose_lines
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 COMMAND_TIMEOUT_S = 60

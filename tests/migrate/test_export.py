@@ -6,7 +6,6 @@ carry is listed, never written changed."""
 from __future__ import annotations
 
 import json
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -226,10 +225,8 @@ def round_trip(
     text = path.read_text(encoding="utf-8")
     if fmt == "json":
         return dict(json.loads(text))
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+    import tomllib
+
     return dict(tomllib.loads(text))
 
 

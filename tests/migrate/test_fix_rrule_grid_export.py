@@ -5,7 +5,6 @@ the phase of the sync's time."""
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 from pathlib import Path
@@ -63,10 +62,8 @@ def slots_after(value: Any, after_ms: int, n: int) -> list[int]:
 
 
 def load(text: str) -> dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+    import tomllib
+
     return dict(tomllib.loads(text))
 
 
