@@ -272,6 +272,9 @@ class Pump:
         self._not_here: set[tuple[str, str]] = set()
         # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
+        # True while a send to the broker is in progress (the dispatcher's call): what a
+        # stop that hangs tells, the broker or the registry (`celery beat`'s overdue stop).
+        self.sending = False
         self._failures = 0
         # The wake-up subscription `listen` makes and `sleep` waits on (None: polling).
         self._wakeups: WakeSubscription | None = None
@@ -1064,12 +1067,15 @@ class Pump:
                 if held is not None and occurrence.lease_member not in held:
                     outcomes.append(_LOST)
                     continue
+                self.sending = True
                 try:
                     self.dispatcher.dispatch(occurrence)
                 except Exception as exc:
                     outcomes.append(exc)
                 else:
                     outcomes.append(None)
+                finally:
+                    self.sending = False
         finally:
             if acker is not None:
                 acker.stop()
@@ -1094,6 +1100,7 @@ class Pump:
             )
             sending.deadline = new_deadline
             mine = [o for o in batch if o.lease_member in held]
+        self.sending = True
         try:
             results: Sequence[BaseException | None] = (
                 dispatcher.dispatch_batch(mine) if mine else []
@@ -1102,6 +1109,8 @@ class Pump:
             # Nothing says the registrations are at fault: retried, never parked.
             failure = batch_failure(exc) if isinstance(exc, PermanentDispatchError) else exc
             results = [failure] * len(mine)
+        finally:
+            self.sending = False
         if mine is batch:
             outcomes.extend(results)
             return
@@ -1205,6 +1214,11 @@ class Pump:
         )
         delay = self._ack_retry_delay(self._delay(tick))
         return tick, min(delay, BROKEN_RETRY_S) if errors else delay
+
+    @property
+    def in_outage(self) -> bool:
+        """Whether Redis was unreachable at the last tick (the outage's end not seen yet)."""
+        return self._outage_since is not None
 
     def _ack_retry_delay(self, delay_s: float) -> float:
         """`delay_s`, at most `BROKEN_RETRY_S` while a failed ack's leases last (about), so

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -18,10 +18,13 @@ from ..errors import ConfigError, EmqError
 from ..events import PumpEvents
 from ..occurrence import Occurrence
 from ..pump import STOP_DEADLINE_S, Pump
+from ..resync import RegistryWatch
+from ..sync import SyncPlan
 from ..urls import redact_url
 from .declare import (
     AppSchedule,
     boot_schedule,
+    boot_sources,
     flag_setting,
     registry_prefix,
     registry_url,
@@ -35,6 +38,10 @@ from .sentry import beat_monitors, monitoring
 __all__ = ["BeatRefused", "RepeatScheduler"]
 
 log = logging.getLogger("emq_bridge.celery")
+
+# How long a beat that stops waits for the registry to remove its heartbeat (a registry that
+# hangs must not hold the stop; the heartbeat then expires on its own).
+CLOSE_REGISTRY_S = 1.0
 
 
 class BeatLog(PumpEvents):
@@ -83,6 +90,12 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         self.pump: Pump | None = None
         self.plan: AppSchedule | None = None
+        self.watch: RegistryWatch | None = None
+        # Set when a stop did not end `STOP_DEADLINE_S` after its signal because the tick
+        # waits on the registry (`_overdue`): `close` then leaves the registry alone.
+        self.registry_silent = False
+        self._where = ""  # the registry's URL, redacted: what a stop that hangs names
+        self._closed = False
         # Set once Celery's beat service runs this scheduler (`beat_init`): from then on a
         # tick sleeps itself, waking at a registry change (see `tick`).
         self.in_service = False
@@ -135,6 +148,13 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         )
         self.pump.heartbeat.role = "celery-beat"
         self.pump.check_eviction_policy()
+        self._where = redact_url(registry_url(self.app))
+        # A registry restarted empty (no persistence) is synced again, as at this boot.
+        self.watch = RegistryWatch(
+            repeat, plan.queues, boot_sources(self.app, plan), self._sync_again
+        )
+        self.pump.add_listener(self.watch)
+        self.watch.start()
         log.info(
             "emq-bridge beat: %d schedule(s) declared; pumping %s in %s (prefix %r)",
             plan.count,
@@ -142,6 +162,20 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             redact_url(registry_url(self.app)),
             repeat.prefix,
         )
+
+    def _sync_again(self) -> tuple[SyncPlan, ...]:
+        """The boot's sync again (`boot_schedule`: same stamps, generation and pruning), run
+        by the registry watch when the registry lost the app's schedules."""
+        assert self.pump is not None
+        return boot_schedule(self.app, self.pump.repeat).synced
+
+    def _overdue(self) -> str:
+        """Return what a tick that did not end `STOP_DEADLINE_S` after a stop waits on: the
+        broker (a send), else the registry, which `close` then leaves alone."""
+        if self.pump is not None and self.pump.sending:
+            return "a broker that hangs?"
+        self.registry_silent = True
+        return f"the registry Redis at {self._where} does not answer?"
 
     def _dispatcher(self) -> CeleryDispatcher | PipelinedCeleryDispatcher:
         """The app's dispatcher: the fast path with `emq_bridge_pipelined` (unless Sentry
@@ -185,7 +219,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         # bulk.py): what a drain allocates stays alive (decoded templates, message parts) or
         # is freed by reference counting, so the collector's passes over a beat's heap found
         # next to nothing, and cost about a tenth of a 10,000-occurrence drain.
-        with _signals_held(stop), gc_paused():
+        with _signals_held(stop, self._overdue), gc_paused():
             _, delay = self.pump.step(stop)
         delay = float(min(self.max_interval, delay))
         if not self.in_service or delay <= 0:
@@ -198,17 +232,37 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
 
     def close(self) -> None:
         """Stop the pump (a tick in progress settles its batch), then release the broker
-        connection (Celery's part) and the registry's connection."""
+        connection (Celery's part) and the registry's connection.
+
+        Within about `CLOSE_REGISTRY_S` whatever the registry does: the heartbeat is removed
+        only if the registry answers that soon, and not tried at all while it is out (the
+        pump's outage) or when the stop is overdue because a tick waits on it (a registry
+        that does not answer); the heartbeat then expires. Celery calls it twice (its signal
+        handler, then the service's exit): the second does nothing more.
+        """
         signals.beat_init.disconnect(self._on_beat_init)
-        if self.pump is not None:
-            self.pump.stop()
+        pump = self.pump
+        if pump is not None:
+            pump.stop()
+        if self.watch is not None:
+            self.watch.stop()
         super().close()
-        if self.pump is not None:
-            if isinstance(self.pump.dispatcher, PipelinedCeleryDispatcher):
-                self.pump.dispatcher.close()
-            self.pump.unlisten()
-            self.pump.heartbeat.remove(self.pump.repeat)  # a beat that stops is not alive
-            self.pump.repeat.close()
+        if pump is None or self._closed:
+            return
+        self._closed = True
+        if isinstance(pump.dispatcher, PipelinedCeleryDispatcher):
+            pump.dispatcher.close()
+        if self.registry_silent or pump.in_outage:
+            log.info("emq-bridge beat: the registry is not answering; its heartbeat expires")
+        else:
+            _bounded(
+                lambda: _leave(pump),  # a beat that stops is not alive
+                CLOSE_REGISTRY_S,
+                "emq-bridge beat: the registry did not answer within %.1fs of the stop; the "
+                "beat's heartbeat expires",
+            )
+        pump.unlisten()
+        pump.repeat.close()  # also ends a removal left running (its connection closes)
 
     @property
     def info(self) -> str:
@@ -222,22 +276,50 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         return f"    . registry -> {where} (emq-bridge, prefix {registry_prefix(self.app)!r})"
 
 
+def _leave(pump: Pump) -> None:
+    """Remove the pump's heartbeat and close its wake-up subscription (never raises)."""
+    try:
+        pump.unlisten()
+        pump.heartbeat.remove(pump.repeat)
+    except Exception as exc:  # a connection closed under it by the stop: it expires
+        log.debug("the beat's heartbeat could not be removed: %s", exc)
+
+
+def _bounded(call: Callable[[], None], timeout_s: float, late: str) -> None:
+    """Run `call` on a daemon thread and wait for it `timeout_s` at most (logging `late`,
+    with the timeout, if it is not done then): a call that hangs is left behind."""
+    thread = threading.Thread(target=call, name="emq-bridge-close", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning(late, timeout_s)
+
+
 _HELD = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
-def _signals_held(stop: threading.Event) -> Iterator[None]:
+def _signals_held(
+    stop: threading.Event, overdue: Callable[[], str] = lambda: "a broker that hangs?"
+) -> Iterator[None]:
     """Hold SIGTERM and SIGINT while a tick runs: the first sets `stop`, and is handed on once
     the tick is done to the handler it displaced (Celery's, which raises `SystemExit`; the
     default action in `worker -B`'s beat process); a second is handed on at once, and so is
     the first if the tick has not ended `STOP_DEADLINE_S` after it (a send blocked on a
-    broker that hangs never sees `stop`: the `SystemExit` interrupts it, and the pump hands
-    back the batch in hand). Off the main thread, or for an ignored signal, nothing is held."""
+    broker that hangs, or a registry call on a Redis that does not answer, never sees
+    `stop`: the `SystemExit` interrupts it, and the pump hands back the batch in hand); the
+    warning says what the tick waits on, as `overdue()` tells it. Should the stop still not
+    have ended `STOP_DEADLINE_S` later (the hand-back waits on the same registry), a
+    `SystemExit` is raised where it waits, and the alarm is left set to end the process (its
+    default action) after one more `STOP_DEADLINE_S`: the stop ends within about three of
+    them whatever hangs. Off the main thread, or for an ignored signal, nothing is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {sig: signal.getsignal(sig) for sig in _HELD}
     held: list[tuple[int, FrameType | None]] = []
+    causes: list[str] = []  # what the first overdue found the tick waiting on
+    ending: list[bool] = []  # set by a second overdue: the last alarm is left to end it
 
     def hand_on(signum: int, frame: FrameType | None) -> None:
         handler = previous[signal.Signals(signum)]
@@ -258,12 +340,35 @@ def _signals_held(stop: threading.Event) -> Iterator[None]:
         stop.set()
         signal.setitimer(signal.ITIMER_REAL, STOP_DEADLINE_S)
 
-    def overdue(signum: int, frame: FrameType | None) -> None:
-        log.warning(
-            "the tick did not end within %.1fs of the stop (a broker that hangs?): its send is "
-            "interrupted; the rest of the batch is handed back to the next pump",
-            STOP_DEADLINE_S,
-        )
+    def alarm(signum: int, frame: FrameType | None) -> None:
+        if causes:  # the hand-on hangs too (the hand-back on a silent registry)
+            log.error(
+                "the stop did not end within %.1fs more (%s): the beat exits now; what it "
+                "claimed and did not settle is sent again when its leases expire",
+                STOP_DEADLINE_S,
+                causes[0],
+            )
+            ending.append(True)
+            # The last resort: should the exit hang too, the alarm's default action ends it.
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.setitimer(signal.ITIMER_REAL, STOP_DEADLINE_S)
+            raise SystemExit()
+        cause = overdue()
+        causes.append(cause)
+        if cause.startswith("a broker"):
+            log.warning(
+                "the tick did not end within %.1fs of the stop (%s): its send is interrupted; "
+                "the rest of the batch is handed back to the next pump",
+                STOP_DEADLINE_S,
+                cause,
+            )
+        else:
+            log.warning(
+                "the tick did not end within %.1fs of the stop (%s): it is interrupted; what "
+                "it claimed and did not settle is sent again when its leases expire",
+                STOP_DEADLINE_S,
+                cause,
+            )
         signal.setitimer(signal.ITIMER_REAL, STOP_DEADLINE_S)  # should the hand-back hang too
         hand_on(*held[0])
 
@@ -272,11 +377,11 @@ def _signals_held(stop: threading.Event) -> Iterator[None]:
         signal.signal(sig, hold)
     previous_alarm = signal.getsignal(signal.SIGALRM)
     if installed:
-        signal.signal(signal.SIGALRM, overdue)
+        signal.signal(signal.SIGALRM, alarm)
     try:
         yield
     finally:
-        if installed:
+        if installed and not ending:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous_alarm or signal.SIG_DFL)
         for sig in installed:

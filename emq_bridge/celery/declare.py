@@ -51,6 +51,7 @@ __all__ = [
     "AppSchedule",
     "app_schedule",
     "boot_schedule",
+    "boot_sources",
     "recurring",
     "registry_prefix",
     "registry_url",
@@ -279,6 +280,8 @@ class AppSchedule:
     # A boot that found its stamp (`boot_schedule`) builds no declarations: how many the
     # stamp vouches for.
     vouched: int | None = None
+    # The plans `boot_schedule` applied (none for a source whose stamp held).
+    synced: tuple[SyncPlan, ...] = ()
 
     @property
     def count(self) -> int:
@@ -494,13 +497,14 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
                 (loaded.source, loaded.declarations),
             ]
         )
+    synced: list[SyncPlan] = []
     if plan is not None:
         stamped_by = None
         if fingerprint is not None and not plan.custom:  # a custom schedule needs its object
             stamped_by = fingerprint
         # A schedule file whose stamp held was not read: the app may not take its names.
         unread = (file.source,) if file is not None and loaded is None else ()
-        _sync_own(app, repeat, plan, fingerprint=stamped_by, unread=unread)
+        synced += _sync_own(app, repeat, plan, fingerprint=stamped_by, unread=unread)
     else:
         _log_unchanged(source, vouched[1] if vouched else 0)
     extra: tuple[tuple[str, tuple[Declaration, ...]], ...] = ()
@@ -508,7 +512,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         declared = tuple(loaded.declarations)
         extra = ((loaded.source, declared),)
         its_stamp = file.stamp_for(loaded) if file else None
-        sync(
+        synced_file = sync(
             repeat,
             declared,
             loaded.source,
@@ -519,6 +523,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
             # the app's, when vouched
             unread_sources=(source, tasks_source(source)) if plan is None else (),
         )
+        synced.append(synced_file)
         file_queues = _file_queues(extra)
     elif file is not None and file.queues is not None:
         _log_unchanged(file.source, file.declared or 0)
@@ -527,7 +532,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         file_queues = set()
     if plan is not None:
         pumped = tuple(sorted(set(plan.queues) | file_queues))
-        return replace(plan, queues=pumped, extra=extra)
+        return replace(plan, queues=pumped, extra=extra, synced=tuple(synced))
     assert vouched is not None
     return AppSchedule(
         source,
@@ -537,6 +542,7 @@ def boot_schedule(app: Celery, repeat: Repeat) -> AppSchedule:
         extra,
         generation=generation,
         vouched=vouched[1],
+        synced=tuple(synced),
     )
 
 
@@ -633,6 +639,13 @@ def _file_source(app: Celery) -> tuple[str, ...]:
     path = _setting(app, "emq_bridge_schedule_file")
     found = file_fingerprint(str(path)) if path else None
     return (found[0],) if found is not None else ()
+
+
+def boot_sources(app: Celery, plan: AppSchedule) -> tuple[str, ...]:
+    """The sources `plan`'s boot synced (or found stamped): the app's two, then its schedule
+    file's, if it names one that can be read here."""
+    files = tuple(source for source, _ in plan.extra) or _file_source(app)
+    return (plan.source, plan.tasks_source, *files)
 
 
 def _file_pruned(app: Celery) -> frozenset[str]:

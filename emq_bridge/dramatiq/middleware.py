@@ -33,6 +33,7 @@ from ..pump import Pump
 from ..pump_options import check_pump_options
 from ..registry import Repeat, generation_arg
 from ..reporting import HEARTBEAT_S, Reporter
+from ..resync import RegistryWatch
 from ..sync import Stamp, SyncPlan, check_one_source, sync
 from .dispatch import PipelinedDramatiqDispatcher, dramatiq_dispatcher
 from .outcomes import MessageOutcomes
@@ -211,6 +212,8 @@ class RecurringMiddleware(Middleware):
         self.synced_ms: int | None = None
         self.declarations: tuple[Declaration, ...] = ()
         self.pump: Pump | None = None
+        # Syncs the declarations again should the registry lose them (`start_pump`).
+        self.watch: RegistryWatch | None = None
         self._pump_thread: threading.Thread | None = None
         self._pump_stop = threading.Event()
         self._broker: dramatiq.Broker | None = None
@@ -473,12 +476,23 @@ class RecurringMiddleware(Middleware):
             code_synced_ms=self.synced_ms,
         )
         pump.heartbeat.role = "dramatiq-worker"
+        if self.sync_at_boot:
+            # A registry restarted empty (no persistence) is synced again, as at the boot.
+            self.watch = RegistryWatch(
+                pump.repeat,
+                pump.queues,
+                [plan.source for plan in self.plans],
+                lambda: self._sync_again(broker),
+            )
+            pump.add_listener(self.watch)
         self._pump_stop = threading.Event()
         self._pump_thread = threading.Thread(
             target=self._run_pump, args=(pump, self._pump_stop), name="emq-bridge-pump", daemon=True
         )
         self.pump = pump
         self._pump_thread.start()
+        if self.watch is not None:
+            self.watch.start()
         log.info(
             "emq-bridge pump started in the worker on queues %s (%s)",
             ", ".join(pump.queues),
@@ -492,6 +506,8 @@ class RecurringMiddleware(Middleware):
         """Stop the pump thread once it has settled the batch in hand (`Pump.stop`: what it
         has not sent within half a second is handed back to the next pump, same ids)."""
         self._pump_stop.set()
+        if self.watch is not None:
+            self.watch.stop()
         thread, self._pump_thread = self._pump_thread, None
         if thread is not None:
             thread.join(timeout_s)
@@ -501,6 +517,16 @@ class RecurringMiddleware(Middleware):
                     "when its leases expire",
                     timeout_s,
                 )
+
+    def _sync_again(self, broker: dramatiq.Broker) -> list[SyncPlan]:
+        """The boot's sync again (`sync_declared`: same source, generation, stamps and
+        pruning), run by the registry watch when the registry lost the declared schedules."""
+        repeat = self.registry(broker)
+        plans = self.sync_declared(broker, repeat)
+        self.synced_ms = repeat.server_time_ms()
+        if self.pump is not None:  # its own records, rewritten now: not newer code's
+            self.pump.code_synced_ms = self.synced_ms
+        return plans
 
     @staticmethod
     def _run_pump(pump: Pump, stop: threading.Event) -> None:
