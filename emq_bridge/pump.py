@@ -1299,7 +1299,10 @@ class Pump:
                     return  # a registry change: tick now
             except WakeupsRefused as exc:
                 self._refuse_wakeups(exc)
-            except Exception:  # the connection broke: a new one comes at `listen`
+            except Exception as exc:  # the connection broke: a new one comes at `listen`
+                interrupt = _interrupt_behind(exc)
+                if interrupt is not None:
+                    raise interrupt from None
                 self.unlisten()
                 if time.monotonic() - self._listened_at >= RESUBSCRIBE_S:
                     return  # tick now: a change may have come meanwhile
@@ -1341,6 +1344,24 @@ def _nominal_step(cadence: Cadence, step: CatchUp, immediate_ms: int | None) -> 
         first_ms=nominal_slot(cadence, step.first_ms, immediate_ms),
         last_ms=nominal_slot(cadence, step.last_ms, immediate_ms),
     )
+
+
+def _interrupt_behind(exc: BaseException) -> BaseException | None:
+    """Return the `SystemExit` or `KeyboardInterrupt` that `exc` replaced, if any.
+
+    A signal handler raising one while the sleep reads its subscription (Celery's beat
+    stop handler, which closes that subscription first) unwinds through redis-py, whose
+    `finally` clauses before 8.2 then fail on the closed connection (`ValueError: I/O
+    operation on closed file`): that error replaces the exit, which must go on.
+    """
+    seen: set[int] = set()
+    cause = exc.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, SystemExit | KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
 
 
 def _idle(scan: Scan) -> bool:

@@ -212,6 +212,11 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         """
         if self.pump is None:
             raise SchedulingError("emq-bridge beat has no synced registry; it refuses to run")
+        if self._closed:
+            # Closed by Celery's stop handler, whose SystemExit was lost on its way out of
+            # the sleep (`Pump.sleep` re-raises it; this is the guard): a closed beat sends
+            # nothing more, and ends the service loop as that handler meant to.
+            raise SystemExit()
         stop = threading.Event()
         if self.in_service:
             self.pump.listen()  # before the step: a change published during it ends the sleep
