@@ -26,6 +26,7 @@ from ..pump import Pump
 from ..pump_options import MAX_BATCH_SIZE, MAX_LEASE_MS, MAX_SLEEP_S
 from ..registry import Registration, Repeat
 from ..replies import redis_errors, text
+from ..resync import RegistryWatch
 from ..sync import SyncPlan, apply_plan, check_not_emptied, moves_of, plan_sync, sync
 from .context import (
     FiniteRange,
@@ -441,8 +442,17 @@ def pump_command(
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--heartbeat-ttl'") from exc
+    watch = None
     if do_sync:  # once every option is known good: a refused command writes nothing
-        _sync_sources(repeat, target, schedule_files)
+        plans = _sync_sources(repeat, target, schedule_files)
+        if not once:  # a registry restarted empty gets them back, as the boot synced them
+            watch = RegistryWatch(
+                repeat,
+                all_queues,
+                [plan.source for plan in plans],
+                lambda: _apply_sources(repeat, target, schedule_files),
+            )
+            pump.add_listener(watch)
     # A record the target's source rewrites after this is newer code's: not parked here.
     synced_ms = repeat.server_time_ms()
     pump.code_synced_ms = synced_ms if pump.code is not None else None
@@ -459,6 +469,8 @@ def pump_command(
         return
     where = target.source if target else f"list {list_key}"
     stop = threading.Event()
+    if watch is not None:
+        watch.start()
     try:
         with stop_on_signals(stop):  # before it says so: Ctrl-C from then on stops it, exit 0
             click.echo(
@@ -473,6 +485,9 @@ def pump_command(
             "occurrence whose send hung may reach its broker twice, same id, marked redelivered)",
             STOP_DEADLINE_S,
         )
+    finally:
+        if watch is not None:
+            watch.stop()
     click.echo("pump stopped", err=True)
 
 
@@ -500,7 +515,10 @@ def _fire_due_now(pump: Pump, now_ms: int) -> tuple[int, int]:
     return dispatched, failed
 
 
-def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]) -> None:
+def _apply_sources(
+    repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]
+) -> list[SyncPlan]:
+    """Sync the schedule files' and the target's declarations; return the applied plans."""
     if target is not None and target.check is not None:  # all refusals before the first write
         target.check(repeat, [(str(f.path), f.declarations) for f in files])
     # Stamped (`sync(stamp=True)`): a pump restarted on unchanged declarations reads no record.
@@ -509,6 +527,14 @@ def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[Sch
         plans += target.sync(repeat)  # as the app's beat or workers sync at boot
     elif target is not None:
         plans.append(sync(repeat, target.declarations, target.source, stamp=True))
+    return plans
+
+
+def _sync_sources(
+    repeat: Repeat, target: PumpTarget | None, files: Sequence[ScheduleFile]
+) -> list[SyncPlan]:
+    """`_apply_sources`, each plan told in one line on stderr; return the plans."""
+    plans = _apply_sources(repeat, target, files)
     for plan in plans:
         if plan.refused_by is not None:
             click.echo(
@@ -524,6 +550,7 @@ def _sync_sources(repeat: Repeat, target: PumpTarget | None, files: Sequence[Sch
             + (" (its stamp holds: nothing read)" if plan.by_stamp else ""),
             err=True,
         )
+    return plans
 
 
 def _named_registry(settings: Settings, missing: str, app_prefix: str | None) -> Repeat:
