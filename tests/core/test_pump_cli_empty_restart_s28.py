@@ -38,8 +38,10 @@ def test_the_standalone_pump_syncs_its_file_again_when_the_registry_restarts_emp
     log = tmp_path / "pump.log"
     with log.open("wb") as out:
         pump = subprocess.Popen(
-            [EMQ_BRIDGE, "--redis-url", registry.url, "--prefix", prefix, "pump", "reports"]
-            + ["--file", str(path), "--list-key", "out", "--max-sleep", "0.5"],
+            [
+                *(EMQ_BRIDGE, "--redis-url", registry.url, "--prefix", prefix, "pump", "reports"),
+                *("--file", str(path), "--list-key", "out", "--max-sleep", "0.5"),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
