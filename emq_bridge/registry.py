@@ -114,6 +114,7 @@ _UPSERT_RESULTS: dict[int, Synced] = {
     3: "updated",
     4: "owned",  # `keep_owners`: another source's record, not written
     8: "restored",  # unchanged, its missing registry member put back
+    9: "restored",  # updated, and its missing registry member put back
 }
 # What `upsert_many` answers for each: a member put back is an update.
 _API_RESULTS: dict[Synced, Upserted] = {

@@ -1035,16 +1035,18 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
 
 def _log_restored(applied: SyncPlan) -> None:
     """Say, in one WARNING line, which schedules the sync put back in their registry: their
-    record was there, unchanged, but their member was missing (evicted, or removed by hand),
-    so nothing fired them. The first `CHANGED_SHOWN` are named, the rest counted."""
+    record was there (unchanged, or updated now) but their member was missing (evicted, or
+    removed by hand), so nothing fired them. The first `CHANGED_SHOWN` are named, the rest
+    counted."""
     if not applied.restored:
         return
     names = [f"{d.queue}/{d.name}" for d in applied.restored[:CHANGED_SHOWN]]
     more = len(applied.restored) - len(names)
     log.warning(
-        "sync %s: %d schedule(s) restored: %s%s (their record was there, unchanged, but "
-        "their registry member was missing: evicted, or removed by hand, so nothing fired "
-        "them; each runs at its cadence's next slot, the slots passed meanwhile unsent)",
+        "sync %s: %d schedule(s) restored: %s%s (their record was there, but their "
+        "registry member was missing: evicted, or removed by hand, so nothing fired them; "
+        "each runs at its cadence's next slot, the slots passed meanwhile unsent; a changed "
+        "definition was written too)",
         applied.source,
         len(applied.restored),
         ", ".join(names),

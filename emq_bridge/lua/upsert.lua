@@ -51,8 +51,9 @@
 -- by hand) and is put back: at +inf for a paused (or parked) or completed record, which is
 -- where pause.lua and the completion leave it, else at its next run under its cadence, the
 -- first slot after now (item 4, the caller's) and after its last fired slot (`after_fired`),
--- completing it past its bounds (`place`) (a client parses one string faster than an array
--- of integers).
+-- completing it past its bounds (`place`), 9 updated, and its missing registry member put
+-- back as the update places it (a client parses one string faster than an array of
+-- integers).
 -- Overdue: the old cadence's slot at the live score (and those after it up to now) passed
 -- with no pump to claim it. When only what bounds or excludes slots changed (a start or end,
 -- an exclusion: the caller compares the slot-placing fields), the score goes to the first
@@ -64,7 +65,7 @@
 -- cadence digest and score are those the caller read (compare-and-set).
 -- An update keeps the score unless the cadence changed; a paused record stays paused
 -- (score +inf). A record whose registry member went missing gets it back (repair: digit 8
--- when its definition is unchanged, 2 with the update).
+-- when its definition is unchanged, 9 with the update).
 -- A score never moves to a slot at or before the last fired one (`after_fired`).
 -- Bounds (bounds.py): a created record with a `limit` gets `remaining` = limit; an update
 -- that changes the limit moves `remaining` by the difference (below 0 when the limit goes
@@ -258,6 +259,7 @@ local function upsert(record, item)
   local paused, last, completed = cur[3] == '1', cur[5], cur[8]
   local old_every = (not cur[10] or cur[10] == '') and not cur[11] and tonumber(cur[9])
   local live = redis.call('ZSCORE', registry, name)
+  local missing = not live  -- its member went missing (evicted, removed by hand): put back
   if cur[1] == digest then
     -- Unchanged. Only repair a record whose registry member went missing (digit 8).
     if live then return 0 end
@@ -366,13 +368,14 @@ local function upsert(record, item)
     -- The score stays; a lower limit may complete the record.
     redis.call('ZADD', registry, place(record, live), name)
   end
+  if missing then return 9 end  -- updated, and its missing member put back
   return 2
 end
 
 -- The digits of an item written (created, updated, its member restored): 0, 4, 5, 6 and 7
 -- wrote nothing, and a stamp counts what a sync writes (5 and 6 are written by the call that
 -- sends them again).
-local WROTE = {[1] = true, [2] = true, [3] = true, [8] = true}
+local WROTE = {[1] = true, [2] = true, [3] = true, [8] = true, [9] = true}
 local results, written = {}, false
 for i, item in ipairs(cjson.decode(ARGV[3])) do
   results[i] = upsert(KEYS[3 + i], item)

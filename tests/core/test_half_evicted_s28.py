@@ -317,3 +317,25 @@ def test_pause_all_and_resume_all_name_a_member_without_its_record(
     ]
     assert run("remove", QUEUE, "a").exit_code == 0  # the way out the line gives
     assert sorted(scores(repeat)) == ["c"]
+
+
+def test_a_changed_declaration_whose_member_was_missing_is_restored_and_said_so(
+    repeat: Repeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upgrade's first full sync rewrites reordered templates: a record that had lost
+    its member and changes at once was an update diffed against nothing ("an unreadable
+    cadence -> every 1h, ... owner (none) -> app"), not named among the restored, and the
+    slots passed meanwhile went unsaid (found by a probe of the upgrade)."""
+    first = Declaration("rq", "job", define(every="1h", template={"task": "t", "kwargs": {"a": 1}}))
+    sync(repeat, [first], "app")
+    repeat.client.zrem(repeat.keys("rq").registry, "job")
+    changed = Declaration(
+        "rq", "job", define(every="1h", template={"task": "t", "kwargs": {"a": 2}})
+    )
+    caplog.set_level(logging.INFO, logger="emq_bridge")
+    applied = sync(repeat, [changed], "app")
+    assert [d.name for d in applied.restored] == ["job"]
+    assert repeat.client.zscore(repeat.keys("rq").registry, "job") is not None
+    assert "1 schedule(s) restored: rq/job" in caplog.text
+    assert "an unreadable cadence" not in caplog.text
+    assert repeat.get("rq", "job").definition.template["kwargs"] == {"a": 2}
