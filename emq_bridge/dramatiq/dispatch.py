@@ -28,7 +28,7 @@ from .batch_enqueue import (
     redis_message_ids,
     writes_as_dispatch_lua,
 )
-from .message_options import message_option_error
+from .message_options import ENQUEUE_ARGUMENTS, message_option_error
 from .schedule import (
     OPTION_BACKFILL,
     OPTION_DUE_MS,
@@ -69,6 +69,8 @@ def build_message(
     actor = broker.actors.get(template.task)
     if actor is None:
         raise PermanentDispatchError(f"{_where(occurrence)}: {_undeclared(template.task)}")
+    if "delay" in template.options or "eta" in template.options:
+        _say_not_delayed(occurrence, template.options)
     # One dict built once per message (the template's options first, ours over them).
     options = {
         **template.options,
@@ -92,6 +94,31 @@ def build_message(
         kwargs=dict(template.kwargs),
         options=options,
         message_id=occurrence.id,
+    )
+
+
+# The registrations told that their stored `delay`/`eta` option does not delay (once each
+# per process; the oldest forgotten past the bound).
+_NOT_DELAYED: dict[tuple[str, str], None] = {}
+_NOT_DELAYED_MAX = 10_000
+
+
+def _say_not_delayed(occurrence: Occurrence, options: Mapping[str, Any]) -> None:
+    """Warn, once per registration, that its stored options hold `delay` or `eta`, which an
+    earlier release (or `emq-bridge add` without `--dramatiq`) accepted: they are arguments
+    of `broker.enqueue`, not message options, so the message goes out on time."""
+    key = (occurrence.queue, occurrence.name)
+    if key in _NOT_DELAYED:
+        return
+    if len(_NOT_DELAYED) >= _NOT_DELAYED_MAX:
+        del _NOT_DELAYED[next(iter(_NOT_DELAYED))]
+    _NOT_DELAYED[key] = None
+    log.warning(
+        "%s: its options hold %s, which does not delay a Dramatiq message (an argument of "
+        "broker.enqueue, not a message option): it is sent on time; remove it and place the "
+        "runs with the cadence (offset=, the cron expression, at=)",
+        _where(occurrence),
+        " and ".join(k for k in ENQUEUE_ARGUMENTS if k in options),
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..shown import shown
 
-__all__ = ["message_option_error"]
+__all__ = ["ENQUEUE_ARGUMENTS", "message_option_error"]
 
 # Whole numbers: a count, or milliseconds.
 _COUNTS = {
@@ -32,7 +32,7 @@ _OBJECTS = ("throws", "retry_when")
 # Arguments of `broker.enqueue` (`send_with_options(delay=...)`), not message options: a
 # message sent with them in its options is not delayed (the broker reads `eta` only from a
 # message it delayed itself), so a schedule holding one would be silently on time.
-_ENQUEUE_ARGUMENTS = ("delay", "eta")
+ENQUEUE_ARGUMENTS = ("delay", "eta")
 
 
 def message_option_error(options: Mapping[str, Any]) -> str | None:
@@ -55,7 +55,7 @@ def message_option_error(options: Mapping[str, Any]) -> str | None:
                 f"option {key!r} holds Python objects, which a stored schedule cannot carry: "
                 "set it on the actor (@dramatiq.actor(...))"
             )
-    for key in _ENQUEUE_ARGUMENTS:
+    for key in ENQUEUE_ARGUMENTS:
         if key in options:
             return (
                 f"option {key!r} is an argument of broker.enqueue, not a message option, so "
