@@ -189,14 +189,8 @@ def _missing(repeat: Repeat, queues: Sequence[str]) -> set[str]:
     """Return which of `queues` have no registry key (one pipeline; none if `queues` is
     empty). Its sorted set goes with its last registration: a queue whose schedules are all
     paused or past their end keeps it (their scores are +inf or far ahead)."""
-    if not queues:
-        return set()
-    with redis_errors("read registries"):
-        pipe = repeat.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.exists(repeat.keys(queue).registry)
-        replies = pipe.execute()
-    return {queue for queue, exists in zip(queues, replies, strict=True) if not exists}
+    found = repeat.any_exist([[repeat.keys(q).registry] for q in queues], "read registries")
+    return {queue for queue, exists in zip(queues, found, strict=True) if not exists}
 
 
 def _named(repeat: Repeat, queue: str, error: RegistryError) -> RegistryError:

@@ -562,6 +562,19 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
         return next((p for p in policies if p in EVICTING_POLICIES), policies[0])
 
+    def any_exist(self, groups: Sequence[Sequence[str]], what: str) -> builtins.list[bool]:
+        """Return, for each group of keys, whether any of them exists: one pipeline of one
+        `EXISTS` per group (the keys of a group share a slot: one queue's, or one key).
+        Raises `RegistryUnavailable`/`RegistryError` (`what` names the read)."""
+        if not groups:
+            return []
+        with redis_errors(what):
+            pipe = self.client.pipeline(transaction=False)
+            for keys in groups:
+                pipe.exists(*keys)
+            replies = pipe.execute()
+        return [bool(int(found)) for found in replies]
+
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in epoch ms (the one clock pumps agree on), or the
         registry's `clock` when it has one (a test's)."""

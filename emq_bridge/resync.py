@@ -33,7 +33,6 @@ from .errors import EmqError, RegistryUnavailable
 from .events import PumpEvents, Tick
 from .keys import synced_key
 from .registry import Repeat
-from .replies import redis_errors
 from .sync import SyncPlan
 
 __all__ = ["CHECK_S", "SPREAD_S", "RegistryWatch"]
@@ -129,12 +128,8 @@ class RegistryWatch(PumpEvents):
         """Return the watched items the registry holds (one round trip: a pipeline of one
         `EXISTS` per item). Raises `RegistryUnavailable`/`RegistryError`."""
         items = list(self._items.items())
-        with redis_errors("watch the registry"):
-            pipe = self.repeat.client.pipeline(transaction=False)
-            for _, keys in items:
-                pipe.exists(*keys)
-            replies = pipe.execute()
-        return {item for (item, _), found in zip(items, replies, strict=True) if int(found)}
+        found = self.repeat.any_exist([keys for _, keys in items], "watch the registry")
+        return {item for (item, _), exists in zip(items, found, strict=True) if exists}
 
     def check(self) -> int | None:
         """Check the registry now; sync again if a watched item is gone. Return how many

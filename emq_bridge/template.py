@@ -37,6 +37,7 @@ __all__ = [
     "encode_template",
     "freeze",
     "is_control",
+    "thaw",
 ]
 
 # Templates are JSON objects of at most 64 KiB: a recurring task's arguments are small, and
@@ -333,6 +334,18 @@ class _Frame:
         if isinstance(self.source, dict):
             return FrozenDict(self.items)
         return FrozenList(self.items)
+
+
+def thaw(value: Any) -> Any:
+    """Return template data (read-only, `freeze`'s) as plain dicts and lists at every depth,
+    for code that may change what it is given (a task's own `apply_async`): as
+    `copy.deepcopy` does, without its memo. Recursive: an accepted template is at most
+    `MAX_TEMPLATE_DEPTH` deep."""
+    if isinstance(value, Mapping):
+        return {key: thaw(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [thaw(item) for item in value]
+    return value
 
 
 def freeze(value: Any) -> Any:

@@ -23,7 +23,7 @@ from celery.app.routes import MapRoute
 from ..dispatch import batch_failure
 from ..errors import DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
-from ..template import TaskTemplate
+from ..template import TaskTemplate, thaw
 from .expiry import expires_in_ms
 from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
 from .routing import resolve_queue
@@ -260,7 +260,7 @@ class CeleryDispatcher:
         # Plain containers all the way down: the template is shared and read-only, and a
         # task's own `apply_async` (a base class adding to a nested kwarg) or a
         # `before_task_publish` receiver may change what it is given, as under Celery's beat.
-        options = _thawed(template.options)
+        options = thaw(template.options)
         try:
             self.check_options(options)
         except PermanentDispatchError as exc:
@@ -276,8 +276,8 @@ class CeleryDispatcher:
             options["queue"] = occurrence.queue
         if producer is not None:
             options["producer"] = producer
-        args = _thawed(template.args)
-        kwargs = _thawed(template.kwargs)
+        args = thaw(template.args)
+        kwargs = thaw(template.kwargs)
         task = self.app.tasks.get(name)
         if task is None and self.known_tasks_only:
             self.check_task(name)
@@ -434,16 +434,6 @@ def _takes_publish_batch(channel: Any) -> bool:
         and getattr(channel, "create_publish_batch", None) is not None
         and bool(getattr(channel, "supports_batch_publish", False))
     )
-
-
-def _thawed(value: Any) -> Any:
-    """Return `value` (a template's JSON data, read-only) as plain dicts and lists at every
-    depth. Recursive: a template is at most `MAX_TEMPLATE_DEPTH` deep."""
-    if isinstance(value, Mapping):
-        return {key: _thawed(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_thawed(item) for item in value]
-    return value
 
 
 # The options that say where a task goes.
