@@ -33,7 +33,7 @@ from .declare import (
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
 from .reporting import history_size_setting
-from .sentry import beat_monitors, monitoring
+from .sentry import BeatMonitors, beat_monitors, monitoring
 
 __all__ = ["BeatRefused", "RepeatScheduler"]
 
@@ -42,6 +42,11 @@ log = logging.getLogger("emq_bridge.celery")
 # How long a beat that stops waits for the registry to remove its heartbeat (a registry that
 # hangs must not hold the stop; the heartbeat then expires on its own).
 CLOSE_REGISTRY_S = 1.0
+
+_PIPELINED_OFF = (
+    "emq_bridge_pipelined is off: Sentry Crons monitors beat tasks, and each task carries "
+    "its own check-in"
+)
 
 
 class BeatLog(PumpEvents):
@@ -91,6 +96,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         self.pump: Pump | None = None
         self.plan: AppSchedule | None = None
         self.watch: RegistryWatch | None = None
+        self._monitors: BeatMonitors | None = None
         # Set when a stop did not end `STOP_DEADLINE_S` after its signal because the tick
         # waits on the registry (`_overdue`): `close` then leaves the registry alone.
         self.registry_silent = False
@@ -181,18 +187,32 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         """The app's dispatcher: the fast path with `emq_bridge_pipelined` (unless Sentry
         Crons monitors the beat's tasks: each carries its own check-in)."""
         pipelined = flag_setting(self.app, "emq_bridge_pipelined", False)
-        monitors = beat_monitors(self.app)  # Sentry Crons, when sentry-sdk is installed
-        if pipelined and monitors is not None and monitoring():
-            log.warning(
-                "emq_bridge_pipelined is off: Sentry Crons monitors beat tasks, and each task "
-                "carries its own check-in"
-            )
+        self._monitors = beat_monitors(self.app)  # Sentry Crons, when sentry-sdk is installed
+        if pipelined and self._monitors is not None and monitoring():
+            log.warning(_PIPELINED_OFF)
             pipelined = False
         if pipelined:
             return PipelinedCeleryDispatcher(self.app)
+        return self._monitored_dispatcher()
+
+    def _monitored_dispatcher(self) -> CeleryDispatcher:
+        monitors = self._monitors
         return CeleryDispatcher(
             self.app, extra_headers=monitors.headers if monitors is not None else None
         )
+
+    def _pipelined_unless_monitored(self) -> None:
+        """Give up the fast path once Sentry Crons monitors the beat's tasks. Checked at
+        each tick while pipelined, not only at the scheduler's build: Celery builds it before
+        it sends `beat_init`, where the docs' setup (and Sentry's) calls `sentry_sdk.init`."""
+        assert self.pump is not None
+        if self._monitors is None or not monitoring():
+            return
+        log.warning(_PIPELINED_OFF)
+        pipelined = self.pump.dispatcher
+        self.pump.dispatcher = self._monitored_dispatcher()
+        if isinstance(pipelined, PipelinedCeleryDispatcher):
+            pipelined.close()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Send everything due now through the registry; return the seconds to sleep.
@@ -218,6 +238,8 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             # nothing more, and ends the service loop as that handler meant to.
             raise SystemExit()
         stop = threading.Event()
+        if isinstance(self.pump.dispatcher, PipelinedCeleryDispatcher):
+            self._pipelined_unless_monitored()
         if self.in_service:
             self.pump.listen()  # before the step: a change published during it ends the sleep
         # The cyclic collector is held off while a tick drains (as the boot's conversion is,
