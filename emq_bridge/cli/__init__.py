@@ -101,7 +101,8 @@ def _prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     show_default=True,
     show_envvar=True,
     metavar="URL",
-    help="Redis server holding the registry: redis://, rediss:// or unix://.",
+    help="Redis server holding the registry: redis://, rediss://, unix://,"
+    " redis+sentinel:// or redis+cluster:// (rediss+... for TLS).",
 )
 @click.option(
     "--prefix",
