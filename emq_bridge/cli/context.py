@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -245,6 +246,18 @@ class UsageLine(click.ClickException):
     exit_code = 2
 
 
+# redis-py's Sentinel names each sentinel it could not reach by its client's whole repr
+# (`<redis.client.Redis(<redis.connection.ConnectionPool(<...Connection(db=0,...)>)>)>`,
+# about 1,200 characters of connection options): the line says its address instead.
+_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(<redis\.connection\.\w+\((.*?)\)>\)>\)>")
+_HOST_PORT = re.compile(r"\bhost=([^,()<>]+),port=(\d+)")
+
+
+def _client_where(match: re.Match[str]) -> str:
+    found = _HOST_PORT.search(match.group(1))
+    return "a client" if found is None else f"sentinel {found.group(1)}:{found.group(2)}"
+
+
 def _clean(message: str, settings: Settings | None) -> str:
     """Return `message` on one line, with the URL's secrets (if any) blanked out, and cut
     at `MAX_ERROR_CHARS` (a message quoting a huge input is cut where it is raised, this is
@@ -252,6 +265,7 @@ def _clean(message: str, settings: Settings | None) -> str:
     if settings is not None:
         for secret in url_secrets(settings.redis_url):
             message = message.replace(secret, "***")
+    message = _CLIENT_REPR.sub(_client_where, message)
     line = printable(" ".join(message.split()))
     if len(line) > MAX_ERROR_CHARS:
         line = f"{line[:MAX_ERROR_CHARS]}… ({len(line) - MAX_ERROR_CHARS} more characters)"
