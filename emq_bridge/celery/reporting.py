@@ -101,6 +101,9 @@ class _Process:
         # `task_revoked` reports nothing, nor that of a later copy, which Celery revokes by
         # the same id before any receiver hears of it. The oldest go past `MAX_COPIES`.
         self.copies: dict[str, Any] = {}
+        # The ids of those copies that only `_on_received` revoked (an operator's revoke
+        # was not there first): forgotten by Celery's revoked set once the copy is discarded.
+        self.revoked_here: set[str] = set()
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held) and nothing used;
@@ -388,8 +391,11 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             # Its run here, if any: Celery keeps one request per id (`worker_state.requests`),
             # which the copy takes over, then drops as it discards it (`_on_revoked`).
             copies[request.id] = worker_state.requests.get(request.id)
+            if request.id not in worker_state.revoked:
+                _process.revoked_here.add(request.id)
             if len(copies) > MAX_COPIES:
-                del copies[next(iter(copies))]
+                _process.revoked_here.discard(oldest := next(iter(copies)))
+                del copies[oldest]
         worker_state.revoked.add(request.id)  # what the revoke command does: never run
         log.info(
             "emq-bridge: task %s (%s/%s) revoked on receipt: %s",
@@ -462,6 +468,12 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
             # revoke (a `replace`, an operator's `terminate=True`) still finds it.
             if run is not None:
                 worker_state.requests[ident] = run
+            # Celery keeps a revoked id for hours: its own retry of the run (the same id,
+            # the next attempt) would be discarded too, and the occurrence never end. Each
+            # later message of the id is judged again on receipt (a copy is revoked again).
+            if ident in _process.revoked_here:
+                _process.revoked_here.discard(ident)
+                worker_state.revoked.discard(ident)
             return
         del _process.copies[ident]  # the run's own revoke (it was terminated): reported
     _report("revoked", sender, request)

@@ -67,6 +67,24 @@ APP = textwrap.dedent(f"""
     def long(self):
         side.rpush(env["RC_NOTES"], json.dumps({{"id": self.request.id, "at": time.time()}}))
         time.sleep({RUN_S})
+
+
+    @app.task(
+        bind=True,
+        name="rc.flaky",
+        acks_late=True,
+        autoretry_for=(ValueError,),
+        max_retries=1,
+        default_retry_delay=1,
+        retry_backoff=False,
+        retry_jitter=False,
+    )
+    def flaky(self):
+        note = {{"id": self.request.id, "retries": self.request.retries, "at": time.time()}}
+        side.rpush(env["RC_NOTES"], json.dumps(note))
+        if not self.request.retries:
+            time.sleep({RUN_S})
+            raise ValueError("the first attempt fails")
 """)
 
 
@@ -204,6 +222,34 @@ def test_a_run_whose_copy_was_revoked_on_receipt_can_still_be_terminated(
         assert f"Terminating {occurrence.id}" in output, output[-3000:]
         [entry] = repeat.history(queue, "nightly")
         assert entry.duration_ms is not None and entry.duration_ms < RUN_S * 1000 - 500
+        registration = repeat.get(queue, "nightly")
+        assert registration is not None and registration.inflight is None
+    finally:
+        stop(worker)
+
+
+def test_the_retry_of_a_run_whose_copy_was_revoked_on_receipt_runs(
+    app_dir: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # Found by a probe (session 29): the copy was revoked by its id, which Celery keeps in
+    # its revoked set for hours, and Celery's own retry of the run has the same id: it was
+    # discarded ("Discarding revoked task"), the history stayed `retrying` and the guarded
+    # schedule was held until its start timeout (10 minutes), then marked lost.
+    queue, repeat, occurrence, env, worker = started(app_dir, redis_url, prefix, client, "rc.flaky")
+    log = app_dir / "worker.log"
+    try:
+
+        def retried() -> bool:
+            return [(e.status, e.attempt) for e in repeat.history(queue, "nightly")] == [
+                ("succeeded", 2)
+            ]
+
+        wait_until(
+            retried, 60, "the retry's end", then=lambda: log.read_text(errors="replace")[-3000:]
+        )
+        assert "a copy of it runs or ran already" in log.read_text(errors="replace")
+        ran = [json.loads(raw) for raw in client.lrange(env["RC_NOTES"], 0, -1)]
+        assert [(r["id"], r["retries"]) for r in ran] == [(occurrence.id, 0), (occurrence.id, 1)]
         registration = repeat.get(queue, "nightly")
         assert registration is not None and registration.inflight is None
     finally:
