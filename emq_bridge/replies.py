@@ -5,6 +5,7 @@ Shared by the registry's modules (`registry`, `lifecycle`) and the list dispatch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,11 +33,55 @@ _FAILING_OVER = (
 )
 
 
+# Redis 6.2 wraps an error met inside a script (a `redis.call` that failed) in its own text,
+# which redis-py cannot read, so it raises a plain `ResponseError`:
+#   Error running script (call to f_<sha>): @user_script:<line>: <reply>
+# and a command refused before it ran (READONLY) adds `@user_script: <line>: -` before the
+# reply. 7.0 and later answer the reply first (`<reply> script: <sha>, on @user_script:<line>.`),
+# which redis-py maps to its typed exceptions (`ReadOnlyError`...).
+_SCRIPT_ERROR_62 = re.compile(
+    r"Error running script \(call to f_(?P<sha>[0-9a-f]+)\): @user_script:(?P<line>\d+): "
+    r"(?:@user_script: \d+: -)?(?P<reply>.*)",
+    re.DOTALL,
+)
+# What redis-py makes of a reply's code, as it reads 7.0's: the failover's codes (which
+# `redis_errors` tells apart) are exceptions of their own, and these codes are taken off the
+# text (ERR too); any other reply (WRONGTYPE ...) stays whole, a `ResponseError`.
+_CODES: dict[str, type[redis.RedisError]] = {
+    "ERR": redis.ResponseError,
+    "READONLY": redis.exceptions.ReadOnlyError,
+    "CLUSTERDOWN": redis.exceptions.ClusterDownError,
+    "MASTERDOWN": redis.exceptions.MasterDownError,
+    "TRYAGAIN": redis.exceptions.TryAgainError,
+}
+
+
+def _as_from_7(error: redis.RedisError) -> redis.RedisError:
+    """Return `error` as redis-py reads the same reply from Redis 7.0 when it is Redis 6.2's
+    text of an error inside a script; else `error`. So a failover met inside a script is an
+    outage on 6.2 too, and users read the same message, the server's reply first."""
+    if type(error) is not redis.ResponseError:
+        return error
+    wrapped = _SCRIPT_ERROR_62.fullmatch(str(error))
+    if wrapped is None:
+        return error
+    reply = f"{wrapped['reply']} script: {wrapped['sha']}, on @user_script:{wrapped['line']}."
+    code, _, rest = reply.partition(" ")
+    kind = _CODES.get(code)
+    return redis.ResponseError(reply) if kind is None else kind(rest)
+
+
 @contextmanager
 def redis_errors(action: str) -> Iterator[None]:
     """Map redis-py's exceptions to ours at this one boundary."""
     try:
-        yield
+        try:
+            yield
+        except redis.ResponseError as exc:
+            read = _as_from_7(exc)
+            if read is exc:
+                raise
+            raise read from exc
     except redis.AuthenticationError as exc:  # a ConnectionError to redis-py
         raise RegistryUnavailable(
             f"{action}: Redis refused the credentials; check the user and password"

@@ -48,6 +48,13 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
     raise AssertionError(f"cluster: {what} did not happen within {timeout_s}s")
 
 
+def _add_slots(admin: redis.Redis, slots: range, chunk: int = 1_000) -> None:
+    """Give `slots` to the node, a chunk of slot numbers a command: `CLUSTER ADDSLOTS`, not
+    7.0's `ADDSLOTSRANGE`, so that the cluster builds on Redis 6.2 too."""
+    for start in range(0, len(slots), chunk):
+        admin.execute_command("CLUSTER", "ADDSLOTS", *slots[start : start + chunk])
+
+
 @dataclass
 class Cluster:
     masters: int = 3
@@ -65,7 +72,7 @@ class Cluster:
         per_master = SLOTS // self.masters
         for index in range(self.masters):
             last = SLOTS - 1 if index == self.masters - 1 else (index + 1) * per_master - 1
-            admins[index].execute_command("CLUSTER", "ADDSLOTSRANGE", index * per_master, last)
+            _add_slots(admins[index], range(index * per_master, last + 1))
         for admin in admins[1:]:
             admin.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
         wait_for(
