@@ -12,6 +12,7 @@ succeeded), the last two null when unknown. Times are epoch ms.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -49,6 +50,8 @@ __all__ = [
     "previous_nominal_time",
     "routing_option_error",
 ]
+
+log = logging.getLogger(__name__)
 
 DUE_HEADER = "emq_due_ms"
 SCHEDULE_HEADER = "emq_schedule"
@@ -97,8 +100,9 @@ class CeleryDispatcher:
 
     A template with no usable task is a `PermanentDispatchError` (the pump parks its
     registration). A task name the app does not know is sent by name, as Celery's beat does,
-    since a worker of another service may define it; with `known_tasks_only=True` it is a
-    `PermanentDispatchError` too. A broker that refuses is a `DispatchError`, retried.
+    since a worker of another service may define it, with one WARNING per queue and task
+    (`note_unknown_task`); with `known_tasks_only=True` it is a `PermanentDispatchError`
+    too. A broker that refuses is a `DispatchError`, retried.
     """
 
     def __init__(
@@ -117,6 +121,8 @@ class CeleryDispatcher:
         # while every `task_routes` route is a plain map (those see no arguments).
         self._routed: dict[tuple[str, str], bool] = {}
         self._batch_at_once: bool | None = None
+        # (queue, task) pairs whose task this app lacks, warned of once (`note_unknown_task`).
+        self._unknown_told: set[tuple[str, str]] = set()
 
     def expiry_ms(self, template: Mapping[str, Any]) -> int | None:
         """How long after its send a task of `template` may still be started: its `expires`
@@ -141,6 +147,30 @@ class CeleryDispatcher:
                 f"task {task!r} is not a task of the Celery app {self.app.main or 'app'!r}: "
                 "import the module that defines it"
             )
+
+    def note_unknown_task(self, queue: str, name: str, task: str) -> None:
+        """Warn, once per `queue` and `task`, that registration `queue/name`'s task is not
+        one of this app's, so it goes by name to this app's broker.
+
+        Another service's worker may define it; but a pump serves every registration of its
+        queues, whichever app declared it, so an app sharing this registry (same prefix) is
+        the likelier cause, and only a prefix of its own keeps its schedules apart.
+        """
+        key = (queue, task)
+        if key in self._unknown_told:
+            return
+        if len(self._unknown_told) >= ROUTED_CACHE_SIZE:
+            self._unknown_told.clear()
+        self._unknown_told.add(key)
+        log.warning(
+            "%s/%s: task %r is not registered in the Celery app %r; sent by name to this "
+            "app's broker. If another app shares this registry (same emq_bridge_prefix), "
+            "give each app its own emq_bridge_prefix",
+            queue,
+            name,
+            task,
+            self.app.main or "app",
+        )
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Raise `PermanentDispatchError` if a template's `options` can never route a task.
@@ -279,8 +309,10 @@ class CeleryDispatcher:
         args = thaw(template.args)
         kwargs = thaw(template.kwargs)
         task = self.app.tasks.get(name)
-        if task is None and self.known_tasks_only:
-            self.check_task(name)
+        if task is None:  # rare: a known task pays this one test only
+            if self.known_tasks_only:
+                self.check_task(name)
+            self.note_unknown_task(occurrence.queue, occurrence.name, name)
         try:
             if task is not None:
                 task.apply_async(args, kwargs, task_id=task_id, headers=headers, **options)

@@ -309,6 +309,10 @@ class PipelinedCeleryDispatcher:
         if self.app.conf.task_protocol != 2:
             log.info("%s: sent through apply_async, not pipelined: task protocol 1", where)
             return None
+        # A task the app lacks is told of here, by the registration's real name: the capture
+        # below sends under a marker name, and the plan's later sends skip `send` entirely.
+        if self.app.tasks.get(read.task) is None:
+            self.fallback.note_unknown_task(occurrence.queue, occurrence.name, read.task)
         with self._lock:
             capture = self._connect()
             markers = new_markers()

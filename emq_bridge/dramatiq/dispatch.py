@@ -60,7 +60,8 @@ def build_message(
 
     The actor named by the template's `task` must be declared on `broker`: its queue is
     the message's queue. An unreadable template or an undeclared actor can never be sent:
-    `PermanentDispatchError` (the pump parks the registration).
+    `PermanentDispatchError` (the pump parks the registration; for an undeclared actor its
+    reason says that another app sharing the registry needs a prefix of its own).
     """
     try:
         template = TaskTemplate.read(occurrence.template)
@@ -68,7 +69,9 @@ def build_message(
         raise PermanentDispatchError(f"{_where(occurrence)}: {exc}") from exc
     actor = broker.actors.get(template.task)
     if actor is None:
-        raise PermanentDispatchError(f"{_where(occurrence)}: {_undeclared(template.task)}")
+        raise PermanentDispatchError(
+            f"{_where(occurrence)}: {_undeclared(template.task)}{_SHARED_REGISTRY_HINT}"
+        )
     if "delay" in template.options or "eta" in template.options:
         _say_not_delayed(occurrence, template.options)
     # One dict built once per message (the template's options first, ours over them).
@@ -131,6 +134,14 @@ def _undeclared(actor: str) -> str:
         f"actor {actor!r} is not declared on this broker; import the module that declares "
         "it (e.g. emq-bridge pump --dramatiq module:broker)"
     )
+
+
+# Why a pump meets an actor its broker lacks, besides a missing import: a pump serves every
+# registration of its queues, another app's too when both share one registry (one prefix).
+_SHARED_REGISTRY_HINT = (
+    "; or, if another app shares this registry (same prefix), give each app its own prefix "
+    "(RecurringMiddleware(prefix=...), Celery's emq_bridge_prefix)"
+)
 
 
 class DramatiqDispatcher:

@@ -74,7 +74,8 @@ def export_registry(
 
     With `source`, only the registrations that source owns are exported, and the file
     declares that source (its sync then owns exactly them, unchanged). Without it, the
-    file declares the owner its registrations share, if they all share one.
+    file declares the owner its registrations share, if they all share one; with several
+    owners it declares none, and a note says that its sync takes them all over.
 
     A file that declares a source must hold every registration of it, in every queue: its
     sync removes the ones it leaves out. So `source` with queues that leave some of its
@@ -101,7 +102,7 @@ def export_registry(
                 registrations.append(found)
     registrations.sort(key=lambda r: (r.queue, r.name))
     owners = {r.source for r in registrations}
-    owner = source if source is not None else (owners.pop() if len(owners) == 1 else None)
+    owner = source if source is not None else (next(iter(owners)) if len(owners) == 1 else None)
     out = Export(owner, calendars=_calendar_table(registrations))
     table = _calendar_objects(out.calendars)
     stored = _stored(repeat, registrations)
@@ -118,7 +119,27 @@ def export_registry(
             out.notes.append(f"note: queue {queue!r} has no schedule to export")
     if owner is not None:
         _declare_only_whole(repeat, out, owner, queues, explicit=source is not None)
+    elif len(owners) > 1:
+        out.notes.append(_owners_note(owners))
     return out
+
+
+def _owners_note(owners: set[str | None]) -> str:
+    """Say that a file of several owners' schedules declares none of them, and what a sync
+    of it then does: it owns every schedule it holds, under the file's own source."""
+    names = sorted(repr(o) if o is not None else "none" for o in owners)
+    shown = ", ".join(names[:_OWNERS_NAMED])
+    if len(names) > _OWNERS_NAMED:
+        shown += f" and {len(names) - _OWNERS_NAMED} more"
+    return (
+        f"note: these schedules have {len(names)} owners ({shown}) and the file declares none: "
+        "a sync of it takes every one over to the file's source (file:<its name>); "
+        "export each owner with --source to keep them apart"
+    )
+
+
+# The owners `_owners_note` names; the rest are counted.
+_OWNERS_NAMED = 5
 
 
 def _declare_only_whole(

@@ -1,0 +1,58 @@
+"""`export` of a registry of several owners, without `--source`, says what its sync does.
+
+Such a file declares no source, so `emq-bridge sync FILE` takes every schedule over to the
+file's own (`file:<its name>`). The export used to write it without a word; now a `note:`
+line on stderr says so and suggests `--source` per owner (still exit 0, the file written).
+A registry of one owner, or an export with `--source`, gets no such note.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli_run import Run
+
+from emq_bridge import Repeat
+from emq_bridge.template import TaskTemplate
+
+TASK = TaskTemplate("app.t").to_dict()
+NOTE = (
+    "note: these schedules have 2 owners ('app-a', 'app-b') and the file declares none: a "
+    "sync of it takes every one over to the file's source (file:<its name>); export each "
+    "owner with --source to keep them apart"
+)
+
+
+def test_an_export_of_several_owners_without_source_notes_the_take_over(
+    run: Run, repeat: Repeat, tmp_path: Path
+) -> None:
+    repeat.upsert("celery", "a1", every="1m", template=TASK, source="app-a")
+    repeat.upsert("celery", "b1", every="1m", template=TASK, source="app-b")
+    out = tmp_path / "all.toml"
+
+    exported = run("export", "-o", str(out))
+    assert exported.exit_code == 0, exported.output
+    assert exported.stderr.splitlines() == [NOTE, "exported 2 schedule(s), 0 left out"]
+    assert out.exists() and not out.read_text().startswith("source")
+
+    # What the note says: the sync of that file re-owns both schedules.
+    synced = run("sync", str(out))
+    assert synced.exit_code == 0, synced.output
+    assert {r.source for r in repeat.iter_list("celery")} == {"file:all.toml"}
+
+
+def test_an_export_of_one_owner_or_with_source_has_no_owners_note(
+    run: Run, repeat: Repeat, tmp_path: Path
+) -> None:
+    repeat.upsert("celery", "a1", every="1m", template=TASK, source="app-a")
+    repeat.upsert("reports", "a2", every="1m", template=TASK, source="app-a")
+    alone = run("export", "-o", str(tmp_path / "a.toml"))
+    assert alone.exit_code == 0, alone.output
+    assert alone.stderr.splitlines() == ["exported 2 schedule(s), 0 left out"]
+
+    repeat.upsert("celery", "b1", every="1m", template=TASK, source="app-b")
+    for owner in ("app-a", "app-b"):
+        one = run("export", "--source", owner, "-o", str(tmp_path / f"{owner}.toml"))
+        assert one.exit_code == 0, one.output
+        assert not any(line.startswith("note:") for line in one.stderr.splitlines())
+        assert (tmp_path / f"{owner}.toml").read_text().startswith(f'source = "{owner}"')
