@@ -160,9 +160,14 @@ class LifecycleMoves:
         history_size: int = HISTORY_SIZE,
         heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
         start_timeout_ms: int = START_TIMEOUT_MS,
+        told: Sequence[Report] | None = None,
     ) -> int:
         """Apply `reports` (see `lua/report.lua`), one script call per queue; return how many
         changed something (a repeated report changes nothing).
+
+        The outcome listeners (metrics) hear of `told` (default: every report) before the
+        calls, whether they go through or not: what a worker reported. A caller sending
+        reports again (the `Reporter`, after an outage) passes only those it had not sent.
 
         A running occurrence stays in flight `heartbeat_ttl_ms` after its last report or
         heartbeat; the history keeps the last `history_size` occurrences. Every queue's call
@@ -175,7 +180,7 @@ class LifecycleMoves:
         """
         check_history_size(history_size)
         if outcome_listeners:  # metrics; on the caller's thread (the Reporter's, not a task's)
-            outcome_listeners.on_reports(reports)
+            outcome_listeners.on_reports(reports if told is None else told)
         by_queue: dict[str, builtins.list[Report]] = {}
         for item in reports:
             by_queue.setdefault(item.queue, []).append(item)

@@ -11,11 +11,18 @@ A `started` report waits aside until its run has lasted `linger_s`: a run that e
 then reports its start in its final report (`started_ms`), one update for a short task, and
 its start never goes to the queue; a longer run's start is sent on its own.
 
-If Redis cannot be reached, reports are dropped: one WARNING when that begins, one INFO with
-the count when reports go through again. A queue whose call fails (its slot migrating, its
-master failing over, a key of the wrong type) drops only its own reports of the batch. A
-forked child (Celery's prefork pool) gets a thread of its own on its first report; what the
-parent had queued stays the parent's.
+If Redis cannot be reached (`RegistryUnavailable`), the reports wait: the batch goes back to
+the front of the queue, in order, and the thread tries again, backing off from 0.5 s to 5 s,
+once Redis answers a probe; a report is idempotent by occurrence id and attempt, so a batch
+whose reply was lost may be sent twice. So the final report of an occurrence run unguarded
+during an outage (its overlap check failed) still ends its in-flight marker, and its
+`skip` schedule goes on once Redis is back. At most `max_pending` reports wait, past it the
+newest are dropped; a flush or a close (a worker stopping) drops what a failing send leaves.
+One WARNING when reports begin to wait, one when some are dropped, one INFO with the counts
+when they go through again. A queue whose call fails otherwise (a key of the wrong type, a
+cluster slot that kept redirecting) drops only its own reports of the batch. A forked child
+(Celery's prefork pool) gets a thread of its own on its first report; what the parent had
+queued stays the parent's.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
-from .errors import ReportBatchError
+from .errors import RegistryUnavailable, ReportBatchError
 from .lifecycle import BeginVerdict, check_history_size
 from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report, ReportKind
 from .registry import Repeat
@@ -43,6 +50,10 @@ HEARTBEAT_S = 10.0
 BATCH = 500
 # Reports queued at most; past it new reports are dropped (Redis too slow or gone).
 MAX_PENDING = 100_000
+# While Redis is unreachable the reports wait, tried again after this long, doubled each
+# time up to the most: an outage of seconds costs a second, a long one a call every 5 s.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
 # How long the thread lets reports gather before it sends them: a batch, not a call per
 # task, is what keeps the reports' cost a small part of a short task's.
 LINGER_S = 0.05
@@ -108,9 +119,19 @@ class Reporter:
         self._closed = False
         self._sending = 0
         self._flushing = 0
-        self._dropped = 0
+        # Redis is not taking reports: `_failing` since a send failed (the overlap checks
+        # that may wait do not ask meanwhile), `_waiting` while the thread keeps what it
+        # could not send and backs off `_retry_s`, `_dropping` once a drop was logged;
+        # `_dropped` counts the reports dropped. All reset when a send goes through.
         self._failing = False
+        self._waiting = False
+        self._dropping = False
+        self._dropped = 0
+        self._retry_s = RETRY_FIRST_S
         self._repeat: Repeat | None = None
+        # The reports kept after a failed send, by id (the reference keeps the id theirs):
+        # the outcome listeners (metrics) heard of them then, not again when they are sent.
+        self._told: dict[int, Report] = {}
 
     def report(self, item: Report) -> None:
         """Queue `item`; never blocks on Redis and never raises."""
@@ -256,8 +277,8 @@ class Reporter:
         another occurrence of its guarded registration is in flight, `"copy"` when this
         attempt ran elsewhere, `"running"` when it runs elsewhere now, `"run"` when it may and
         when Redis cannot answer. With
-        `mark=False` it only asks (writes nothing), and not at all while reports are being
-        dropped (Redis down: the calling thread, a worker's consumer, must not wait on it)."""
+        `mark=False` it only asks (writes nothing), and not at all while reports cannot be
+        sent (Redis down: the calling thread, a worker's consumer, must not wait on it)."""
         if not mark and self._failing:
             return "run"
         try:
@@ -271,8 +292,8 @@ class Reporter:
         """Make `start`'s occurrence of a guarded registration the one in flight now, from
         the calling thread (`begin` with its mark; one round trip), so it is lost within the
         heartbeats' bound even if this process dies before its start report leaves. Whatever
-        the answer, the run goes on (the adapter checked before); while reports are being
-        dropped (Redis down) nothing is asked. Never raises."""
+        the answer, the run goes on (the adapter checked before); while reports cannot be
+        sent (Redis down) nothing is asked. Never raises."""
         if self._failing:
             return
         self.begin(start)
@@ -335,7 +356,9 @@ class Reporter:
             ):
                 wake.wait(left)
                 wake.clear()
-            if time.monotonic() >= next_beat:
+            # While reports wait for Redis, the heartbeats of one round at most wait with them;
+            # the next round is queued once those went (at once: it is due by then).
+            if time.monotonic() >= next_beat and not (self._waiting and pending):
                 next_beat = time.monotonic() + self.heartbeat_s
                 pending.extend(
                     Report(
@@ -359,13 +382,29 @@ class Reporter:
                 pending.extend(self._due_starts(everything=self._closed or bool(self._flushing)))
                 batch = [pending.popleft() for _ in range(min(BATCH, len(pending)))]
                 self._sending = len(batch)
+            kept = False
             try:
                 if batch:
-                    self._send(batch)
+                    kept = self._send(batch)
             finally:
                 with self._lock:
                     self._sending = 0
                     self._lock.notify_all()
+            if kept:
+                self._back_off()
+
+    def _stopping(self) -> bool:
+        """A flush or a close waits: a send that fails drops its reports, none waits."""
+        return self._closed or bool(self._flushing)
+
+    def _back_off(self) -> None:
+        """Wait `_retry_s` before the kept reports are tried again. A report queued meanwhile
+        does not cut it short (it waits behind them); a flush or a close does."""
+        until = time.monotonic() + self._retry_s
+        wake = self._wake
+        while not self._stopping() and (left := until - time.monotonic()) > 0:
+            wake.wait(left)
+            wake.clear()
 
     def _starts_due_in(self) -> float:
         """Seconds until the oldest start waiting aside has waited `linger_s` (0 if due)."""
@@ -389,30 +428,118 @@ class Reporter:
                     claimed.append(waiting[0])
         return claimed
 
-    def _send(self, batch: list[Report]) -> None:
+    def _send(self, batch: list[Report]) -> bool:
+        """Send `batch`; True when Redis was unreachable and it was kept (`_keep`): the
+        thread then backs off. Reports that failed otherwise are dropped."""
+        if self._waiting and not self._stopping() and not self._redis_answers():
+            with self._lock:
+                self._keep(batch, "Redis does not answer")
+            return True
+        told = self._told
         try:
             self._registry().report(
-                batch, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
+                batch,
+                history_size=self.history_size,
+                heartbeat_ttl_ms=self.heartbeat_ttl_ms,
+                told=[item for item in batch if id(item) not in told] if told else None,
             )
-        except Exception as exc:  # never into the tasks: the reports not sent are dropped
-            # A batch error counts the reports of the queues whose call failed: the other
-            # queues' reports went through.
-            unsent = exc.unsent if isinstance(exc, ReportBatchError) else len(batch)
-            with self._lock:
-                self._drop(unsent, f"{type(exc).__name__}: {exc}")
-            return
+        except Exception as exc:  # never into the tasks
+            return self._not_sent(batch, exc)
+        if told:
+            for item in batch:
+                told.pop(id(item), None)
         if self._failing:
             with self._lock:
-                log.info(
-                    "occurrence reports reach Redis again; %d were dropped meanwhile", self._dropped
-                )
-                self._failing, self._dropped = False, 0
+                self._recovered(len(batch))
+        return False
+
+    def _redis_answers(self) -> bool:
+        """Whether Redis answers again (one TIME round trip), asked before kept reports are
+        sent again: a round trip, not a batch of up to `BATCH` reports, each while it is
+        down."""
+        try:
+            self._registry().server_time_ms()
+        except RegistryUnavailable:
+            return False
+        except Exception:  # refused otherwise (an ACL without TIME): the batch will tell
+            return True
+        return True
+
+    def _not_sent(self, batch: list[Report], exc: Exception) -> bool:
+        """Keep (outage) or drop the reports of `batch` that `exc` says were not applied;
+        True when kept. A batch error names the queues whose call failed: the other
+        queues' reports went through."""
+        unsent = batch
+        if isinstance(exc, ReportBatchError) and exc.queues:
+            failed = set(exc.queues)
+            unsent = [item for item in batch if item.queue in failed]
+        reason = f"{type(exc).__name__}: {exc}"
+        told = self._told
+        with self._lock:
+            for item in batch:  # applied, or dropped below: not kept as told
+                told.pop(id(item), None)
+            if isinstance(exc, RegistryUnavailable) and not self._stopping():
+                # The listeners heard of them at this call: not again when they are sent.
+                told.update((id(item), item) for item in unsent)
+                self._keep(unsent, reason)
+                return True
+            self._drop(len(unsent), reason)
+        return False
+
+    def _keep(self, reports: list[Report], reason: str) -> None:
+        """Put `reports` back at the front of the queue, in order, to be sent again once
+        Redis answers; back off longer each time (lock held). At most `max_pending` wait:
+        past it the newest queued behind them are dropped, as a full queue drops new ones."""
+        pending = self._pending
+        over = len(pending) + len(reports) - self.max_pending
+        dropped = 0
+        told = self._told
+        while over > dropped and pending:
+            # The newest report queued (a task may append meanwhile: atomic).
+            told.pop(id(pending.pop()), None)
+            dropped += 1
+        if over > dropped:
+            for item in reports[len(reports) - (over - dropped) :]:
+                told.pop(id(item), None)
+            del reports[len(reports) - (over - dropped) :]
+            dropped = over
+        pending.extendleft(reversed(reports))
+        self._failing = True
+        if self._waiting:
+            self._retry_s = min(2 * self._retry_s, RETRY_MAX_S)
+        else:
+            self._waiting, self._retry_s = True, RETRY_FIRST_S
+            log.warning(
+                "occurrence reports wait until Redis takes them again (%s); %d queued; "
+                "the tasks are not affected",
+                reason,
+                len(pending),
+            )
+        if dropped:
+            self._drop(dropped, "the report queue is full")
+
+    def _recovered(self, sent: int) -> None:
+        """A send went through after reports failed: say what waited and what was dropped
+        (lock held), and end the failure."""
+        if self._waiting:
+            log.info(
+                "occurrence reports reach Redis again; %d kept meanwhile are sent, %d were dropped",
+                sent + len(self._pending),
+                self._dropped,
+            )
+        else:
+            log.info(
+                "occurrence reports reach Redis again; %d were dropped meanwhile", self._dropped
+            )
+        self._failing = self._waiting = self._dropping = False
+        self._dropped, self._retry_s = 0, RETRY_FIRST_S
 
     def _drop(self, count: int, reason: str) -> None:
         """Count `count` dropped reports; the first drop of a failure is logged (lock held)."""
         self._dropped += count
-        if not self._failing:
-            self._failing = True
+        self._failing = True
+        if not self._dropping:
+            self._dropping = True
             log.warning(
                 "occurrence reports are dropped until Redis takes them again (%s); "
                 "the tasks are not affected",
