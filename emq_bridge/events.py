@@ -81,6 +81,12 @@ class PumpEvents:
         """The pump stopped (or was interrupted) before it sent `occurrences`: their leases
         expire at once, and the next tick of any pump sends them (same ids, redelivered)."""
 
+    def on_sent_late(self, queue: str, occurrences: Sequence[Occurrence], late_s: float) -> None:
+        """The broker accepted `occurrences` `late_s` seconds after their leases expired (a
+        send that outlasted the lease: a slow broker, or this process held mid-send, past
+        the lease check before it): another pump may have sent them too, with the same ids,
+        its copies marked redelivered; these copies are not marked."""
+
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         """`missed` slots of `name` no pump claimed in time (stopped, or behind); the policy
         dropped them.
@@ -373,6 +379,20 @@ class LoggingEvents(PumpEvents):
             len(occurrences),
         )
 
+    def on_sent_late(self, queue: str, occurrences: Sequence[Occurrence], late_s: float) -> None:
+        shown = ", ".join(f"{o.name} {o.id}" for o in occurrences[:3])
+        more = f" and {len(occurrences) - 3} more" if len(occurrences) > 3 else ""
+        log.warning(
+            "%s: %d occurrence(s) reached the broker %.1fs after their leases expired (a slow "
+            "broker, or this process was held mid-send): another pump may have sent them too, "
+            "same ids, its copies marked redelivered, these not: %s%s",
+            queue,
+            len(occurrences),
+            late_s,
+            shown,
+            more,
+        )
+
     def on_catch_up(self, queue: str, name: str, step: CatchUp) -> None:
         level = self._level("catch_up", logging.WARNING, queue, step.missed)
         if not log.isEnabledFor(level):
@@ -483,6 +503,11 @@ class Broadcast(PumpEvents):
 
     def on_hand_back(self, queue: str, occurrences: Sequence[Occurrence]) -> None:
         self._each("on_hand_back", lambda listener: listener.on_hand_back(queue, occurrences))
+
+    def on_sent_late(self, queue: str, occurrences: Sequence[Occurrence], late_s: float) -> None:
+        self._each(
+            "on_sent_late", lambda listener: listener.on_sent_late(queue, occurrences, late_s)
+        )
 
     def on_missed(self, queue: str, name: str, missed: int, due_ms: int) -> None:
         self._each("on_missed", lambda listener: listener.on_missed(queue, name, missed, due_ms))

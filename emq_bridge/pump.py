@@ -1043,6 +1043,8 @@ class Pump:
             )
         held: set[str] | None = None
         stopping_since: float | None = None
+        late: list[Occurrence] = []  # accepted after their leases expired (`on_sent_late`)
+        late_s = 0.0
         try:
             for index, occurrence in enumerate(batch):
                 if self._stop.is_set():
@@ -1074,11 +1076,17 @@ class Pump:
                     outcomes.append(exc)
                 else:
                     outcomes.append(None)
+                    # Its lease ran from the claim or the last extension (`started`).
+                    if (behind := time.monotonic() - started - self.lease_ms / 1000) > 0:
+                        late.append(occurrence)
+                        late_s = max(late_s, behind)
                 finally:
                     self.sending = False
         finally:
             if acker is not None:
                 acker.stop()
+            if late:
+                self.events.on_sent_late(queue, late, late_s)
 
     def _dispatch_batch(
         self, dispatcher: BatchDispatcher, queue: str, batch: list[Occurrence], sending: _Sending
@@ -1092,6 +1100,10 @@ class Pump:
         """
         outcomes = sending.outcomes
         mine = batch
+        # When (monotonic) the leases expire, about: the claim's lease, or a full one from
+        # the extension below.
+        lease_s = self.lease_ms / 1000
+        expires_at = sending.begun + lease_s
         elapsed_s = time.monotonic() - sending.begun
         if elapsed_s > self.lease_ms / 2000:
             new_deadline = sending.deadline + round(elapsed_s * 1000)
@@ -1099,6 +1111,7 @@ class Pump:
                 queue, [o.lease_member for o in batch], sending.deadline, new_deadline
             )
             sending.deadline = new_deadline
+            expires_at = sending.begun + elapsed_s + lease_s
             mine = [o for o in batch if o.lease_member in held]
         self.sending = True
         try:
@@ -1111,12 +1124,28 @@ class Pump:
             results = [failure] * len(mine)
         finally:
             self.sending = False
+        late_s = time.monotonic() - expires_at
+        if late_s > 0:
+            self._sent_late(queue, mine, results, late_s)
         if mine is batch:
             outcomes.extend(results)
             return
         sent = iter(results)
         kept = {o.lease_member for o in mine}
         outcomes.extend(next(sent) if o.lease_member in kept else _LOST for o in batch)
+
+    def _sent_late(
+        self,
+        queue: str,
+        occurrences: Sequence[Occurrence],
+        outcomes: Sequence[BaseException | None],
+        late_s: float,
+    ) -> None:
+        """Tell of the occurrences a broker accepted after their leases expired: no check can
+        fence a send the process was held in (another pump may have re-sent them)."""
+        accepted = [o for o, outcome in zip(occurrences, outcomes, strict=False) if outcome is None]
+        if accepted:
+            self.events.on_sent_late(queue, accepted, late_s)
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 
+import pytest
 import redis
 from quiet import quiet_offset
 
@@ -65,12 +67,30 @@ class SlowBatch:
         return [None] * len(occurrences)
 
 
+class HeldBatch(SlowBatch):
+    """A batch dispatcher held `seconds` in its publish, after the pump's lease check (a
+    slow broker, or the process stopped mid-send)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def dispatch_batch(self, occurrences: Sequence[Occurrence]) -> list[BaseException | None]:
+        time.sleep(self.seconds)
+        return super().dispatch_batch(occurrences)
+
+
 class Lost(PumpEvents):
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.late: list[str] = []  # told by `on_sent_late`
 
     def on_lease_lost(self, occurrence: Occurrence) -> None:
         self.names.append(occurrence.name)
+
+    def on_sent_late(self, queue: str, occurrences: Sequence[Occurrence], late_s: float) -> None:
+        assert late_s > 0
+        self.late += [o.name for o in occurrences]
 
 
 class Stall(PumpEvents):
@@ -139,6 +159,7 @@ def test_one_send_slower_than_the_lease_duplicates_at_most_itself(
     }
     assert 1 <= sends["job-0"] <= 2
     assert sorted(lost.names) == [f"job-{i}" for i in range(1, 5)]
+    assert lost.late == ["job-0"]  # accepted past its lease: told (session 29)
 
 
 def test_a_pump_held_between_its_claim_and_its_first_send_sends_none_another_took(
@@ -174,3 +195,22 @@ def test_a_batch_publish_held_past_its_lease_after_the_claim_sends_none_another_
     sends, lost = race(redis_url, prefix, {}, stall_s=0.9, dispatcher=SlowBatch())
     assert sends == Counter({f"job-{i}": 1 for i in range(5)})
     assert sorted(lost.names) == [f"job-{i}" for i in range(5)]
+
+
+def test_a_batch_publish_held_past_its_lease_mid_send_is_told_as_sent_late(
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by a probe (session 29): a pump stopped (SIGSTOP) after its lease check, inside
+    # its publish, published the batch when it woke, after another pump had re-sent it: a
+    # duplicate no check before the publish can fence, unmarked, and nothing said so. It is
+    # now told (`on_sent_late`, a WARNING): the other pump's copies are the marked ones.
+    caplog.set_level(logging.WARNING, logger="emq_bridge.pump")
+    sends, lost = race(redis_url, prefix, {}, dispatcher=HeldBatch(0.9))
+    assert sorted(lost.late) == [f"job-{i}" for i in range(5)]
+    assert all(1 <= sends[f"job-{i}"] <= 2 for i in range(5)), sends
+    [line] = [
+        r.getMessage() for r in caplog.records if "after their leases expired" in r.getMessage()
+    ]
+    assert (
+        line.startswith("q: 5 occurrence(s) reached the broker ") and "marked redelivered" in line
+    )
