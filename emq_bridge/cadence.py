@@ -206,8 +206,12 @@ def parse_every(value: float | timedelta | str) -> int:
         seconds = value
     elif isinstance(value, str) and _SECONDS_RE.fullmatch(value.strip()):
         seconds = float(value.strip())
-    else:
+    elif isinstance(value, timedelta | str):
         return parse_every_ms(value)
+    else:  # said here: `parse_every_ms`'s message names its own unit, ms
+        raise ScheduleError(
+            f"every must be seconds, a timedelta or a string like '15m', not {shown(value)}"
+        )
     if seconds > MAX_EVERY_MS / 1000:
         raise ScheduleError(f"every must be at most 1000 years, got {shown(value)} seconds")
     if seconds < 0:  # before `round`: a float past -1.8e305 s overflows there
@@ -258,7 +262,7 @@ def parse_every_ms(value: int | timedelta | str) -> int:
     """
     if isinstance(value, bool):
         raise ScheduleError(
-            f"every must be ms, a timedelta or a string like '15m', not {shown(value)}"
+            f"every_ms must be ms, a timedelta or a string like '15m', not {shown(value)}"
         )
     if isinstance(value, timedelta):
         every_ms = floor_ms(value)
@@ -284,7 +288,7 @@ def parse_every_ms(value: int | timedelta | str) -> int:
             every_ms = int(exact)
     else:
         raise ScheduleError(
-            f"every must be ms, a timedelta or a string like '15m', not {shown(value)}"
+            f"every_ms must be ms, a timedelta or a string like '15m', not {shown(value)}"
         )
     if every_ms <= 0:
         raise ScheduleError(f"every must be a positive interval, got {shown(value)}")

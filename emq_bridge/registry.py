@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import inspect
 import itertools
 import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,7 +66,7 @@ from .replies import redis_errors, text
 from .scripts import Scripts
 from .stamps import StampMoves
 from .template_pieces import split_template
-from .urls import client_from_url
+from .urls import client_from_url, is_utf8_codec
 from .utf8 import check_pause_texts, is_utf8
 
 __all__ = [
@@ -457,6 +459,50 @@ def generation_arg(generation: int | None, source: str | None) -> str:
     return str(generation)
 
 
+_ASYNC_CLIENT = (
+    "Repeat needs a sync Redis client: an asyncio client (redis.asyncio) cannot be used; pass "
+    "redis.Redis (or redis.cluster.RedisCluster), and call the registry from async code with "
+    "asyncio.to_thread"
+)
+
+
+def _usable_client(client: Any) -> Any:
+    """Return `client` if the moves can use it: a sync redis-py client (or one shaped like it:
+    `register_script`, a sync `execute_command`) whose text encoding is UTF-8.
+
+    Raises `ConfigError` saying what to pass: an asyncio client's moves would return
+    coroutines, and a client of another encoding writes names no pump can read.
+    """
+    if inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
+        raise ConfigError(_ASYNC_CLIENT)
+    if not callable(getattr(client, "register_script", None)):
+        raise ConfigError(
+            f"Repeat needs a Redis client (redis.Redis or redis.cluster.RedisCluster), not "
+            f"{type(client).__name__}; Repeat.from_url takes a redis:// URL"
+        )
+    get_encoder = getattr(client, "get_encoder", None)
+    if callable(get_encoder):  # a Redis, a Sentinel's master_for, a RedisCluster
+        _check_utf8(getattr(get_encoder(), "encoding", "utf-8"))
+    return client
+
+
+def _check_utf8(encoding: object) -> None:
+    """Raise `ConfigError` unless `encoding` names UTF-8 (in any spelling)."""
+    if not is_utf8_codec(str(encoding)):
+        raise ConfigError(
+            f"the Redis client's encoding is {encoding!r}: the registry keeps names and "
+            "templates as UTF-8, and what a client of another encoding writes no pump can "
+            "read; make the client with encoding='utf-8' (redis-py's default)"
+        )
+
+
+def _call_nonce() -> str:
+    """Return a nonce for one call of a move its script must not run twice (trigger):
+    redis-py resends a command whose reply timed out, though the server may have run it,
+    and the script answers a nonce it has seen as it did the first time."""
+    return uuid.uuid4().hex
+
+
 def _stale(reply: Any, queue: str, source: str | None, generation: int | None) -> None:
     """Raise `StaleGeneration` if a script's reply is its generation refusal ('!<live>')."""
     value = text(reply) if isinstance(reply, (bytes, str)) else ""
@@ -477,7 +523,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
     def __init__(
         self, client: Any, prefix: str = DEFAULT_PREFIX, *, clock: Callable[[], int] | None = None
     ) -> None:
-        self.client = client
+        self.client = _usable_client(client)  # `ConfigError` for one the moves cannot use
         self.prefix = validate_prefix(prefix)
         self.scripts = Scripts.load(client)
         self.cluster = isinstance(client, redis.cluster.RedisCluster)
@@ -1383,7 +1429,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         Returns the occurrence id. `UnknownRegistration` (a `KeyError`) if there is no such
         registration, `CorruptRecord` if its record cannot be read (a pump could not send
-        it): nothing is written then.
+        it): nothing is written then. One call is one trigger, even when redis-py resends it
+        (a reply that timed out): the resent script finds the call's nonce and answers the
+        first one's instant, so the id returned is the one a pump sends.
         """
         keys = self.keys(queue)
         validate_name(name, "registration name")
@@ -1393,7 +1441,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         now = self._now(now_ms)
         with redis_errors(f"trigger {queue}/{name}"):
             reply = self.scripts.trigger(
-                keys=[keys.record(name), keys.leases], args=[name, now, keys.wake_channel]
+                keys=[keys.record(name), keys.leases],
+                args=[name, now, keys.wake_channel, _call_nonce()],
             )
         if not int(reply[0]):
             raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")

@@ -4,7 +4,10 @@ redis-py checks a URL's query options only on the first connection, where an unk
 is a `TypeError` and `socket_timeout=-1` a `ValueError`. Here they are checked before
 anything connects, and a bad URL is a `ConfigError` whose message never holds the URL's
 text: redis-py's own messages quote URL parts, and a password with an unescaped '/', '#',
-'?' or '@' in it is split into the host, the path or the query.
+'?' or '@' in it is split into the host, the path or the query. The keyword options given
+with the URL are checked before connecting too: a name redis-py's client for the URL takes,
+a value of the type it uses (an option a URL may hold by the same rule as there), never shown.
+The text encoding is UTF-8, the only one the registry is read in.
 
 Besides redis-py's `redis://`, `rediss://` and `unix://`, two forms name the deployments
 redis-py has no URL for (the user info is the data nodes'; hosts are separated by commas):
@@ -23,11 +26,15 @@ redis-py has no URL for (the user info is the data nodes'; hosts are separated b
 from __future__ import annotations
 
 import codecs
+import enum
+import functools
+import inspect
+import os
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -36,7 +43,12 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import (
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 
 from .errors import ConfigError, RegistryUnavailable
 from .utf8 import is_utf8
@@ -68,51 +80,69 @@ DB_PATH = (
     "characters of the password escaped as %XX"
 )
 
-# What a value must be: the words for it, and a pattern it must match in full.
-Rule = tuple[str, str]
+
+class Rule(NamedTuple):
+    """What an option's value must be: the words for it, a pattern its text in a URL must
+    match in full, and the types redis-py takes it in as a keyword option, as it is (a query
+    option's text it parses first: `socket_timeout="5"` fails on the first connection)."""
+
+    words: str
+    pattern: str
+    types: tuple[type, ...] = (str,)
+
+
 # Past 9 digits of seconds, Python's socket timeouts overflow a time_t (OverflowError).
-_SECONDS: Rule = (
+_SECONDS = Rule(
     "a number of seconds above 0 and below 1e9",
     r"(?=.*[1-9])(0*\d{1,9}(\.\d*)?|\.\d+)",
+    (int, float),
 )
 # A db number: redis-py's int() of a longer one fails and it quietly uses db 0.
 _DB_DIGITS = r"0*\d{1,9}"
-_COUNT: Rule = ("a whole number above 0", r"0*[1-9]\d*")
-_WHOLE: Rule = ("a whole number", r"\d+")
-_FLAG: Rule = ("true or false", r"(?i)true|false|yes|no|[01tfyn]")
-_TEXT: Rule = ("text", r"(?s).*")
+_COUNT = Rule("a whole number above 0", r"0*[1-9]\d*", (int,))
+_WHOLE = Rule("a whole number", r"\d+", (int,))
+_FLAG = Rule("true or false", r"(?i)true|false|yes|no|[01tfyn]", (bool,))
+_TEXT = Rule("text", r"(?s).*", (str, bytes, os.PathLike))
 _NEVER = r"(?!)"
 
 # The options redis-py takes from any URL: URL_QUERY_ARGUMENT_PARSERS in
 # redis/connection.py, and the connection class's keyword arguments a string can carry
 # (redis-py passes any other option on to it).
 _RULES: dict[str, Rule] = {
-    "db": ("a db number, at most 9 digits", _DB_DIGITS),
+    "db": Rule("a db number, at most 9 digits", _DB_DIGITS, (int, str)),
     "socket_timeout": _SECONDS,
     "socket_connect_timeout": _SECONDS,
     "socket_read_size": _COUNT,
     "retry_on_timeout": _FLAG,
     "max_connections": _COUNT,
     "health_check_interval": _WHOLE,
-    "protocol": ("2 or 3", "[23]"),
+    "protocol": Rule("2 or 3", "[23]", (int, str)),
     "legacy_responses": _FLAG,
-    "encoding": ("a Python codec, such as utf-8", _TEXT[1]),
-    "encoding_errors": ("a codec error handler, such as strict", _TEXT[1]),
+    # The registry's names and templates are UTF-8: what another encoding writes, no pump reads.
+    "encoding": Rule("utf-8 (in any spelling), the registry's encoding", _TEXT.pattern),
+    "encoding_errors": Rule("a codec error handler, such as strict", _TEXT.pattern),
     # redis-py passes this one on as a string: "false" would turn it on.
-    "decode_responses": ("true, or left out for false", r"(?i)true|yes|[1ty]"),
+    "decode_responses": Rule("true, or left out for false", r"(?i)true|yes|[1ty]", (bool,)),
     # In redis-py's parsers, but unusable: a list of letters, a BlockingConnectionPool's.
-    "retry_on_error": ("given to the client: it takes exception classes", _NEVER),
-    "timeout": ("left out: it is a BlockingConnectionPool option", _NEVER),
+    "retry_on_error": Rule(
+        "given to the client: it takes exception classes",
+        _NEVER,
+        (list, tuple, set, frozenset),
+    ),
+    "timeout": Rule("left out: it is a BlockingConnectionPool option", _NEVER, ()),
     **dict.fromkeys(("username", "password", "client_name", "lib_name", "lib_version"), _TEXT),
 }
 _TCP_RULES: dict[str, Rule] = {"socket_keepalive": _FLAG}
 _TLS_TEXTS = ("keyfile", "certfile", "ca_certs", "ca_path", "ca_data", "password", "ciphers")
 _TLS_RULES: dict[str, Rule] = {
     "ssl_check_hostname": _FLAG,
-    "ssl_cert_reqs": ("none, optional or required", "none|optional|required"),
-    "ssl_min_version": (
+    "ssl_cert_reqs": Rule(
+        "none, optional or required", "none|optional|required", (str, ssl.VerifyMode)
+    ),
+    "ssl_min_version": Rule(
         "an ssl.TLSVersion number, such as 771",
         "|".join(str(version.value) for version in ssl.TLSVersion),
+        (int,),
     ),
     # redis-py parses the verify flags itself, at once: a bad one is a ValueError there.
     **{
@@ -120,10 +150,20 @@ _TLS_RULES: dict[str, Rule] = {
         for name in (*_TLS_TEXTS, "include_verify_flags", "exclude_verify_flags")
     },
 }
-# Options whose values only a lookup can tell apart.
-_LOOKUPS: dict[str, Callable[[str], object]] = {
-    "encoding": codecs.lookup,
-    "encoding_errors": codecs.lookup_error,
+
+
+def is_utf8_codec(encoding: str) -> bool:
+    """Return whether `encoding` names Python's UTF-8 codec, in any spelling (utf8, UTF-8)."""
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
+# Options whose values only a lookup can tell apart (a LookupError: not usable).
+_LOOKUPS: dict[str, Callable[[str], bool]] = {
+    "encoding": is_utf8_codec,
+    "encoding_errors": lambda handler: callable(codecs.lookup_error(handler)),
 }
 
 
@@ -133,7 +173,7 @@ _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 SENTINEL_PORT = 26379
 CLUSTER_PORT = 6379
 _SENTINEL_RULES: dict[str, Rule] = {"sentinel_username": _TEXT, "sentinel_password": _TEXT}
-_CLUSTER_RULES: dict[str, Rule] = {"db": ("0: a Redis Cluster has only db 0", "0+")}
+_CLUSTER_RULES: dict[str, Rule] = {"db": Rule("0: a Redis Cluster has only db 0", "0+", (int, str))}
 # One host of a list: a name or IPv4 address, or an IPv6 address in brackets; a port.
 _HOST = re.compile(
     r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>\d{1,5}))?"
@@ -158,10 +198,29 @@ def _rules(scheme: str) -> dict[str, Rule]:
 def _usable(rule: Rule, name: str, value: str) -> bool:
     if name in _LOOKUPS:
         try:
-            _LOOKUPS[name](value)
+            if not _LOOKUPS[name](value):
+                return False
         except LookupError:
             return False
-    return re.fullmatch(rule[1], value) is not None
+    return re.fullmatch(rule.pattern, value) is not None
+
+
+def _keyword_usable(rule: Rule, name: str, value: object) -> bool:
+    """Return whether redis-py can use `value`, given as the keyword option `name`: one of
+    the rule's types, a number or text that passes the rule as its text in a URL would."""
+    if value is None:
+        return True  # redis-py's "not given"
+    if isinstance(value, bool):
+        return bool in rule.types and (not value or _usable(rule, name, "true"))
+    if not isinstance(value, rule.types):
+        return False
+    if isinstance(value, enum.Enum):
+        return True  # a member of the enum redis-py takes (ssl.TLSVersion, ssl.VerifyMode)
+    if isinstance(value, int | float):
+        return _usable(rule, name, f"{value:f}" if isinstance(value, float) else str(value))
+    if isinstance(value, str):
+        return _usable(rule, name, value)
+    return True  # bytes, a path, a list of exception classes: taken as they are
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,13 +324,85 @@ def _check_query(scheme: str, query: str, *, secret: bool) -> None:
         if name not in rules:
             secret = secret or any(n.lower().endswith("password") for n in given)
             shown = " (not named, as the URL holds a password)" if secret else f" {name!r}"
-            taken = sorted(n for n, (_, pattern) in rules.items() if pattern != _NEVER)
+            taken = sorted(n for n, rule in rules.items() if rule.pattern != _NEVER)
             raise ConfigError(
                 f"invalid Redis URL: unknown query option{shown}; {scheme}:// URLs take "
                 f"{', '.join(taken)} (a '?' or '#' in a password is written %3F, %23)"
             )
         if not _usable(rules[name], name, value):
-            raise ConfigError(f"invalid Redis URL: query option {name} must be {rules[name][0]}")
+            raise ConfigError(f"invalid Redis URL: query option {name} must be {rules[name].words}")
+
+
+# What the client of each scheme takes besides its classes' keyword arguments: options its
+# pool reads out of the connection options.
+_POOL_OPTIONS = frozenset({"cache", "cache_config"})
+_FROM_URL_OPTIONS = frozenset({"single_connection_client"})  # `Redis.from_url`'s own
+_SENTINEL_POOL_OPTIONS = frozenset({"check_connection"})  # `SentinelConnectionPool`'s
+# The connection class redis-py makes for a URL of each scheme, unless given another.
+_CONNECTIONS: dict[str, type] = {
+    "redis": redis.Connection,
+    "rediss": redis.SSLConnection,
+    "unix": redis.UnixDomainSocketConnection,
+    "redis+sentinel": SentinelManagedConnection,
+    "rediss+sentinel": SentinelManagedSSLConnection,
+}
+# Given by `client_from_url` itself: a keyword option of the same name would clash.
+_SET_HERE = frozenset(
+    {"redis_class", "ssl", "is_master", "service_name", "sentinel_manager", "url", "startup_nodes"}
+)
+
+
+def _init_options(*classes: type) -> set[str]:
+    """Return the keyword arguments the `__init__` of `classes` (and of their bases) name."""
+    named = set()
+    for cls in classes:
+        for base in cls.__mro__:
+            init = base.__dict__.get("__init__")
+            if init is None:
+                continue
+            for parameter in list(inspect.signature(init).parameters.values())[1:]:
+                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+                    named.add(parameter.name)
+    return named
+
+
+@functools.cache
+def _keyword_options(scheme: str, connection_class: type | None) -> frozenset[str]:
+    """Return the keyword options redis-py's client for a `scheme` URL takes: read from the
+    signatures of its client, pool and connection classes (they change between versions)."""
+    if scheme in _CLUSTER_SCHEMES:
+        allowed = set(redis.cluster.REDIS_ALLOWED_KEYS) - set(redis.cluster.KWARGS_DISABLED_KEYS)
+        named = _init_options(RedisCluster) | allowed
+    elif scheme in _SENTINEL_SCHEMES:
+        connection = connection_class or _CONNECTIONS[scheme]
+        named = _init_options(SentinelConnectionPool, connection)
+        named |= {"connection_pool_class"} | _SENTINEL_POOL_OPTIONS | _POOL_OPTIONS
+    else:
+        connection = connection_class or _CONNECTIONS[scheme]
+        named = _init_options(redis.ConnectionPool, connection)
+        named |= _FROM_URL_OPTIONS | _POOL_OPTIONS
+    return frozenset(named - _SET_HERE)
+
+
+def _check_options(scheme: str, options: Mapping[str, Any]) -> None:
+    """Raise `ConfigError` unless redis-py's client for a `scheme` URL takes every keyword
+    option as given: a name it knows, and a value it can use (an option a URL may hold too is
+    checked by the same rule as there). No value is shown: it may be a password."""
+    chosen = options.get("connection_class")
+    if chosen is not None and not isinstance(chosen, type):
+        raise ConfigError("invalid Redis client option: connection_class must be a class")
+    known = _keyword_options(scheme, chosen)
+    rules = _rules(scheme)
+    for name, value in options.items():
+        if name not in known:
+            client = "redis.cluster.RedisCluster" if scheme in _CLUSTER_SCHEMES else "redis.Redis"
+            raise ConfigError(
+                f"invalid Redis client option: redis-py's client for a {scheme}:// URL takes "
+                f"no option {name!r} (see the keyword arguments of {client})"
+            )
+        rule = rules.get(name)
+        if rule is not None and not _keyword_usable(rule, name, value):
+            raise ConfigError(f"invalid Redis client option: {name} must be {rule.words}")
 
 
 class SentinelRedis(redis.Redis):
@@ -290,16 +421,22 @@ def client_from_url(url: str, **options: Any) -> redis.Redis | RedisCluster:
     `redis://`, `rediss://`, `unix://`: `redis.Redis.from_url(url, **options)`.
     `redis+sentinel://`: a `SentinelRedis` on the named master (`Sentinel.master_for`).
     `redis+cluster://`: a `RedisCluster`, built at once (`RegistryUnavailable` when no startup
-    node answers). Options in the URL win over `options`, as in redis-py.
+    node answers). Options in the URL win over `options`, as in redis-py. A keyword option
+    redis-py's client does not take, or cannot use, raises `ConfigError` before connecting.
     """
+    if not isinstance(url, str):
+        raise ConfigError(f"invalid Redis URL: it must be text (str), not {type(url).__name__}")
     if not is_utf8(url):  # else the AUTH or CLIENT SETNAME of the first command fails to encode
         raise ConfigError(NOT_UTF8)
     scheme = url.partition("://")[0]
-    if scheme in _SENTINEL_SCHEMES:
-        return _sentinel_client(parse_hosts_url(url), options)
-    if scheme in _CLUSTER_SCHEMES:
-        return _cluster_client(parse_hosts_url(url), options)
+    if scheme in _SENTINEL_SCHEMES or scheme in _CLUSTER_SCHEMES:
+        parsed = parse_hosts_url(url)
+        _check_options(scheme, options)
+        if scheme in _SENTINEL_SCHEMES:
+            return _sentinel_client(parsed, options)
+        return _cluster_client(parsed, options)
     check_url(url)
+    _check_options(scheme, options)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError:

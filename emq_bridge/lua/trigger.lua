@@ -5,6 +5,7 @@
 -- ARGV[1]  name
 -- ARGV[2]  now, epoch ms (the occurrence's nominal time, unless taken: below)
 -- ARGV[3]  wake channel
+-- ARGV[4]  this call's nonce (Repeat.trigger makes one per call)
 --
 -- Each trigger is an occurrence of its own: its instant is `now`, or one ms after the
 -- registration's last trigger (`last_trigger_ms`) when that is not earlier, so two triggers
@@ -14,6 +15,9 @@
 -- the next pump tick finds it among the expired leases. Claim turns it into the lease
 -- "<name> <now_ms> triggered": the first send is not a redelivery, a send after that lease
 -- expired is. (Pumps of an older version read the pending member as they always did.)
+-- The same call sent again (redis-py resends a command whose reply timed out, though the
+-- server ran it) writes nothing and answers the first one's instant, so the caller gets that
+-- trigger's id: the record keeps the last trigger's nonce and instant (`trigger_call`).
 -- Returns {1, the trigger's instant}, or {0} if there is no such registration. A key of another type (edited by hand)
 -- fails the call and writes nothing: a pending member for a record that is not a hash
 -- would only be dropped by the pump. (The caller refuses a hash that is not a valid
@@ -25,11 +29,14 @@ for i, wanted in ipairs({'hash', 'zset'}) do
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+local call = redis.call('HGET', KEYS[1], 'trigger_call')
+local nonce, made = string.match(call or '', '^(%S+) (%d+)$')
+if nonce and nonce == ARGV[4] then return {1, made} end
 local at = tonumber(ARGV[2])
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_trigger_ms'))
 if last and at <= last then at = last + 1 end
 local instant = string.format('%d', at)
-redis.call('HSET', KEYS[1], 'last_trigger_ms', instant)
+redis.call('HSET', KEYS[1], 'last_trigger_ms', instant, 'trigger_call', ARGV[4] .. ' ' .. instant)
 redis.call('ZADD', KEYS[2], 0, ARGV[1] .. ' ' .. instant .. ' manual')
 redis.pcall('PUBLISH', ARGV[3], ARGV[1])
 return {1, instant}

@@ -234,7 +234,7 @@ def test_an_unknown_query_option_is_named_when_the_url_holds_no_password() -> No
             pytest.param(query, marks=pytest.mark.filterwarnings("ignore::DeprecationWarning"))
             for query in ("lib_name=emq", "lib_version=1.0")  # deprecated for driver_info
         ),
-        "encoding=latin-1",
+        "encoding=utf8",  # the only encoding the registry takes (session 29)
         "encoding_errors=replace",
         "decode_responses=true",
         "username=default",
