@@ -94,6 +94,12 @@ class Reporter:
         _LIVE.add(self)
 
     @property
+    def _failing(self) -> bool:
+        """Redis is not taking reports since a send failed: they wait or are dropped (the
+        overlap checks that may wait on Redis do not ask meanwhile)."""
+        return self._waiting or self._dropping
+
+    @property
     def heartbeat_ttl_ms(self) -> int:
         return int(self.heartbeat_s * 3000)
 
@@ -119,11 +125,9 @@ class Reporter:
         self._closed = False
         self._sending = 0
         self._flushing = 0
-        # Redis is not taking reports: `_failing` since a send failed (the overlap checks
-        # that may wait do not ask meanwhile), `_waiting` while the thread keeps what it
+        # Redis is not taking reports (`_failing`): `_waiting` while the thread keeps what it
         # could not send and backs off `_retry_s`, `_dropping` once a drop was logged;
         # `_dropped` counts the reports dropped. All reset when a send goes through.
-        self._failing = False
         self._waiting = False
         self._dropping = False
         self._dropped = 0
@@ -504,7 +508,6 @@ class Reporter:
             del reports[len(reports) - (over - dropped) :]
             dropped = over
         pending.extendleft(reversed(reports))
-        self._failing = True
         if self._waiting:
             self._retry_s = min(2 * self._retry_s, RETRY_MAX_S)
         else:
@@ -531,13 +534,12 @@ class Reporter:
             log.info(
                 "occurrence reports reach Redis again; %d were dropped meanwhile", self._dropped
             )
-        self._failing = self._waiting = self._dropping = False
+        self._waiting = self._dropping = False
         self._dropped, self._retry_s = 0, RETRY_FIRST_S
 
     def _drop(self, count: int, reason: str) -> None:
         """Count `count` dropped reports; the first drop of a failure is logged (lock held)."""
         self._dropped += count
-        self._failing = True
         if not self._dropping:
             self._dropping = True
             log.warning(
