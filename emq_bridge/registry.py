@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -390,16 +391,38 @@ class WakeSubscription:
 
     def __init__(self, pubsub: Any) -> None:
         self._pubsub = pubsub
+        self._channels = list(pubsub.channels)
+        self._pid = os.getpid()
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for a change; True if one was published.
+
+        In a process forked since (a Celery prefork child, a gunicorn worker) it first
+        subscribes again on a connection of its own.
 
         Raises `RegistryUnavailable` when the connection broke (subscribe again later), and
         `WakeupsRefused` when the server refused the subscription (redis-py reads SUBSCRIBE's
         reply here, with the first message).
         """
         with _refused_wakeups(), redis_errors("wait for wake-ups"):
+            self._own_connection()
             return self._pubsub.get_message(timeout=timeout_s) is not None
+
+    def _own_connection(self) -> None:
+        """Subscribe again on a new connection if this process is not the one that subscribed.
+
+        A forked child inherits the parent's subscribed socket: two processes reading one
+        stream each take the other's bytes. redis-py's pools reconnect after a fork, but a
+        pub/sub holds its connection. Its reset closes only this process's copy of the socket
+        (redis-py shuts a socket down only in the process that opened it): the parent keeps
+        listening. The process is marked as owning it once the subscription is sent, so a
+        failed one is tried again at the next wait.
+        """
+        if self._pid == os.getpid():
+            return
+        self._pubsub.reset()
+        self._pubsub.subscribe(*self._channels)
+        self._pid = os.getpid()
 
     def close(self) -> None:
         """Unsubscribe and close the connection; never raises (it may already be dead)."""

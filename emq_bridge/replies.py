@@ -32,6 +32,34 @@ _FAILING_OVER = (
     redis.exceptions.ReadOnlyError,
 )
 
+# A pipeline's error names its command first: `Command # <n> (<command>) of pipeline caused
+# error: <reply>` (its type stays, but a plain ResponseError's code is only in the text).
+_PIPELINE_ERROR = re.compile(r"Command # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
+
+
+def _code(error: redis.RedisError) -> str:
+    """Return the code of `error`'s reply (`BUSY`...): redis-py 8 keeps it as `status_code`,
+    older ones only in the text (after a pipeline's prefix)."""
+    code = getattr(error, "status_code", None)
+    if isinstance(code, str):
+        return code
+    reply = str(error)
+    in_pipeline = _PIPELINE_ERROR.match(reply)
+    return reply[in_pipeline.end() if in_pipeline else 0 :].partition(" ")[0]
+
+
+def _as_busy(error: redis.RedisError) -> redis.RedisError:
+    """Return `error` as a `BusyLoadingError` when its reply is BUSY, else `error`.
+
+    A server running a script or function past `busy-reply-threshold` answers BUSY to every
+    other command until it ends (or is killed), as one loading its data set answers LOADING,
+    which redis-py reads as `BusyLoadingError`; BUSY it reads as a plain `ResponseError`. Both
+    are an outage that passes, not a broken registry."""
+    if type(error) is not redis.ResponseError or _code(error) != "BUSY":
+        return error
+    reply = str(error)
+    return redis.exceptions.BusyLoadingError(reply.removeprefix("BUSY "))
+
 
 # Redis 6.2 wraps an error met inside a script (a `redis.call` that failed) in its own text,
 # which redis-py cannot read, so it raises a plain `ResponseError`:
@@ -78,10 +106,14 @@ def redis_errors(action: str) -> Iterator[None]:
         try:
             yield
         except redis.ResponseError as exc:
-            read = _as_from_7(exc)
+            read = _as_busy(_as_from_7(exc))
             if read is exc:
                 raise
             raise read from exc
+    except redis.exceptions.BusyLoadingError as exc:  # a ConnectionError to redis-py
+        # The server is busy (a slow script: BUSY) or loading its data set (LOADING): it
+        # serves again soon on the same connection; an outage, retried and told once.
+        raise RegistryUnavailable(f"{action}: Redis cannot serve it now: {exc}") from exc
     except redis.AuthenticationError as exc:  # a ConnectionError to redis-py
         raise RegistryUnavailable(
             f"{action}: Redis refused the credentials; check the user and password"
