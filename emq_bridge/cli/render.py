@@ -151,9 +151,11 @@ def upcoming(registration: Registration, n: int) -> list[int]:
 
 
 def state(registration: Registration) -> str:
-    """Return `active`, `paused`, `parked` (stopped by a dispatch that can never work),
-    `completed` (past its end, its limit or its last one-off instant; it never fires again),
-    or `unscheduled` (an active one whose registry member is missing: nothing fires it)."""
+    """Return `active`, `paused`, `parked` (stopped by a dispatch that can never work, or
+    by a failure streak: `pause_after_failures` parks it with its reason, and `resume --all`
+    leaves it parked), `completed` (past its end, its limit or its last one-off instant; it
+    never fires again), or `unscheduled` (an active one whose registry member is missing:
+    nothing fires it)."""
     if registration.parked_reason is not None:
         return "parked"
     if registration.completed is not None:

@@ -32,6 +32,7 @@ from ..outcome import FINAL_STATUSES, MAX_HISTORY_SIZE, STATUSES
 from ..registry import CorruptRecords, Registration, Repeat
 from ..shown import printable
 from ..strict_json import JsonInputError, read_json
+from ..sync import IMPORT_SOURCE_PREFIX
 from ..template import MAX_TEMPLATE_DEPTH
 from ..utf8 import check_pause_texts
 from .calendars import read_calendars, run_notes
@@ -780,6 +781,9 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     Give one cadence: --every, --every-ms, --cron (with --tz) or --at (one-off instants).
     --start-at, --end-at and --limit bound it; past them it shows as completed. Without --replace an
     existing schedule of the same name is left alone: exit 0 if it is identical, else 1.
+    --replace over a schedule a source owns (a file's, an app's) makes it a runtime one,
+    with a warning on stderr: that source's next sync puts its own definition back while it
+    declares it, and no sync removes it once it does not.
     --overlap and --pause-after-failures act on what workers report of each occurrence
     (see `show` and `history`).
 
@@ -830,7 +834,10 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
             target.repeat.close()
         raise
     if replace:
+        owner = _owner(repeat, queue, name)
         result = repeat.upsert(queue, name, definition=declaration.definition)
+        if owner is not None and result != "unchanged":
+            click.echo(_taken_from_text(queue, name, owner), err=True)
         # A record edited by hand keeps its digest: an upsert of the same definition leaves
         # it corrupt, and saying "unchanged" would hide it.
         corrupt = _corrupt(repeat, queue, name)
@@ -866,6 +873,26 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
             f"note: the {given[0][0]} adapter cannot check task names; {task!r} was not checked",
             err=True,
         )
+
+
+def _owner(repeat: Repeat, queue: str, name: str) -> str | None:
+    """The source that owns `name` (its record's `source`), or None: added at runtime, or
+    no record. Read before `add --replace` writes, only to say what the write took over."""
+    return repeat.load_records(queue, [name], ("source",))[name].get("source") or None
+
+
+def _taken_from_text(queue: str, name: str, owner: str) -> str:
+    """The warning of an `add --replace` that took `name` from the source `owner`: written
+    with no source, it is a runtime schedule now. A sync takes over a name it declares (and
+    prunes only what it owns); an import never takes over another owner's record."""
+    shown = printable(owner)  # a record edited by hand may hold anything
+    taken = f"warning: --replace took {queue}/{name} from source {shown} (a runtime schedule now)"
+    if owner.startswith(IMPORT_SOURCE_PREFIX):
+        return f"{taken}: an import run again leaves it alone"
+    return (
+        f"{taken}: the next sync of {shown} puts its own definition back if it still "
+        f"declares {name}; if not, no sync removes it"
+    )
 
 
 def _app_registry(settings: Settings, target: PumpTarget | None) -> Repeat:
