@@ -55,6 +55,8 @@ CadenceResolver = Callable[[str, str, Cadence], Cadence]
 NOT_HERE_RECHECK_MS = 1000
 # A registration whose record cannot be decoded is parked this long, then retried.
 CORRUPT_PARK_MS = 60_000
+# Why a registry member whose record is missing (or not a hash) is parked.
+NO_RECORD = "registry member has no record (or one that is not a hash)"
 # A queue whose registry moves fail (not an outage) is retried this often by `run`.
 BROKEN_RETRY_S = 1.0
 # A wake-up subscription that breaks sooner than this after it was made is not trusted to
@@ -449,14 +451,18 @@ class Pump:
         firings: dict[str, _Firing] = {}
         candidates: list[tuple[str, int, int, int, str, int]] = []
         steps: dict[int, CatchUp] = {}  # what the misfire policy dropped, by candidate index
-        if any(not records.get(name) for name, _ in due):
-            # A registration removed since the scan (a sync pruning it) is gone, not corrupt.
-            gone = self.repeat.absent(queue, [name for name, _ in due if not records.get(name)])
-            due = [(name, score) for name, score in due if name not in gone]
-        decoded = {name: self._decode(queue, name, records.get(name, {})) for name, _ in due}
+        # Read with no record: corrupt, or removed (a sync pruning it, a cancel) and perhaps
+        # registered again since. The claim sets it aside only while it still has none.
+        unread = [name for name, _ in due if not records.get(name)]
+        decoded = {
+            name: self._decode(queue, name, records[name]) for name, _ in due if records.get(name)
+        }
         last_runs = _last_runs(decoded, records)
         steps_made: dict[tuple[Any, ...], tuple[Cadence, CatchUp]] = {}
         for name, score in due:
+            if name not in decoded:
+                candidates.append((name, score, now_ms + CORRUPT_PARK_MS, 0, "unread", score))
+                continue
             candidate = self._candidate(
                 queue, name, score, decoded[name], last_runs.get(name, now_ms), now_ms, steps_made
             )
@@ -510,7 +516,26 @@ class Pump:
             self._hand_back_interrupted(queue, now_ms, batch, sending)
             raise
         earliest_lease = self._settle(queue, now_ms, batch, sending, records, tick)
+        if unread:  # after the batch is settled: a read failing here delays no send
+            self._tell_unread(queue, unread, tick)
         return claim.earliest_ms, earliest_lease
+
+    def _tell_unread(self, queue: str, names: list[str], tick: Tick) -> None:
+        """Report, as parked, those of `names` (due, read with no record) that still have
+        no record but a registry member: corrupt (evicted, deleted by hand), set aside by
+        the claim. One removed since (a sync pruning it, a cancel) is gone, and one
+        registered again since (a cancel and re-add) is a fresh registration: neither is
+        corrupt, nor was it set aside (claim.lua decided, from what it read). Two reads
+        more, only when a record was missing."""
+        now_read = self.repeat.load_records(queue, names, ("template",))
+        missing = [name for name in names if not now_read.get(name)]
+        gone = self.repeat.absent(queue, missing)
+        for name in names:
+            if name in missing and name not in gone:
+                self.events.on_park(queue, name, NO_RECORD, CORRUPT_PARK_MS)
+                tick.parked.append(name)
+            else:
+                log.debug("%s/%s: removed or registered again since its read", queue, name)
 
     def _start_timeouts(
         self, candidates: Sequence[tuple[Any, ...]], firings: Mapping[str, _Firing]
@@ -568,7 +593,9 @@ class Pump:
         drop: list[str] = []
         for member in claim.released:
             name, due_ms, triggered, pending, backfill = parse_lease_member(member)
-            firing = self._decode(queue, name, records.get(name, {}))
+            fields = records.get(name)
+            # No record: nothing to park here (the lease only is dropped), so nothing said so.
+            firing = self._decode(queue, name, fields) if fields else None
             if firing is None:
                 self.events.on_lease_dropped(queue, member, "the registration is gone or corrupt")
                 # The lease claim wrote.
@@ -767,7 +794,8 @@ class Pump:
                 self.events.on_dispatch_failure(
                     failed, NewerCodeLive(f"{exc}; not parked: newer code of its source is live")
                 )
-        # -1: cancelled meanwhile, with its leases; nothing is left to do.
+        # -1: cancelled meanwhile, with its leases (a record now is a registration added
+        # again since, not parked: park.lua); nothing is left to do.
 
     def _hand_back_interrupted(
         self, queue: str, now_ms: int, batch: list[Occurrence], sending: _Sending
@@ -881,15 +909,8 @@ class Pump:
         self.events.on_missed(queue, name, step.missed, fired_for)
 
     def _decode(self, queue: str, name: str, fields: Mapping[str, str]) -> _Firing | None:
-        """Return what firing `name` needs, or None (reported) when its record is unusable."""
-        if not fields:
-            self.events.on_park(
-                queue,
-                name,
-                "registry member has no record (or one that is not a hash)",
-                CORRUPT_PARK_MS,
-            )
-            return None
+        """Return what firing `name` needs, or None (reported) when its record (read, not
+        empty: see `_tell_unread`) is unusable."""
         # Decoding a definition costs more than the rest of a firing; registrations that
         # share one decode it once. The key is the raw fields themselves, never a stored
         # digest, so an edited record is decoded afresh.

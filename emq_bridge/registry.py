@@ -1879,7 +1879,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         """Compare-and-set claim; see `lua/claim.lua`.
 
         `candidates` are `(name, score_read, next_score, missed, mode[, fire_ms])`, the mode
-        `"fire"`, `"defer"`, `"drop"` (the misfire policy fires nothing), or the overlap
+        `"fire"`, `"defer"`, `"unread"` (a member read with no record: deferred only while it
+        still has none, so one cancelled and added again is left alone), `"drop"` (the
+        misfire policy fires nothing), or the overlap
         policy (`"skip"`, `"buffer_one"`, `"replace"`) of a guarded registration, which fires
         only if none of its occurrences is in flight. A guarded occurrence fired is in flight
         until a worker reports its start, at most `start_timeout_ms`; then it is lost.
@@ -2019,7 +2021,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         worker of a rolling deploy); nor, with `code_synced_ms` (when the failing process's
         declarations were synced), if that source rewrote the record after it (newer code
         wrote it, when no generation tells). Returns 1 parked now, 0 parked already (leases
-        dropped only), -1 no such registration, -2 its template changed, -3 newer code is live.
+        dropped only), -1 no such registration (or none of the failed leases still held: it
+        was cancelled since), -2 its template changed, -3 newer code is live.
         """
         keys = self.keys(queue)
         source, generation = code if code is not None else ("", None)

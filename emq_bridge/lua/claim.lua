@@ -22,6 +22,11 @@
 --          mode 'fire': move the score, lease the occurrence, note its slot (`last_due_ms`)
 --          and count its missed slots; `fired` is counted when it is acked (ack.lua)
 --          mode 'defer': only move the score (a corrupt record is parked)
+--          mode 'unread': the pump read no record (none, not a hash, or one with none of the
+--          fields it asked for): 'defer', but only while the record still has no `template`
+--          (which every record written has). Gone since (a cancel) or registered again since
+--          (a cancel and re-add, as an app editing a schedule does), nothing is written: a
+--          fresh registration is never parked for the pump's read of the one it replaced
 --          mode 'skip' | 'buffer_one' | 'replace': the overlap policy of a guarded
 --          registration (definition.py): fire as 'fire' unless an occurrence of it is in
 --          flight, i.e. its record's `inflight` member holds a live deadline in `running`.
@@ -214,6 +219,12 @@ local function read_record(record)
   return {f[1], f[2], remaining or nil, f[3], f[4], f[5], f[6] or nil}
 end
 
+-- True when `record` is a hash with a `template`, as every record written is (pcall: a key
+-- of another type, edited by hand, is not).
+local function has_template(record)
+  return redis.pcall('HEXISTS', record, 'template') == 1
+end
+
 -- The member of an occurrence of `record` in flight whose lost deadline has not passed: its
 -- `inflight` one, else one in flight beside it (`inflight_also`, report.lua), or nil.
 local function in_flight(record)
@@ -234,6 +245,9 @@ for i, candidate in ipairs(candidates) do
   local record = KEYS[2 + i]
   local bounds = score and due_ms(score) == tonumber(expected) and not moved[name]
     and read_record(record)
+  if bounds and mode == 'unread' then
+    if has_template(record) then bounds = nil else mode = 'defer' end
+  end
   if bounds and same_cadence(i, bounds[7]) then
     moved[name] = true
     local slot = #moves + 1

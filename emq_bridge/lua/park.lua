@@ -27,9 +27,30 @@
 -- so nothing is parked and the leases stay, for whichever pump re-takes them on expiry.
 -- Without generations, a record its own source rewrote after the pump's code was synced
 -- (`updated_ms` later than ARGV[9]) is newer code's as well: the same.
--- Returns 1 parked now, 0 parked already (only the leases dropped), -1 no such registration,
--- -2 the template changed (nothing written), -3 newer code is live (nothing written).
+-- The failures are the registration's only while their leases are: when none of those given
+-- is held at ARGV[2] any more, it was cancelled since (cancel.lua drops them), and a record
+-- there now is another registration under its name (a cancel and re-add, as an app editing
+-- a schedule does), never tried: it is not parked (-1, nothing written). Leases another
+-- pump re-took after they expired are that pump's to send, and to park.
+-- Returns 1 parked now, 0 parked already (only the leases dropped), -1 no such registration
+-- (or none of its failed leases held), -2 the template changed (nothing written), -3 newer
+-- code is live (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+-- Every deadline is read before the first ZREM, and each member is dropped once: cluster
+-- slot migration: while the queue's slot is MIGRATING, a command on a key this script
+-- emptied fails ("non local key": the server takes it for a key moved away) with the writes
+-- before it kept, and a read after the drop of the last lease would leave the leases
+-- dropped and the registration not parked. Removing distinct members it holds, the key
+-- can only empty at the last ZREM.
+local drop, seen = {}, {}
+for i = 10, #ARGV do
+  local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if deadline and tonumber(deadline) == tonumber(ARGV[2]) and not seen[ARGV[i]] then
+    seen[ARGV[i]] = true
+    drop[#drop + 1] = ARGV[i]
+  end
+end
+if #ARGV >= 10 and #drop == 0 then return -1 end  -- (none given: a park by hand)
 if ARGV[8] ~= '' then
   local live = tonumber(redis.call('HGET', KEYS[4], ARGV[7]))
   if live and live > tonumber(ARGV[8]) then return -3 end
@@ -49,20 +70,6 @@ if cur[4] and cur[1] then  -- a template stored in pieces (template_pieces.py): 
   cur[1] = table.concat(parts)
 end
 if cur[1] ~= ARGV[3] then return -2 end
--- Every deadline is read before the first ZREM, and each member is dropped once: cluster
--- slot migration: while the queue's slot is MIGRATING, a command on a key this script
--- emptied fails ("non local key": the server takes it for a key moved away) with the writes
--- before it kept, and a read after the drop of the last lease would leave the leases
--- dropped and the registration not parked. Removing distinct members it holds, the key
--- can only empty at the last ZREM.
-local drop, seen = {}, {}
-for i = 10, #ARGV do
-  local deadline = redis.call('ZSCORE', KEYS[3], ARGV[i])
-  if deadline and tonumber(deadline) == tonumber(ARGV[2]) and not seen[ARGV[i]] then
-    seen[ARGV[i]] = true
-    drop[#drop + 1] = ARGV[i]
-  end
-end
 for _, member in ipairs(drop) do redis.call('ZREM', KEYS[3], member) end
 if cur[3] then return 0 end
 if cur[2] ~= '1' then
