@@ -21,6 +21,9 @@ redis-py has no URL for (the user info is the data nodes'; hosts are separated b
   as it builds the client, so an unreachable cluster raises `RegistryUnavailable` at once.
 
 `rediss+sentinel://` and `rediss+cluster://` speak TLS to every server (the `ssl_*` options).
+`ssl_cert_reqs`, in a URL or as a keyword, also takes the spellings Celery's result backend
+and kombu take (`CERT_REQUIRED`, `CERT_OPTIONAL`, `CERT_NONE`, any case), passed on to
+redis-py in its own (`required` ...), which is all it maps.
 """
 
 from __future__ import annotations
@@ -35,7 +38,15 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import (
+    parse_qs,
+    parse_qsl,
+    unquote,
+    unquote_plus,
+    urlencode,
+    urlsplit,
+    urlunsplit,
+)
 
 import redis
 import redis.connection
@@ -137,7 +148,9 @@ _TLS_TEXTS = ("keyfile", "certfile", "ca_certs", "ca_path", "ca_data", "password
 _TLS_RULES: dict[str, Rule] = {
     "ssl_check_hostname": _FLAG,
     "ssl_cert_reqs": Rule(
-        "none, optional or required", "none|optional|required", (str, ssl.VerifyMode)
+        "none, optional or required (or CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED), any case",
+        r"(?i)(cert_)?(none|optional|required)",
+        (str, ssl.VerifyMode),
     ),
     "ssl_min_version": Rule(
         "an ssl.TLSVersion number, such as 771",
@@ -150,6 +163,49 @@ _TLS_RULES: dict[str, Rule] = {
         for name in (*_TLS_TEXTS, "include_verify_flags", "exclude_verify_flags")
     },
 }
+
+
+# redis-py maps only its lower-case words to `ssl.VerifyMode`; Celery's result backend and
+# kombu also take the `ssl` module's names (`CERT_REQUIRED`), which redis-py refuses.
+_CERT_REQS_WORDS = ("none", "optional", "required")
+
+
+def _cert_reqs_word(value: str) -> str:
+    """Return the `ssl_cert_reqs` word redis-py takes for `value` in any of its spellings
+    (`CERT_REQUIRED`, `Required`); `value` itself when it is none of them."""
+    word = value.lower().removeprefix("cert_")
+    return word if word in _CERT_REQS_WORDS else value
+
+
+def _canonical_value(name: str, value: str) -> str:
+    """A query option's value as redis-py takes it: `ssl_cert_reqs` in its own spelling."""
+    return _cert_reqs_word(value) if name == "ssl_cert_reqs" else value
+
+
+def _canonical_query(url: str) -> str:
+    """Return `url` with its `ssl_cert_reqs` values spelt as redis-py takes them.
+
+    The query is cut where urllib cuts it (after the first '?', up to the first '#'), as
+    redis-py reads it; no other character of the URL changes, its password included.
+    """
+    rest, hash_, fragment = url.partition("#")
+    head, mark, query = rest.partition("?")
+    pieces = []
+    for piece in query.split("&"):
+        name, equals, value = piece.partition("=")
+        if equals and unquote_plus(name) == "ssl_cert_reqs":
+            word = _cert_reqs_word(unquote_plus(value))
+            value = word if word in _CERT_REQS_WORDS else value
+        pieces.append(f"{name}{equals}{value}")
+    return f"{head}{mark}{'&'.join(pieces)}{hash_}{fragment}"
+
+
+def _canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the keyword options with a text `ssl_cert_reqs` spelt as redis-py takes it."""
+    reqs = options.get("ssl_cert_reqs")
+    if isinstance(reqs, str):
+        return {**options, "ssl_cert_reqs": _cert_reqs_word(reqs)}
+    return dict(options)
 
 
 def is_utf8_codec(encoding: str) -> bool:
@@ -279,7 +335,9 @@ def parse_hosts_url(url: str) -> HostsUrl:
         if db.strip("0"):
             raise ConfigError(CLUSTER_DB)
     _check_query(scheme, query, secret=bool(at))
-    kept = urlencode([(k, v) for k, v in parse_qsl(query) if k not in _SENTINEL_RULES])
+    kept = urlencode(
+        [(k, _canonical_value(k, v)) for k, v in parse_qsl(query) if k not in _SENTINEL_RULES]
+    )
     first, first_port = hosts[0]
     shown = f"[{first}]" if ":" in first else first
     canonical = f"{base}://{userinfo}{at}{shown}:{first_port}{'/' + db if db else ''}"
@@ -405,6 +463,42 @@ def _check_options(scheme: str, options: Mapping[str, Any]) -> None:
             raise ConfigError(f"invalid Redis client option: {name} must be {rule.words}")
 
 
+# The schemes that speak TLS, by the plain scheme of each (`tls_url`).
+_TLS_SCHEMES = {
+    "redis": "rediss",
+    "redis+sentinel": "rediss+sentinel",
+    "redis+cluster": "rediss+cluster",
+}
+
+
+def tls_url(url: str) -> str:
+    """Return `url` on TLS: a `redis://` (`redis+sentinel://`, `redis+cluster://`) URL as
+    `rediss://` (`rediss+...`), as a Celery broker with `broker_use_ssl` speaks TLS whatever
+    its URL's scheme; a `rediss` URL as given. `ConfigError` for a `unix://` URL (a Unix
+    socket has no TLS) or a malformed one."""
+    scheme, separator, rest = url.partition("://")
+    if scheme in _TLS_SCHEMES.values():
+        return url
+    if scheme == "unix":
+        raise ConfigError("a unix:// URL has no TLS: name a rediss:// URL, or drop the TLS options")
+    if not separator or scheme not in _TLS_SCHEMES:
+        raise ConfigError(MALFORMED)
+    return f"{_TLS_SCHEMES[scheme]}://{rest}"
+
+
+def check_tls_options(url: str, options: Mapping[str, Any]) -> None:
+    """Raise `ConfigError` unless `options` are TLS options (redis-py's `ssl_*` keyword
+    arguments) that its client for `url`, a TLS URL, takes with the values given. No value
+    is shown: `ssl_password` is a secret."""
+    for name in options:
+        if not isinstance(name, str) or not name.startswith("ssl_"):
+            raise ConfigError(
+                f"{name!r} is not a TLS option: redis-py's are named ssl_* (ssl_ca_certs, "
+                "ssl_certfile, ssl_keyfile, ssl_cert_reqs ...)"
+            )
+    _check_options(url.partition("://")[0], options)
+
+
 class SentinelRedis(redis.Redis):
     """A `redis.Redis` on the master a Sentinel names; `close()` closes the sentinels' too."""
 
@@ -433,12 +527,12 @@ def client_from_url(url: str, **options: Any) -> redis.Redis | RedisCluster:
         parsed = parse_hosts_url(url)
         _check_options(scheme, options)
         if scheme in _SENTINEL_SCHEMES:
-            return _sentinel_client(parsed, options)
-        return _cluster_client(parsed, options)
+            return _sentinel_client(parsed, _canonical_options(options))
+        return _cluster_client(parsed, _canonical_options(options))
     check_url(url)
     _check_options(scheme, options)
     try:
-        return redis.Redis.from_url(url, **options)
+        return redis.Redis.from_url(_canonical_query(url), **_canonical_options(options))
     except ValueError:
         raise ConfigError(MALFORMED) from None
 

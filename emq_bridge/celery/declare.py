@@ -35,6 +35,7 @@ from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import Stamp, SyncPlan, check_one_source, moves_of, queues_of, stamped, sync
 from ..template import TaskTemplate
+from ..urls import check_tls_options, tls_url
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -54,6 +55,7 @@ __all__ = [
     "boot_sources",
     "recurring",
     "registry_prefix",
+    "registry_tls",
     "registry_url",
     "repeat_for",
     "sync_app",
@@ -115,19 +117,76 @@ def registry_url(app: Celery) -> str:
     )
 
 
+# The registry's own TLS setting, as Celery names its result backend's (`redis_backend_use_ssl`).
+TLS_SETTING = "emq_bridge_redis_use_ssl"
+
+
+def registry_tls(app: Celery) -> tuple[str, dict[str, Any]] | None:
+    """Return the TLS options of the registry's client, with the setting that gave them:
+    `emq_bridge_redis_use_ssl`, else `broker_use_ssl` when the registry is the broker's
+    Redis (no `emq_bridge_redis_url`), as Celery's Redis transport reads it. None when
+    neither asks for TLS: the URL alone decides (a `rediss://` one speaks it, with redis-py's
+    defaults).
+
+    Either setting is what Celery takes: a dict of redis-py's `ssl_*` options
+    (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`, `ssl_cert_reqs` ...), True for TLS with
+    the defaults, False or an empty dict for none. `ConfigError` naming it for anything else.
+    """
+    own = app.conf.get(TLS_SETTING)
+    if own is not None:
+        return _tls_setting(TLS_SETTING, own)
+    if _setting(app, "emq_bridge_redis_url"):
+        return None  # a registry of its own: the broker's TLS is the broker's
+    return _tls_setting("broker_use_ssl", app.conf.get("broker_use_ssl"))
+
+
+def _tls_setting(name: str, value: Any) -> tuple[str, dict[str, Any]] | None:
+    """The TLS options the setting `name` holds (see `registry_tls`), keys checked."""
+    if value is True:
+        return name, {}
+    if value is None or value is False:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{name} must be a dict of redis-py's ssl_* options, True or False, "
+            f"got {type(value).__name__}"
+        )
+    if not value:
+        return None  # falsy, as Celery reads it: no TLS
+    return name, dict(value)
+
+
+def _tls_client(url: str, tls: tuple[str, dict[str, Any]] | None) -> tuple[str, dict[str, Any]]:
+    """Return the registry's URL on TLS and the TLS options (`registry_tls`) its client
+    takes, checked before anything connects; `ConfigError` naming the setting if they are
+    not ones redis-py takes. No TLS asked for: the URL as given, no options."""
+    if tls is None:
+        return url, {}
+    name, options = tls
+    try:
+        secure = tls_url(url)
+        check_tls_options(secure, options)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return secure, options
+
+
 def registry_prefix(app: Celery) -> str:
     """Return the registry's key prefix: `emq_bridge_prefix`, default `"emq"`."""
     return str(_setting(app, "emq_bridge_prefix", DEFAULT_PREFIX))
 
 
 def repeat_for(app: Celery, **options: Any) -> Repeat:
-    """Return a `Repeat` on the app's registry (`registry_url`, `emq_bridge_prefix`).
+    """Return a `Repeat` on the app's registry (`registry_url`, `emq_bridge_prefix`), on TLS
+    as `registry_tls` says.
 
-    `options` go to the client (`Repeat.from_url`), over the default timeouts.
+    `options` go to the client (`Repeat.from_url`), over the TLS options and the default
+    timeouts.
     """
+    url, tls = _tls_client(registry_url(app), registry_tls(app))
     # Timeouts, so a Redis that hangs surfaces as RegistryUnavailable instead of a stuck beat.
-    options = {"socket_connect_timeout": 10, "socket_timeout": 30, **options}
-    return Repeat.from_url(registry_url(app), registry_prefix(app), **options)
+    options = {"socket_connect_timeout": 10, "socket_timeout": 30, **tls, **options}
+    return Repeat.from_url(url, registry_prefix(app), **options)
 
 
 def _source(app: Celery) -> str:
