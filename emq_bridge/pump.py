@@ -270,7 +270,8 @@ class Pump:
         # The same, keyed by every definition field but the template (see `_decode`).
         self._shapes: dict[tuple[str | None, ...], _Firing] = {}
         self._decoded_bytes = 0
-        # The registrations this pump leaves to another app's pumps (`NotHere`), told once.
+        # The registrations this pump leaves to another app's pumps (`NotHere`), told once
+        # (at most `DECODED_CACHE_SIZE` remembered: see `_tell_not_here`).
         self._not_here: set[tuple[str, str]] = set()
         # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
@@ -963,6 +964,8 @@ class Pump:
         """Log once that `name` is left to another app's pumps (it is checked each second)."""
         if (queue, name) in self._not_here:
             return
+        if len(self._not_here) >= DECODED_CACHE_SIZE:  # bounded like the decode caches
+            self._not_here.clear()  # (each name is then told once more)
         self._not_here.add((queue, name))
         log.warning(
             "%s/%s is decided by a schedule object this pump's app does not have as stored "

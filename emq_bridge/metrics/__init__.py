@@ -32,7 +32,7 @@ if not _FOUND:
 from ..events import add_outcome_listener, remove_outcome_listener
 from ..pump import Pump
 from .families import LAG_BUCKETS_S, multiprocess_dir
-from .outcomes import OutcomeMetrics
+from .outcomes import MAX_QUEUES, OutcomeMetrics, check_max_queues
 from .pump import MetricsEvents
 from .registrations import STATES, RegistrationsCollector
 from .serve import MetricsServer, exposition_registry, serve
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LAG_BUCKETS_S",
+    "MAX_QUEUES",
     "STATES",
     "MetricsEvents",
     "MetricsServer",
@@ -57,7 +58,9 @@ __all__ = [
 
 _outcomes: dict[int, OutcomeMetrics] = {}
 # The registrations collector `install` registered on each registry: a second pump adds its
-# queues to it (a second collector of the same family would be refused).
+# queues to it (a second collector of the same family would be refused). It holds each pump's
+# Repeat weakly, and a pump rebuilt on the same queues replaces the old one's: a process that
+# rebuilds its pump (after a crash, at a reload) does not pile up closed Repeats read at scrape.
 _collectors: dict[int, tuple[CollectorRegistry, RegistrationsCollector]] = {}
 
 
@@ -68,15 +71,21 @@ def _unless_default(registry: CollectorRegistry | None) -> CollectorRegistry | N
     return None if client is not None and registry is client.REGISTRY else registry
 
 
-def install_outcomes(registry: CollectorRegistry | None = None) -> OutcomeMetrics:
+def install_outcomes(
+    registry: CollectorRegistry | None = None, *, max_queues: int | None = None
+) -> OutcomeMetrics:
     """Count this process's occurrence reports on `registry` (default `REGISTRY`); once per
     registry, however often called. Call it where the app is imported, before a prefork
-    pool forks: the children inherit it."""
+    pool forks: the children inherit it. `max_queues` (default `MAX_QUEUES`) bounds the
+    queues whose series it keeps (see `OutcomeMetrics`)."""
+    bound = None if max_queues is None else check_max_queues(max_queues)
     registry = _unless_default(registry)
     key = id(registry)
     found = _outcomes.get(key)
     if found is None or found.registry is not registry:
         found = _outcomes[key] = OutcomeMetrics(registry)
+    if bound is not None:
+        found.max_queues = bound
     add_outcome_listener(found)
     return found
 
@@ -101,7 +110,9 @@ def install(
     With `outcomes`, this process's reports are counted too (`install_outcomes`). With
     `registrations`, a `RegistrationsCollector` of the pump's queues is registered on
     `registry`, except in multiprocess mode, where only the exposition's registry can hold
-    it (`exposition_registry([RegistrationsCollector(...)])`).
+    it (`exposition_registry([RegistrationsCollector(...)])`). One collector serves every
+    pump installed on a registry: a pump's queues stay in it while its `Repeat` lives, and a
+    pump of the same prefix and queues installed later replaces them (a rebuilt pump).
     """
     registry = _unless_default(registry)  # REGISTRY named or not: one listener for it
     for listener in pump.events.listeners:  # installed already: counted once
@@ -117,9 +128,9 @@ def install(
         target = default_registry() if registry is None else registry
         found = _collectors.get(id(target))
         if found is not None and found[0] is target:
-            found[1].add(pump.repeat, pump.queues)
+            found[1].add(pump.repeat, pump.queues, weak=True)
         else:
-            collector = RegistrationsCollector(pump.repeat, pump.queues)
+            collector = RegistrationsCollector(pump.repeat, pump.queues, weak=True)
             target.register(collector)
             _collectors[id(target)] = (target, collector)
     return events

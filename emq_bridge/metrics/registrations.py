@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import EmqError
@@ -30,6 +32,15 @@ DOCUMENTATION = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """The queues of one `Repeat` a collector reads, with what a newer source replaces it by."""
+
+    repeat: Callable[[], Repeat | None]  # None once a weakly held Repeat is gone
+    queues: tuple[str, ...] | None  # None: every queue of the prefix (SCAN)
+    key: tuple[str, tuple[str, ...] | None]  # the prefix and the set of queues
+
+
 class RegistrationsCollector:
     """A `prometheus_client` collector of `emq_bridge_registrations{queue, state}`.
 
@@ -40,21 +51,51 @@ class RegistrationsCollector:
     the scrape goes on without this family (one WARNING per failure streak), so the other
     metrics still arrive; a read that timed out and still waits is waited for by the next
     scrape rather than doubled.
+
+    With `weak`, the collector does not keep `repeat` alive: once nothing else holds it (its
+    pump is gone), its queues drop out (what `install(pump)` uses, see `add`).
     """
 
-    def __init__(self, repeat: Repeat, queues: Iterable[str] | None = None) -> None:
-        self.sources: list[tuple[Repeat, tuple[str, ...] | None]] = []
+    def __init__(
+        self, repeat: Repeat, queues: Iterable[str] | None = None, *, weak: bool = False
+    ) -> None:
+        self._sources: list[_Source] = []
         self._failing = False
         self.read_timeout_s = READ_TIMEOUT_S
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="emq-bridge-metrics")
         self._pending: Future[dict[str, dict[str, int]]] | None = None
         self._lock = threading.Lock()
-        self.add(repeat, queues)
+        self.add(repeat, queues, weak=weak)
 
-    def add(self, repeat: Repeat, queues: Iterable[str] | None = None) -> None:
+    @property
+    def sources(self) -> list[tuple[Repeat, tuple[str, ...] | None]]:
+        """The `(repeat, queues)` read at each scrape, oldest first (a gone one left out)."""
+        live = []
+        for source in self._sources:
+            repeat = source.repeat()
+            if repeat is not None:
+                live.append((repeat, source.queues))
+        return live
+
+    def add(
+        self, repeat: Repeat, queues: Iterable[str] | None = None, *, weak: bool = False
+    ) -> None:
         """Count `queues` of `repeat` too (a second pump of the process, say): one family,
-        one series per queue."""
-        self.sources.append((repeat, tuple(queues) if queues is not None else None))
+        one series per queue.
+
+        A source of the same prefix and queues is replaced, not added to: it is a pump
+        rebuilt after a crash or a reload, whose old `Repeat` is closed (a scrape would open
+        it again) and shows nothing this one does not (one series per queue). Its server is
+        left out of the comparison on purpose: a reload may point it at another one, and the
+        newest is the one the process uses. With `weak`, `repeat` is not kept alive by this
+        collector: when nothing else holds it, its queues drop out.
+        """
+        chosen = tuple(queues) if queues is not None else None
+        key = (repeat.prefix, None if chosen is None else tuple(sorted(set(chosen))))
+        held: Callable[[], Repeat | None] = weakref.ref(repeat) if weak else (lambda: repeat)
+        with self._lock:  # a new list each time: a scrape reads the one it found
+            kept = [s for s in self._sources if s.key != key and s.repeat() is not None]
+            self._sources = [*kept, _Source(held, chosen, key)]
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The family without samples: registering reads nothing from Redis."""
@@ -62,9 +103,11 @@ class RegistrationsCollector:
 
     def _counts(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = {}
-        for repeat, queues in self.sources:
+        # Newest first: a queue named by two sources is counted once, from the pump the
+        # process built last (the older one is closed, or about to be).
+        for repeat, queues in reversed(self.sources):
             for queue in queues if queues is not None else repeat.queues():
-                if queue not in counts:  # a queue named by two sources is counted once
+                if queue not in counts:
                     counts[queue] = repeat.count_states(queue)
         return counts
 
