@@ -63,8 +63,9 @@ class Health:
     now_ms: int
     max_lag_ms: int
     queues: tuple[QueueHealth, ...] = field(default=())
-    # The server's maxmemory-policy (None when CONFIG is refused): one that evicts any key
-    # can drop schedules, which the line then says (never the cause of a failed check).
+    # The server's maxmemory-policy (None when neither CONFIG nor INFO may be read): one that
+    # evicts any key can drop schedules, which the line then says (never the cause of a
+    # failed check).
     eviction_policy: str | None = None
 
 
@@ -87,12 +88,14 @@ def check(
     earliest active next run passed more than `max_lag_ms` ago (server clock). Costs one
     pipeline for every queue's earliest run, one for the pumps and the server's clock: three
     round trips however many queues (and the SCAN that finds them when `queues` is not
-    given), plus one when a named queue holds no scheduled run (none, or all paused), to
-    tell whether its registry exists, and one for the server's `maxmemory-policy`: one that
-    evicts any key (`allkeys-*`) is named in the line, healthy or not, without failing the
-    check (a restarted pod would not fix it; an evicted registry is often why a queue has
-    none). Raises `RegistryUnavailable`/`RegistryError` when Redis fails (the first failing
-    queue's error; a key of the wrong type is named).
+    given, and an `INFO cluster` before the first SCAN), plus one when a named queue holds
+    no scheduled run (none, or all paused), to tell whether its registry exists, and one
+    for the server's `maxmemory-policy` (two where CONFIG is refused: `INFO memory` then):
+    one that evicts any key (`allkeys-*`) is named in the line, healthy or not, without
+    failing the check (a restarted pod would not fix it; an evicted registry is often why
+    a queue has none). Raises `RegistryUnavailable`/`RegistryError` when Redis fails (the
+    first failing queue's error; a key of the wrong type is named; a plain client on a Redis
+    Cluster node, which would see part of the queues).
     """
     if max_lag_ms < 0:
         raise ValueError("max_lag_ms must not be negative")

@@ -63,7 +63,7 @@ from .outcome import HISTORY_SIZE
 from .overdue_edit import SLOT_FIELDS, resumed_slot
 from .overlap import overlapped_calls
 from .pump_options import MAX_BATCH_SIZE
-from .replies import redis_errors, text
+from .replies import CLUSTER_NODE, redis_errors, text
 from .scripts import Scripts
 from .stamps import StampMoves
 from .template_pieces import split_template
@@ -551,6 +551,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         self.scripts = Scripts.load(client)
         self.cluster = isinstance(client, redis.cluster.RedisCluster)
         self.clock = clock
+        # Whether the server is a Redis Cluster node this plain client sees part of: asked
+        # once (`INFO cluster`), by the first read of the whole keyspace (`_whole_keyspace`).
+        self._on_cluster_node: bool | None = None
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
@@ -614,22 +617,50 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
     def eviction_policy(self) -> str | None:
         """Return the server's `maxmemory-policy` (on a cluster, an evicting one of any
-        primary's, else the first's), or None when it cannot be read (CONFIG refused by an
-        ACL or a managed service: said at INFO)."""
+        primary's, else the first's), or None when it cannot be read (said at INFO).
+
+        Read with `CONFIG GET`; where CONFIG is refused (an ACL) or renamed away (a managed
+        service: ElastiCache, MemoryDB), from `INFO memory` instead, one more round trip.
+        """
         try:
-            with redis_errors("CONFIG GET maxmemory-policy"):
-                if self.cluster:
-                    client = self.client
-                    reply = client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
-                else:
-                    reply = self.client.config_get("maxmemory-policy")
-        except RegistryError as exc:  # CONFIG may be disabled by ACL or a managed service
+            policies = self._configured_policies()
+        except RegistryUnavailable as exc:
             log.info("could not read maxmemory-policy (%s); make sure it is noeviction", exc)
             return None
+        except RegistryError as refused:
+            try:
+                policies = self._reported_policies()
+            except RegistryError as exc:  # INFO is @dangerous too, to an ACL
+                log.info(
+                    "could not read maxmemory-policy (%s; %s); make sure it is noeviction",
+                    refused,
+                    exc,
+                )
+                return None
+        return next((p for p in policies if p in EVICTING_POLICIES), policies[0])
+
+    def _primaries(self) -> dict[str, Any]:
+        """The options that send a server-wide command to every primary of a cluster."""
+        return {"target_nodes": self.client.PRIMARIES} if self.cluster else {}
+
+    def _configured_policies(self) -> builtins.list[str]:
+        """Return each primary's `maxmemory-policy` as `CONFIG GET` answers it (at least one)."""
+        with redis_errors("CONFIG GET maxmemory-policy"):
+            reply = self.client.config_get("maxmemory-policy", **self._primaries())
         per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
         nodes = reply.values() if per_node else [reply]
-        policies = [str(next(iter(node.values()), "")) if node else "" for node in nodes]
-        return next((p for p in policies if p in EVICTING_POLICIES), policies[0])
+        return [str(next(iter(node.values()), "")) if node else "" for node in nodes]
+
+    def _reported_policies(self) -> builtins.list[str]:
+        """Return each primary's `maxmemory_policy` as `INFO memory` reports it (at least
+        one); `RegistryError` if a server's INFO does not name it."""
+        with redis_errors("INFO memory"):
+            reply = self.client.info("memory", **self._primaries())
+        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
+        nodes = builtins.list(reply.values()) if per_node else [reply]
+        if not all("maxmemory_policy" in node for node in nodes):
+            raise RegistryError("INFO memory: the server does not report its maxmemory_policy")
+        return [text(node["maxmemory_policy"]) for node in nodes]
 
     def any_exist(self, groups: Sequence[Sequence[str]], what: str) -> builtins.list[bool]:
         """Return, for each group of keys, whether any of them exists: one pipeline of one
@@ -1620,6 +1651,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         listing of everything (`list`, `export`) reads them and fails (WRONGTYPE) instead of
         leaving their schedules out. Without it (pumps, syncs, health, metrics, the web
         view) they are not queues, so one broken key stops none of those."""
+        self._whole_keyspace("list queues")
         found: set[str] = set()
         only = {} if broken else {"_type": "zset"}
         with redis_errors("list queues"):
@@ -1629,6 +1661,41 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 raw = text(key)
                 found.add(raw[len(self.prefix) + 2 : -len("}:repeat")])
         return sorted(found)
+
+    def pump_queues(self, *, broken: bool = False) -> builtins.list[str]:
+        """Return the queues that have a pump table under this prefix (SCAN; an admin read);
+        see `HeartbeatMoves.pump_queues`. `RegistryError` on a Redis Cluster node reached
+        by a plain client, as `queues`."""
+        self._whole_keyspace("list pump tables")
+        return super().pump_queues(broken=broken)
+
+    def _whole_keyspace(self, action: str) -> None:
+        """Raise `RegistryError` (`action` names the read) if this client is a plain one on
+        a Redis Cluster node: a SCAN there sees the node's own slots only, so a listing, an
+        export or a health check would answer part of the registry as if it were all of it.
+
+        One `INFO cluster` the first time, then none. A server that refuses INFO (an ACL
+        without @dangerous, a managed service) cannot tell: the read goes on, as before.
+        Only the reads of the whole keyspace ask: a move on one queue's keys meets a
+        redirection instead, which `redis_errors` maps to the same message.
+        """
+        if self._on_cluster_node is None:
+            self._on_cluster_node = not self.cluster and self._cluster_enabled(action)
+        if self._on_cluster_node:
+            raise RegistryError(f"{action}: {CLUSTER_NODE}")
+
+    def _cluster_enabled(self, action: str) -> bool:
+        """Return whether the server says `cluster_enabled:1` (False when it refuses INFO).
+        Raises `RegistryUnavailable` when it cannot be reached."""
+        try:
+            with redis_errors(action):
+                reply = self.client.info("cluster")
+        except RegistryUnavailable:
+            raise
+        except RegistryError as exc:
+            log.debug("%s: INFO cluster refused, cannot tell a cluster node: %s", action, exc)
+            return False
+        return text(reply.get("cluster_enabled", 0)) == "1"
 
     def next_runs(self, queue: str, name: str, n: int = 5) -> builtins.list[int]:
         """Return the next `n` runs of `name` in epoch ms (`n` up to `MAX_NEXT_RUNS`).

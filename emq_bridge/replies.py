@@ -14,7 +14,16 @@ import redis
 
 from .errors import RegistryError, RegistryUnavailable
 
-__all__ = ["redis_errors", "text"]
+__all__ = ["CLUSTER_NODE", "redis_errors", "text"]
+
+# Why a plain client cannot use a Redis Cluster node (an ElastiCache cluster-mode endpoint
+# given as redis://): the node holds its own slots' keys only, and redirects the others.
+CLUSTER_NODE = (
+    "the server is a Redis Cluster node, which a plain redis:// client reaches only part of; "
+    "connect with a redis+cluster:// URL (rediss+cluster:// for TLS)"
+)
+# An outage's message quotes redis-py's reason up to here: one line, whatever it holds.
+MAX_REASON_CHARS = 200
 
 
 def text(value: Any) -> str:
@@ -99,6 +108,29 @@ def _as_from_7(error: redis.RedisError) -> redis.RedisError:
     return redis.ResponseError(reply) if kind is None else kind(rest)
 
 
+# Where redis-py names the server in a connection error: `Error 111 connecting to
+# <host>:<port>. Connection refused.`, `Timeout reading from <host>:<port>`, `Error while
+# reading from <host>:<port> : (104, ...)`. The host is cut from the URL as redis-py reads it,
+# which takes part of a password holding an unescaped '#', '?' or '/' for the host.
+_SERVER_NAMED = re.compile(r"\b(connecting to|reading from) .+?(?=\.(?: |$)| ?: |$)")
+
+
+def _reason(error: redis.RedisError) -> str:
+    """Return redis-py's reason for a failed connection, for a message: on one line, the
+    server's address left out (it may hold a piece of the password), cut at
+    `MAX_REASON_CHARS`. The server's replies (an AUTH refused) never quote the password."""
+    line = _SERVER_NAMED.sub(r"\1 the server", " ".join(str(error).split()))
+    if len(line) > MAX_REASON_CHARS:
+        line = f"{line[:MAX_REASON_CHARS]}…"
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
+def _redirected(error: redis.exceptions.AskError) -> str:
+    """Return the redirection `error` answered, as the server sent it (`MOVED 3999 host:6379`)."""
+    code = "MOVED" if isinstance(error, redis.exceptions.MovedError) else "ASK"
+    return f"{code} {error.slot_id} {error.host}:{error.port}"
+
+
 @contextmanager
 def redis_errors(action: str) -> Iterator[None]:
     """Map redis-py's exceptions to ours at this one boundary."""
@@ -116,10 +148,16 @@ def redis_errors(action: str) -> Iterator[None]:
         raise RegistryUnavailable(f"{action}: Redis cannot serve it now: {exc}") from exc
     except redis.AuthenticationError as exc:  # a ConnectionError to redis-py
         raise RegistryUnavailable(
-            f"{action}: Redis refused the credentials; check the user and password"
+            f"{action}: Redis refused the credentials; check the user and password ({_reason(exc)})"
         ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RegistryUnavailable(f"{action}: Redis is unreachable ({type(exc).__name__})") from exc
+        # Its reason tells a refused connection from a TLS certificate refused or a CA file
+        # not found, which a pump or a beat logs no other way.
+        raise RegistryUnavailable(f"{action}: Redis is unreachable ({_reason(exc)})") from exc
+    except redis.exceptions.AskError as exc:  # and MovedError
+        # A RedisCluster follows redirections itself (and says "TTL exhausted" when they run
+        # out): this client is a plain one, on one node of a cluster.
+        raise RegistryError(f"{action}: {CLUSTER_NODE} (it answered {_redirected(exc)})") from exc
     except _FAILING_OVER as exc:
         # A cluster or a replica in the middle of a failover: an outage, retried and told
         # once, not a broken registry (a read-only replica named by mistake says so too).
