@@ -306,7 +306,11 @@ class Heartbeat:
         self.pid = os.getpid()
         self.version = _version()
         self.id = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"
-        self.started_ms = int(time.time() * 1000)
+        # The pump's start on the server's clock, as every time a heartbeat carries (this
+        # host's may be off, and readers compare it with the server's): unknown until the
+        # first server time seen (`_anchor_start`), timed back from then on the monotonic clock.
+        self._made_at = time.monotonic()
+        self.started_ms: int | None = None
         self.ticks = 0
         self.dispatched = 0
         self._written_at: float | None = None
@@ -361,6 +365,8 @@ class Heartbeat:
             for queue in {o.queue for o in refused} - worked:
                 self._failing_queues.setdefault(queue, now_ms)
         self._tick_ms = now_ms
+        if self.started_ms is None:
+            self._anchor_start(now_ms)
         if self._written_at is not None and time.monotonic() - self._written_at < self.interval_s:
             return False
         return self.write(repeat)
@@ -368,6 +374,8 @@ class Heartbeat:
     def write(self, repeat: HeartbeatMoves) -> bool:
         """Write the heartbeat now; return whether it worked (a failure is logged once)."""
         try:
+            if self.started_ms is None:  # written before any tick: one TIME, once
+                self._anchor_start(repeat.server_time_ms())
             repeat.write_heartbeat(self.queues, self.id, self.info(), self.ttl_ms)
         except EmqError as exc:
             if not self._failing:
@@ -380,6 +388,12 @@ class Heartbeat:
         self._written_at = time.monotonic()
         self._failing = False
         return True
+
+    def _anchor_start(self, server_now_ms: int) -> None:
+        """Set `started_ms`: `server_now_ms` (the server's clock) less the time this heartbeat
+        has existed, on the monotonic clock."""
+        lived_ms = int((time.monotonic() - self._made_at) * 1000)
+        self.started_ms = max(0, server_now_ms - lived_ms)
 
     def remove(self, repeat: HeartbeatMoves) -> None:
         """Remove the heartbeat (the pump stops); a failure is logged: it expires anyway."""

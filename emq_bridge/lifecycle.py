@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from .arguments import whole_arg
@@ -64,6 +65,15 @@ GUARDED_MODES = frozenset({"skip", "buffer_one", "replace"})
 START_TIMEOUT_MS = 600_000
 # A running occurrence whose worker did not heartbeat for this long is lost.
 HEARTBEAT_TTL_MS = 30_000
+# Runs whose start this process reported (`Repeat.started`) and that did not end yet, kept
+# at most: the oldest go past it (a worker that never reports some ends).
+MAX_RUN_STARTS = 10_000
+
+# Those runs, by (queue, occurrence id, attempt): the start's time and the monotonic clock
+# then, so that `Repeat.finished` times the run on a clock no step moves (`_timed_end`). Of
+# the process, not of one `Repeat`: a worker may build one per message. Single dict
+# operations, atomic under the GIL: no lock (none to be held across a fork).
+_run_starts: dict[tuple[str, str, int], tuple[int, float]] = {}
 
 
 def _nominal(entry: HistoryEntry) -> int:
@@ -141,6 +151,26 @@ def report_of(
         error=error_text(error),
         hold_ms=hold_ms,
     )
+
+
+def _note_start(item: Report) -> None:
+    """Keep the start `item` for the end of its run (`_timed_end`)."""
+    _run_starts[(item.queue, item.id, item.attempt)] = (item.at_ms, time.monotonic())
+    while len(_run_starts) > MAX_RUN_STARTS:
+        try:
+            del _run_starts[next(iter(_run_starts))]
+        except (StopIteration, RuntimeError, KeyError):  # another thread changed it: its turn
+            break
+
+
+def _timed_end(item: Report) -> Report:
+    """The final `item` at its run's start plus the time elapsed on the monotonic clock,
+    when this process reported that start: a step of the wall clock during the run (NTP)
+    neither stretches nor zeroes its duration (docs/lifecycle.md). As it is otherwise."""
+    began = _run_starts.pop((item.queue, item.id, item.attempt), None)
+    if began is None:
+        return item
+    return replace(item, at_ms=began[0] + int((time.monotonic() - began[1]) * 1000))
 
 
 class LifecycleMoves:
@@ -249,7 +279,9 @@ class LifecycleMoves:
         **options: Any,
     ) -> bool:
         """Report that `occurrence` ended, succeeded (`ok=True`) or failed with `error`; True
-        if it was recorded. Never raises: a failure is one log line."""
+        if it was recorded. Never raises: a failure is one log line. When this process
+        reported its start (`started`), its end is that start plus the time elapsed on the
+        monotonic clock: a wall clock stepped meanwhile does not change its duration."""
         kind: ReportKind = "succeeded" if ok else "failed"
         return self._report_safely(kind, occurrence, attempt, error, options)
 
@@ -263,6 +295,10 @@ class LifecycleMoves:
     ) -> bool:
         try:
             item = report_of(kind, occurrence, attempt=attempt, error=error)
+            if kind == "started":
+                _note_start(item)
+            elif kind != "heartbeat":
+                item = _timed_end(item)
             return self.report([item], **options) > 0
         except Exception as exc:  # never into the task (its docstring's promise)
             log.warning("the %s report of an occurrence was dropped: %s", kind, exc)

@@ -270,8 +270,9 @@ def _split_schedule(
     return schedule[:first], schedule[first + 1 :]
 
 
-# The `started` report of a task being run, and its reporter, kept on the task's request
-# (one per execution) so that its end is reported without reading the headers again.
+# The `started` report of a task being run, its reporter and the monotonic clock when the
+# start was stamped, kept on the task's request (one per execution) so that its end is
+# reported without reading the headers again, and timed on a clock no step moves (`_end_ms`).
 _START = "_emq_bridge_start"
 
 
@@ -289,10 +290,11 @@ def _report(
         if request is None:
             return
         if kind != "started":
-            began: tuple[Reporter, Report] | None = getattr(request, _START, None)
+            began: tuple[Reporter, Report, float] | None = getattr(request, _START, None)
             if began is not None:  # this process ran the task: its start has the fields
                 text = error_text(error)
-                began[0].finish(began[1], kind, _now_ms(), text, hold_ms=hold_ms)
+                end_ms = _end_ms(began[1], began[2])
+                began[0].finish(began[1], kind, end_ms, text, hold_ms=hold_ms)
                 return
         app = getattr(task, "app", None)
         if app is None:
@@ -305,6 +307,7 @@ def _report(
             start = started_report(request, app, attempt)
             if start is None:
                 return
+            clock = time.monotonic()  # beside the start's stamp: before any round trip
             _process.used.add(id(reporter))
             if not start.triggered and _guarded(request):
                 # A guarded run is in flight, heartbeated, from its start on (one round trip,
@@ -313,7 +316,7 @@ def _report(
                 # timeout (10 minutes) instead of `3 * emq_bridge_heartbeat_s`.
                 reporter.mark_running(start)
             reporter.report(start)
-            setattr(request, _START, (reporter, start))
+            setattr(request, _START, (reporter, start, clock))
             return
         occurrence = occurrence_of(request, app)
         if occurrence is None:
@@ -342,6 +345,13 @@ def _guarded(request: Any) -> bool:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _end_ms(start: Report, clock: float) -> int:
+    """The end, now, of the run `start` began when the monotonic clock read `clock`: its
+    start plus the time elapsed, so that a step of the wall clock during the run (NTP)
+    neither stretches nor zeroes its duration (docs/lifecycle.md)."""
+    return start.at_ms + int((time.monotonic() - clock) * 1000)
 
 
 def _hold_ms(reason: Any) -> int:

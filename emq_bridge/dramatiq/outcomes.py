@@ -91,16 +91,24 @@ class _Run:
 
     `start` is its `started` report, built once from the message: the final report is made
     from it (`Report.ended`), carrying the start. `began` says whether it was sent (a run
-    whose start was not seen reports no start)."""
+    whose start was not seen reports no start). `clock` is the monotonic clock when the
+    start was stamped: the run's end is timed from it (`now_ms`)."""
 
     message: Any  # the `MessageProxy` every hook of one processing is handed
     message_id: str
     start: Report
+    clock: float
     finished_ms: int | None = None
     error: BaseException | None = None
     retry_delay_ms: int | None = None
     skipped: bool = False  # reported at the skip; its ack or nack reports nothing more
     began: bool = False
+
+    def now_ms(self) -> int:
+        """Now, for this run: its start plus the time elapsed on the monotonic clock, so that
+        a step of the wall clock during the run (NTP) neither stretches nor zeroes its
+        duration, and its end stays in line with its start (docs/lifecycle.md)."""
+        return self.start.at_ms + int((time.monotonic() - self.clock) * 1000)
 
 
 class MessageOutcomes:
@@ -162,7 +170,7 @@ class MessageOutcomes:
         schedule (`skip`) for as long as the worker lives."""
         run = self._run_of(message, create=True)
         if run is not None:
-            run.finished_ms = _now_ms()
+            run.finished_ms = run.now_ms()
             run.error = exception
             if run.began:
                 try:
@@ -183,7 +191,7 @@ class MessageOutcomes:
             run.skipped = True
             # Skipped before its start (a middleware ahead of ours: `AgeLimit`): this copy
             # never ran, so it does not end the attempt if it runs elsewhere (a redelivery).
-            self._send("skipped", run, _now_ms(), task_ran=run.began)
+            self._send("skipped", run, run.now_ms(), task_ran=run.began)
 
     def acked(self, message: Any) -> None:
         """`after_ack`: succeeded, or retrying/failed if the actor raised (module docstring)."""
@@ -193,7 +201,7 @@ class MessageOutcomes:
         self._local.run = None
         if run.skipped:
             return
-        at_ms = run.finished_ms or _now_ms()
+        at_ms = run.finished_ms or run.now_ms()
         if run.error is None:
             self._send("succeeded", run, at_ms)
         elif run.retry_delay_ms is not None:
@@ -211,12 +219,12 @@ class MessageOutcomes:
             if not actor_found:
                 actor = getattr(message, "actor_name", "?")
                 error_line = f"ActorNotFound: {actor!r} is not an actor of this worker"
-                self._send("failed", run, _now_ms(), error_line, task_ran=False)
+                self._send("failed", run, run.now_ms(), error_line, task_ran=False)
                 return
             error: BaseException | str | None = run.error
             if error is None:
                 error = "the message failed before its actor ran"
-            self._send("failed", run, run.finished_ms or _now_ms(), error)
+            self._send("failed", run, run.finished_ms or run.now_ms(), error)
 
     def flush(self, timeout_s: float) -> None:
         if self._reporter is not None:
@@ -250,7 +258,7 @@ class MessageOutcomes:
             start = start_report(message, _now_ms())
             if start is None:
                 return None
-            run = _Run(message, message_id, start)
+            run = _Run(message, message_id, start, time.monotonic())
         except Exception as exc:  # a message that is not one: never into the worker
             log.warning("a message's occurrence could not be read; not reported: %s", exc)
             return None
