@@ -29,7 +29,8 @@ through `CeleryDispatcher.dispatch` (the normal path), one message at a time:
 
 * a publish signal (`before_task_publish`, `after_task_publish`, `task_sent`) has a
   receiver, or `task_send_sent_event` is on: those may change or observe each message;
-* the message has an `eta` or `expires` (they are computed from the time of sending);
+* the message has an `eta` or `expires` (made per message: an eta from the time of
+  sending, a relative expires from the claim on the server's clock, `expiry.expires_at`);
 * the route goes to a fanout exchange, or to a queue with `x-expires`;
 * task protocol 1 (the task id is inside the body);
 * an occurrence whose args a typed task refuses, or its serializer cannot encode: the
@@ -159,7 +160,8 @@ class PipelinedCeleryDispatcher:
         self._lock = threading.Lock()  # one plan is built at a time (the capture is shared)
 
     def expiry_ms(self, template: Mapping[str, Any]) -> int | None:
-        """`CeleryDispatcher.expiry_ms` (a task with `expires` is sent on that path)."""
+        """`CeleryDispatcher.expiry_ms` (a task with `expires` is sent on that path, which
+        dates a relative one from the claim, on the server's clock)."""
         return self.fallback.expiry_ms(template)
 
     def _connect(self) -> _Capture:

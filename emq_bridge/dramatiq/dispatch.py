@@ -61,7 +61,9 @@ def build_message(
     The actor named by the template's `task` must be declared on `broker`: its queue is
     the message's queue. An unreadable template or an undeclared actor can never be sent:
     `PermanentDispatchError` (the pump parks the registration; for an undeclared actor its
-    reason says that another app sharing the registry needs a prefix of its own).
+    reason says that another app sharing the registry needs a prefix of its own). Its
+    `message_timestamp` is when the pump claimed it, on the server's clock
+    (`Occurrence.released_ms`), not this host's.
     """
     try:
         template = TaskTemplate.read(occurrence.template)
@@ -97,6 +99,10 @@ def build_message(
         kwargs=dict(template.kwargs),
         options=options,
         message_id=occurrence.id,
+        # Dramatiq stamps the sending host's clock, which a worker's `AgeLimit` (`max_age`)
+        # compares with its own: the claim's server time instead, so a pump whose clock is
+        # off sends no message that looks older (or younger) than it is.
+        message_timestamp=occurrence.released_ms,
     )
 
 
