@@ -9,10 +9,7 @@ whose worker is killed is marked lost once its heartbeats stop.
 
 A `started` report waits aside until its run has lasted `linger_s`: a run that ends before
 then reports its start in its final report (`started_ms`), one update for a short task, and
-its start never goes to the queue; a longer run's start is sent on its own. While reports keep
-coming, the thread gathers each batch for one linger on the clock, so no report wakes it; it
-sleeps until woken (by the next report, a full batch, a flush or a close) once a linger
-gathered nothing.
+its start never goes to the queue; a longer run's start is sent on its own.
 
 If Redis cannot be reached (`RegistryUnavailable`), the reports wait: the batch goes back to
 the front of the queue, in order, and the thread tries again, backing off from 0.5 s to 5 s,
@@ -342,37 +339,27 @@ class Reporter:
     def _run(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_s
         pending, wake, unsent = self._pending, self._wake, self._unsent
-        busy = False
         while True:
-            if busy and not self._closed:
-                # Reports kept coming: the next batch gathers on the clock, for one linger,
-                # while the thread is not idle, so no report sets `_wake` (only a full batch,
-                # a flush or a close do). Waking a sleeping thread from a task's thread costs
-                # that task far more than the report itself (a futex wake, then the GIL
-                # handed over), and a busy worker would pay it every batch.
-                wake.wait(self.linger_s)
-                wake.clear()
-            else:
-                # `_idle` before the check: a report appended after it sees it and wakes us.
-                self._idle = True
-                if not pending and not self._closed:
-                    wait = next_beat - time.monotonic()
-                    if unsent:  # until the oldest start waiting aside is due
-                        wait = min(wait, self._starts_due_in())
-                    wake.wait(max(0.0, wait))
-                self._idle = False
-                wake.clear()
-                # Let a batch gather (a full one, a flush or a close sends at once).
-                gather_until = time.monotonic() + self.linger_s
-                while (
-                    0 < len(pending) < BATCH
-                    and not (self._closed or self._flushing)
-                    and (left := gather_until - time.monotonic()) > 0
-                ):
-                    wake.wait(left)
-                    wake.clear()
+            # `_idle` before the check: a report appended after it sees it and wakes us.
+            self._idle = True
+            if not pending and not self._closed:
+                wait = next_beat - time.monotonic()
+                if unsent:  # until the oldest start waiting aside is due
+                    wait = min(wait, self._starts_due_in())
+                wake.wait(max(0.0, wait))
+            self._idle = False
+            wake.clear()
             if self._closed and not pending and not unsent:
                 return
+            # Let a batch gather (a full one, a flush or a close sends at once).
+            gather_until = time.monotonic() + self.linger_s
+            while (
+                0 < len(pending) < BATCH
+                and not (self._closed or self._flushing)
+                and (left := gather_until - time.monotonic()) > 0
+            ):
+                wake.wait(left)
+                wake.clear()
             # While reports wait for Redis, the heartbeats of one round at most wait with them;
             # the next round is queued once those went (at once: it is due by then).
             if time.monotonic() >= next_beat and not (self._waiting and pending):
@@ -409,9 +396,6 @@ class Reporter:
                     self._lock.notify_all()
             if kept:
                 self._back_off()
-            # A batch sent: more are likely to come (a busy worker). A linger that gathered
-            # nothing makes the thread idle again, woken by the next report.
-            busy = bool(batch)
 
     def _stopping(self) -> bool:
         """A flush or a close waits: a send that fails drops its reports, none waits."""
