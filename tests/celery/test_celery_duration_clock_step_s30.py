@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import skewed_clock
 from processes import wait_until
 from quiet import quiet_offset
 
@@ -34,29 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 RUN_S = 3.0
 STEP_S = 3600
 
-# Loaded before anything else in the worker (it is first on PYTHONPATH): its wall clock is
-# `time.time()` plus the seconds in `$CLOCK_OFFSET_FILE`, read again every 0.2 s.
-SKEW = textwrap.dedent("""
-    import os, time
-
-    _file, _time, _mono = os.environ["CLOCK_OFFSET_FILE"], time.time, time.monotonic
-    _seen = [0.0, -1.0]
-
-
-    def _offset():
-        if _mono() - _seen[1] > 0.2:
-            try:
-                with open(_file) as f:
-                    _seen[0] = float(f.read().strip() or 0)
-            except (OSError, ValueError):
-                pass
-            _seen[1] = _mono()
-        return _seen[0]
-
-
-    time.time = lambda: _time() + _offset()
-    time.time_ns = lambda: int((_time() + _offset()) * 1e9)
-""")
+SKEW = skewed_clock.STEPPED
 
 APP = textwrap.dedent("""
     import json, os, time

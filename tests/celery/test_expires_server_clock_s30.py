@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import redis
+import skewed_clock
 from celery import Celery
 from kombu import Connection
 from processes import stop, wait_until
@@ -42,48 +43,7 @@ EXPIRES_S = 60
 RUNS = 3  # slots that must run before the beat stops
 T0 = 1_899_936_000_000  # 2030-03-17T00:00:00Z
 
-# Moves this process's wall clock by $CLOCK_OFFSET_S seconds: `time.time`, `time.time_ns`,
-# `datetime.now`/`utcnow`/`today`; `time.monotonic` is left alone.
-SKEW = textwrap.dedent("""
-    import datetime as _dt
-    import os
-    import time as _time
-
-    _offset = float(os.environ.get("CLOCK_OFFSET_S", "0") or 0)
-    if _offset:
-        _real_time, _real_time_ns = _time.time, _time.time_ns
-
-        def time():
-            return _real_time() + _offset
-
-        def time_ns():
-            return _real_time_ns() + int(_offset * 1e9)
-
-        _time.time, _time.time_ns = time, time_ns
-        _RealDT = _dt.datetime
-
-        class _Meta(type):
-            def __instancecheck__(cls, obj):
-                return isinstance(obj, _RealDT)
-
-            def __subclasscheck__(cls, sub):
-                return issubclass(sub, _RealDT)
-
-        class FakeDatetime(_RealDT, metaclass=_Meta):
-            @classmethod
-            def now(cls, tz=None):
-                return _RealDT.fromtimestamp(time(), tz)
-
-            @classmethod
-            def utcnow(cls):
-                return _RealDT.utcfromtimestamp(time())
-
-            @classmethod
-            def today(cls):
-                return _RealDT.fromtimestamp(time())
-
-        _dt.datetime = FakeDatetime
-""")
+SKEW = skewed_clock.FIXED_OFFSET
 
 APP = (
     textwrap.dedent("""
