@@ -219,7 +219,14 @@ def test_rabbitmq_expiration_stays_the_seconds(rabbitmq_url: str) -> None:
             channel.queue_declare(queue, durable=True, auto_delete=False)
             try:
                 CeleryDispatcher(app).dispatch(occurrence(queue, {"expires": 60}, T0))
-                message = channel.basic_get(queue, no_ack=True)
+                # The publish went on the app's own connection: the broker routes it to the
+                # queue a moment later, which this channel's basic_get may come before.
+                message = None
+                deadline = time.monotonic() + 10
+                while message is None and time.monotonic() < deadline:
+                    message = channel.basic_get(queue, no_ack=True)
+                    if message is None:
+                        time.sleep(0.05)
             finally:
                 channel.queue_delete(queue)
         assert message is not None
