@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from certificates import Certificates, make_certificates
+from needs import require
 from processes import run_app_cli, stop, wait_until
 
 from emq_bridge import ConfigError, EmqError, Repeat
@@ -43,18 +45,8 @@ from emq_bridge.urls import client_from_url, parse_hosts_url
 
 pytestmark = [pytest.mark.timeout(150)]
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PORTS = range(27700, 27750)  # this test's ports
 QUEUE = "tls-s30"
-
-
-def require(condition: object, what: str) -> None:
-    """Fail in CI, skip elsewhere, when a tool the test needs is missing."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"{what} (CI=true: the TLS test must run in CI)")
-    pytest.skip(f"{what} (runs in CI)")
 
 
 def free_ports(count: int) -> list[int]:
@@ -76,68 +68,6 @@ def free_ports(count: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Certificates:
-    ca: Path
-    client_cert: Path
-    client_key: Path
-    server_cert: Path
-    server_key: Path
-
-    def broker_use_ssl(self) -> dict[str, Any]:
-        """The `broker_use_ssl` of a Celery app on the server, as Celery's docs write it."""
-        return {
-            "ssl_ca_certs": str(self.ca),
-            "ssl_certfile": str(self.client_cert),
-            "ssl_keyfile": str(self.client_key),
-            "ssl_cert_reqs": ssl.CERT_REQUIRED,
-        }
-
-    def query(self, cert_reqs: str, *, ca: bool = True) -> str:
-        """The same options as a URL's query, `ssl_cert_reqs` spelt `cert_reqs`."""
-        query = f"ssl_cert_reqs={cert_reqs}&ssl_certfile={self.client_cert}"
-        query += f"&ssl_keyfile={self.client_key}"
-        return f"{query}&ssl_ca_certs={self.ca}" if ca else query
-
-
-def make_certificates(directory: Path) -> Certificates:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made by `openssl`."""
-    openssl = shutil.which("openssl")
-    require(openssl, "openssl is not on PATH")
-    assert openssl is not None
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
-
-    run(
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=s30 CA",
-    )
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for who, subject in (("server", "/CN=127.0.0.1"), ("client", "/CN=s30 app")):
-        run("req", *ec, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", subject)
-        run(
-            "x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{who}.crt", "-days", "2", "-extfile", f"{who}.ext",
-        )  # fmt: skip
-    return Certificates(
-        *(directory / name for name in ("ca.crt", "client.crt", "client.key")),
-        directory / "server.crt",
-        directory / "server.key",
-    )
-
-
-@dataclass(frozen=True)
 class TlsServer:
     tls_port: int
     plain_port: int
@@ -150,6 +80,21 @@ class TlsServer:
     def plain(self) -> redis.Redis:
         """A client on the plain port: the test reads what the app wrote over TLS."""
         return redis.Redis(port=self.plain_port)
+
+    def broker_use_ssl(self) -> dict[str, Any]:
+        """The `broker_use_ssl` of a Celery app on the server, as Celery's docs write it."""
+        return {
+            "ssl_ca_certs": str(self.certs.ca),
+            "ssl_certfile": str(self.certs.client_cert),
+            "ssl_keyfile": str(self.certs.client_key),
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        }
+
+    def query(self, cert_reqs: str, *, ca: bool = True) -> str:
+        """The same options as a URL's query, `ssl_cert_reqs` spelt `cert_reqs`."""
+        query = f"ssl_cert_reqs={cert_reqs}&ssl_certfile={self.certs.client_cert}"
+        query += f"&ssl_keyfile={self.certs.client_key}"
+        return f"{query}&ssl_ca_certs={self.certs.ca}" if ca else query
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +141,7 @@ def celery_app(broker: str, prefix: str, **conf: Any) -> Celery:
 
 def test_a_registry_on_the_broker_takes_broker_use_ssl(tls_server: TlsServer, prefix: str) -> None:
     """The probe's app: `broker_url` and `broker_use_ssl` only. Before: a certificate error."""
-    app = celery_app(tls_server.url, prefix, broker_use_ssl=tls_server.certs.broker_use_ssl())
+    app = celery_app(tls_server.url, prefix, broker_use_ssl=tls_server.broker_use_ssl())
     assert exercise(repeat_for(app), "tick") == ["tick"]
 
 
@@ -218,7 +163,7 @@ def test_a_registry_of_its_own_takes_emq_bridge_redis_use_ssl(
         broker_use_ssl={"cert_reqs": ssl.CERT_REQUIRED},
         emq_bridge_redis_url=tls_server.url,
         emq_bridge_redis_use_ssl={
-            **tls_server.certs.broker_use_ssl(),
+            **tls_server.broker_use_ssl(),
             "ssl_cert_reqs": "CERT_REQUIRED",
         },
     )
@@ -232,7 +177,7 @@ def test_emq_bridge_redis_use_ssl_wins_over_broker_use_ssl(
         tls_server.url,
         prefix,
         broker_use_ssl={"ssl_ca_certs": "/nonexistent/ca.pem"},
-        emq_bridge_redis_use_ssl=tls_server.certs.broker_use_ssl(),
+        emq_bridge_redis_use_ssl=tls_server.broker_use_ssl(),
     )
     assert exercise(repeat_for(app), "wins") == ["wins"]
 
@@ -287,7 +232,7 @@ def test_no_tls_setting_leaves_a_redis_url_as_it_is() -> None:
 def test_a_url_takes_every_spelling_of_ssl_cert_reqs(
     tls_server: TlsServer, prefix: str, cert_reqs: str
 ) -> None:
-    url = f"{tls_server.url}?{tls_server.certs.query(cert_reqs)}"
+    url = f"{tls_server.url}?{tls_server.query(cert_reqs)}"
     assert exercise(Repeat.from_url(url, prefix), "q") == ["q"]
 
 
@@ -296,7 +241,7 @@ def test_cert_none_in_any_spelling_checks_no_server_certificate(
     tls_server: TlsServer, prefix: str, cert_reqs: str
 ) -> None:
     """No CA given: only a client that does not check the server's certificate connects."""
-    url = f"{tls_server.url}?{tls_server.certs.query(cert_reqs, ca=False)}"
+    url = f"{tls_server.url}?{tls_server.query(cert_reqs, ca=False)}"
     assert exercise(Repeat.from_url(url, prefix), "none") == ["none"]
 
 
@@ -304,7 +249,7 @@ def test_cert_none_in_any_spelling_checks_no_server_certificate(
 def test_from_url_takes_ssl_cert_reqs_as_a_keyword(
     tls_server: TlsServer, prefix: str, cert_reqs: Any
 ) -> None:
-    options = {**tls_server.certs.broker_use_ssl(), "ssl_cert_reqs": cert_reqs}
+    options = {**tls_server.broker_use_ssl(), "ssl_cert_reqs": cert_reqs}
     assert exercise(Repeat.from_url(tls_server.url, prefix, **options), "kw") == ["kw"]
 
 

@@ -9,7 +9,6 @@ elsewhere, so CI can never pass by skipping.
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
 import signal
 import socket
@@ -19,21 +18,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from needs import require  # the fault tests import it from here too
 
 from emq_bridge.embedded import EmbeddedServer
 
 from .cluster import Cluster
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require(condition: object, what: str) -> None:
-    """Fail in CI, skip elsewhere, when a tool a scenario needs is missing."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"{what} (CI=true: the fault scenarios must run in CI)")
-    pytest.skip(f"{what} (runs in CI)")
 
 
 def free_port() -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import subprocess
 import threading
 import traceback
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import redis
+from certificates import make_certificates
 
 from emq_bridge import ConfigError, EmqError, Pump, RegistryError, RegistryUnavailable, Repeat
 from emq_bridge.embedded import EmbeddedServer, find_server_binary
@@ -46,38 +46,6 @@ class TlsServer:
         return f"{scheme}://{USER}:{password}@127.0.0.1:{port}/0"
 
 
-def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """Make a CA and a server certificate for 127.0.0.1; return (ca, cert, key)."""
-    openssl = shutil.which("openssl")
-    require(openssl, "openssl is not on PATH")
-    assert openssl is not None
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
-
-    run(
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=emq test CA",
-    )
-    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    run(
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext",
-    )  # fmt: skip
-    return directory / "ca.crt", directory / "server.crt", directory / "server.key"
-
-
 def tls_capable_binaries() -> list[str]:
     found = [shutil.which("redis-server"), shutil.which("valkey-server")]
     with contextlib.suppress(EmqError):
@@ -88,7 +56,8 @@ def tls_capable_binaries() -> list[str]:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
     directory = tmp_path_factory.mktemp("tls")
-    ca, cert, key = make_certificates(directory)
+    certs = make_certificates(directory)
+    ca, cert, key = certs.ca, certs.server_cert, certs.server_key
     tls_port = free_port()
     args = [
         "--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 import redis.cluster
+from certificates import make_certificates
 from click.testing import CliRunner, Result
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -46,7 +46,7 @@ from emq_bridge.health import check
 from emq_bridge.testing import RecordingDispatcher
 
 from .cluster import SLOTS, cluster_port, wait_for
-from .conftest import die_with_parent, require
+from .conftest import die_with_parent
 
 pytestmark = pytest.mark.faults
 
@@ -151,17 +151,9 @@ def configless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def untrusted_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A TLS listener whose certificate no CA of the client's signs: yields its port."""
-    openssl = shutil.which("openssl")
-    require(openssl, "openssl is not on PATH")
-    assert openssl is not None
-    directory = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", "key.pem", "-out", "cert.pem", "-days", "1", "-subj", "/CN=x"],
-        cwd=directory, check=True, capture_output=True,
-    )  # fmt: skip
+    certs = make_certificates(tmp_path_factory.mktemp("tls"))  # a CA the client has not
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(directory / "cert.pem", directory / "key.pem")
+    context.load_cert_chain(certs.server_cert, certs.server_key)
     listener = socket.create_server(("127.0.0.1", TLS_PORT))
     stopped = threading.Event()
 
