@@ -16,19 +16,16 @@ The CLI runs in-process with click's CliRunner against the real server of the fi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runs import Run, cli_runner
+from click.testing import Result
 from quiet import quiet_offset
 
 from emq_bridge import Pump, Repeat, define
-from emq_bridge.cli import cli
 from emq_bridge.testing import RecordingDispatcher
 from emq_bridge.web.pages import state_of_fields
-
-Run = Callable[..., Result]
 
 FILE = """
 source = "ops"
@@ -47,14 +44,7 @@ REPLACE = ("add", "reports", "digest", "--task", "app.digest", "--every", "5m", 
 @pytest.fixture
 def run(redis_url: str, prefix: str) -> Run:
     """Invoke the CLI on the test server under the test's own prefix."""
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Result:
-        return runner.invoke(
-            cli, ["--redis-url", redis_url, "--prefix", prefix, *args], catch_exceptions=False
-        )
-
-    return invoke
+    return cli_runner(redis_url, prefix)
 
 
 def warnings_of(result: Result) -> list[str]:
