@@ -25,7 +25,7 @@ from ..dispatch import batch_failure
 from ..errors import DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
 from ..template import TaskTemplate, thaw
-from .expiry import expires_at, expires_in_ms
+from .expiry import expires_in_ms, server_expiry, task_expires
 from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
 from .routing import resolve_queue
 
@@ -94,11 +94,12 @@ class CeleryDispatcher:
     names that queue (as it does for a `beat_schedule` entry) the task is sent as Celery's
     beat sends it and Celery routes it (`task_routes`, a route's kombu `Queue` with its
     exchange, routing key and arguments, `task_default_*`); otherwise (a schedule added to
-    another queue) to the queue by name. A relative `expires` (seconds) counts from the
-    claim on the server's clock (`expiry.expires_at`), not from this host's: the message's
-    `expires` is that instant, its AMQP `expiration` the seconds. `dispatch` returns once
-    `apply_async` returns, `dispatch_batch` once the batch is published; with RabbitMQ set
-    `broker_transport_options={"confirm_publish": True}` to make that mean "accepted".
+    another queue) to the queue by name. `expires` (the options', else the task's own) counts
+    from the claim on the server's clock (`expiry.server_expiry`), not from this host's: the
+    message's `expires` is the instant, its AMQP `expiration` the seconds from the claim.
+    `dispatch` returns once `apply_async` returns, `dispatch_batch` once the batch is
+    published; with RabbitMQ set `broker_transport_options={"confirm_publish": True}` to
+    make that mean "accepted".
 
     A template with no usable task is a `PermanentDispatchError` (the pump parks its
     registration). A task name the app does not know is sent by name, as Celery's beat does,
@@ -131,7 +132,8 @@ class CeleryDispatcher:
         (`expiry.expires_in_ms`), or None. The pump bounds a guarded occurrence's wait for
         its start by it, from the claim, as the message's `expires` counts relative seconds
         (`send`): RabbitMQ drops an expired task unseen, and nothing reports it."""
-        return expires_in_ms(template)
+        task = self.app.tasks.get(template.get("task"))
+        return expires_in_ms(template, task_default=getattr(task, "expires", None))
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any]:
         """Return the headers of `occurrence`'s task: `occurrence_headers` and `extra_headers`'."""
@@ -303,13 +305,18 @@ class CeleryDispatcher:
             options = routing_entities(options)  # checked above: a Queue or Exchange described
         headers = dict(options.pop("headers", None) or {})
         headers.update(emq_headers)
-        expires = expires_at(options, occurrence.released_ms)
-        if expires is not None:
-            # Celery would date relative seconds by this host's clock, which a worker checks
-            # against its own; the claim's server time instead (Celery's header, replaced).
-            # `expires` stays relative: the AMQP `expiration` (a TTL the broker counts) is
-            # Celery's from it.
-            headers["expires"] = expires
+        task = self.app.tasks.get(name)
+        expiry = server_expiry(
+            task_expires(options, getattr(task, "expires", None)),
+            occurrence.released_ms,
+        )
+        if expiry is not None:
+            # Celery would date it by this host's clock, which a worker checks against its
+            # own, and RabbitMQ's TTL too; the claim's server time instead: the header
+            # replaced, and the seconds given so that Celery makes the AMQP `expiration`
+            # (a TTL the broker counts) of them.
+            headers["expires"] = expiry.header
+            options["expires"] = expiry.seconds
         if not {"queue", "exchange", "routing_key"} & options.keys() and not self._routed_to(
             occurrence.queue, template
         ):
@@ -318,7 +325,6 @@ class CeleryDispatcher:
             options["producer"] = producer
         args = thaw(template.args)
         kwargs = thaw(template.kwargs)
-        task = self.app.tasks.get(name)
         if task is None:  # rare: a known task pays this one test only
             if self.known_tasks_only:
                 self.check_task(name)
