@@ -20,15 +20,14 @@ from ..occurrence import Occurrence
 from ..pump import STOP_DEADLINE_S, Pump
 from ..resync import RegistryWatch
 from ..sync import SyncPlan
-from ..urls import redact_url
 from .declare import (
     AppSchedule,
     boot_schedule,
     boot_sources,
     flag_setting,
     registry_prefix,
-    registry_url,
     repeat_for,
+    shown_registry_url,
 )
 from .dispatch import CeleryDispatcher
 from .pipelined import PipelinedCeleryDispatcher
@@ -154,7 +153,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         )
         self.pump.heartbeat.role = "celery-beat"
         self.pump.check_eviction_policy()
-        self._where = redact_url(registry_url(self.app))
+        self._where = shown_registry_url(self.app)
         # A registry restarted empty (no persistence) is synced again, as at this boot.
         self.watch = RegistryWatch(
             repeat, plan.queues, boot_sources(self.app, plan), self._sync_again
@@ -165,7 +164,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
             "emq-bridge beat: %d schedule(s) declared; pumping %s in %s (prefix %r)",
             plan.count,
             ", ".join(plan.queues),
-            redact_url(registry_url(self.app)),
+            self._where,
             repeat.prefix,
         )
 
@@ -295,9 +294,7 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
     def info(self) -> str:
         """Return the banner line naming the registry (touches nothing)."""
         try:
-            # Ours, not kombu's maybe_sanitize_url: that one fails on a multi-host
-            # (Sentinel, Cluster) URL, and does not know a password may hold '/', '#', '?'.
-            where = redact_url(registry_url(self.app))
+            where = shown_registry_url(self.app)
         except EmqError as exc:  # the banner must not fail; setup_schedule reports it
             where = f"not configured ({exc})"
         return f"    . registry -> {where} (emq-bridge, prefix {registry_prefix(self.app)!r})"

@@ -35,7 +35,7 @@ from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import Stamp, SyncPlan, check_one_source, moves_of, queues_of, stamped, sync
 from ..template import TaskTemplate
-from ..urls import check_tls_options, tls_url
+from ..urls import check_tls_options, redact_url, tls_url
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -58,6 +58,7 @@ __all__ = [
     "registry_tls",
     "registry_url",
     "repeat_for",
+    "shown_registry_url",
     "sync_app",
 ]
 
@@ -115,6 +116,21 @@ def registry_url(app: Celery) -> str:
         "emq-bridge needs a Redis for its registry: set app.conf.emq_bridge_redis_url = "
         "'redis://host:6379/0' (it defaults to the broker URL only when the broker is Redis)"
     )
+
+
+def shown_registry_url(app: Celery) -> str:
+    """Return the registry's URL as its client connects, for logs and the beat's banner:
+    `rediss://` when a TLS setting makes a `redis://` one speak TLS (`registry_tls`), its
+    password redacted. `ConfigError` as `registry_url`."""
+    url = registry_url(app)
+    try:
+        if registry_tls(app) is not None:
+            url = tls_url(url)
+    except ConfigError:
+        pass  # the client's setup says why; the URL as given names the server
+    # Ours, not kombu's maybe_sanitize_url: that one fails on a multi-host (Sentinel,
+    # Cluster) URL, and does not know a password may hold '/', '#', '?'.
+    return redact_url(url)
 
 
 # The registry's own TLS setting, as Celery names its result backend's (`redis_backend_use_ssl`).
