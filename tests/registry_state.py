@@ -17,7 +17,11 @@ def drop_prefix(client: redis.Redis, prefix: str) -> None:
     if not os.environ.get("REDIS_URL"):
         return
     try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        # `{prefix}*`: a test's registries under prefixes made from its own (`{prefix}x`),
+        # and the kombu bindings of its queues (`_kombu.binding.{prefix}-q`).
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for pattern in (f"_kombu.binding.{prefix}*", f"_kombu.binding_permanent.{prefix}*"):
+            keys += client.scan_iter(match=pattern, count=1000)
         for start in range(0, len(keys), 1000):
             client.unlink(*keys[start : start + 1000])
     except redis.RedisError:
