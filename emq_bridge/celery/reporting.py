@@ -9,7 +9,10 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
   `Ignore` (what `Task.replace()` raises), `failed` for a `Reject` without requeue;
 * `task_failure`: `failed`, with `"Type: message"`; also sent by the main process when a
   pool process died (`WorkerLostError`) or a task hit its hard time limit
-  (`TimeLimitExceeded`, Celery 5.7), as Celery records that task's result;
+  (`TimeLimitExceeded`, Celery 5.7), as Celery records that task's result. On `-P gevent`
+  the hard time limit is a `gevent.Timeout` raised in the task, which leaves it through
+  `task_postrun` with no state, then `Request.on_timeout` sends `task_failure` with no
+  request pushed: the run's start is kept aside by task id between the two (`_escaped`);
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
 * `task_revoked` (in the main process): `revoked`;
 * `task_unknown` (in the main process: a task this worker does not know, which Celery
@@ -83,6 +86,8 @@ log = logging.getLogger("emq_bridge.celery")
 FLUSH_S = 2.0
 # Copies revoked on receipt whose ids a worker's main process keeps (`_Process.copies`).
 MAX_COPIES = 10_000
+# Runs a BaseException ended whose starts a process keeps for their failure (`_escaped`).
+MAX_ESCAPED = 1_000
 # The reporter's client: short timeouts, since its thread is the only one that waits.
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
@@ -104,6 +109,9 @@ class _Process:
         # The ids of those copies that only `_on_received` revoked (an operator's revoke
         # was not there first): forgotten by Celery's revoked set once the copy is discarded.
         self.revoked_here: set[str] = set()
+        # Task id -> the start of its run here (`_START`), for runs a BaseException ended
+        # (`_escaped`): the `task_failure` that may follow carries no request. Oldest first.
+        self.escaped: dict[str, tuple[Reporter, Report, float]] = {}
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held) and nothing used;
@@ -452,11 +460,27 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     _report("started", task, getattr(task, "request", None))
 
 
-def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
+def _on_failure(
+    sender: Any = None,
+    task_id: Any = None,
+    exception: BaseException | None = None,
+    **_: Any,
+) -> None:
     # In the main process (a pool process died, a hard time limit) Celery pushes the request
     # for its receivers; a Celery that sends no `task_failure` for a hard time limit reports
-    # nothing here (the occurrence is lost once its heartbeats stop).
-    _report("failed", sender, getattr(sender, "request", None), error=exception)
+    # nothing here (the occurrence is lost once its heartbeats stop). On `-P gevent` the
+    # hard time limit's comes with no request, after the run left its start (`_escaped`).
+    request = getattr(sender, "request", None)
+    escaped = _process.escaped
+    began = escaped.pop(str(task_id), None) if escaped and task_id else None
+    if began is not None and getattr(request, _START, None) is None:
+        try:
+            reporter, start, clock = began
+            reporter.finish(start, "failed", _end_ms(start, clock), error_text(exception))
+        except Exception as exc:  # a report must never fail the worker
+            log.warning("emq-bridge: the failed report of task %s was not sent: %s", task_id, exc)
+        return
+    _report("failed", sender, request, error=exception)
 
 
 def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
@@ -486,14 +510,23 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
                 worker_state.revoked.discard(ident)
             return
         del _process.copies[ident]  # the run's own revoke (it was terminated): reported
+    if _process.escaped and ident:
+        _process.escaped.pop(str(ident), None)  # terminated on gevent: revoked, not failed
     _report("revoked", sender, request)
 
 
 def _on_postrun(
-    sender: Any = None, task: Any = None, retval: Any = None, state: str | None = None, **_: Any
+    sender: Any = None,
+    task_id: Any = None,
+    task: Any = None,
+    retval: Any = None,
+    state: str | None = None,
+    **_: Any,
 ) -> None:
     task = task or sender
-    if state == "SUCCESS":
+    if state is None:
+        _escaped(task, task_id)
+    elif state == "SUCCESS":
         _report("succeeded", task, getattr(task, "request", None))
     elif state == "IGNORED":
         _report("skipped", task, getattr(task, "request", None), error=retval)
@@ -501,6 +534,25 @@ def _on_postrun(
         reason = getattr(retval, "reason", None)
         error = f"Reject: {reason}" if reason else "Reject"
         _report("failed", task, getattr(task, "request", None), error=error)
+
+
+def _escaped(task: Any, task_id: Any) -> None:
+    """`task_postrun` with no state: a BaseException left the task (on `-P gevent` its hard
+    time limit's `gevent.Timeout`, or its greenlet killed by a revoke's terminate). Keep the
+    run's start by task id for the `task_failure` that may follow with no request
+    (`Request.on_timeout`), and heartbeat it no more: should no final report come, the pump
+    marks it lost instead of it staying `running` as long as this process lives."""
+    try:
+        began = getattr(getattr(task, "request", None), _START, None)
+        if began is None or not task_id:
+            return
+        began[0].ended(began[1])
+        escaped = _process.escaped
+        escaped[str(task_id)] = began
+        while len(escaped) > MAX_ESCAPED:
+            del escaped[next(iter(escaped))]
+    except Exception as exc:  # never into the worker
+        log.warning("emq-bridge: the end of task %s was not noted: %s", task_id, exc)
 
 
 def _on_shutdown(**_: Any) -> None:
