@@ -58,6 +58,7 @@ from .dispatch import (
 from .pipelined import PipelinedCeleryDispatcher
 from .reporting import reporter_for
 from .target import load_target
+from .worker_beat import mistyped_scheduler as _warns_of_worker_b_s  # noqa: F401  # connects it
 
 __all__ = [
     "AppSchedule",
