@@ -12,6 +12,7 @@ __all__ = [
     "InvalidName",
     "PermanentDispatchError",
     "RegistryError",
+    "RegistryRestarted",
     "RegistryUnavailable",
     "ReportBatchError",
     "ReportBatchUnavailable",
@@ -43,6 +44,11 @@ class RegistryError(EmqError):
 class RegistryUnavailable(RegistryError):
     """Redis could not be reached, answered with a connection-level error, or cannot serve
     the request while a failover is under way (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, READONLY)."""
+
+
+class RegistryRestarted(RegistryUnavailable):
+    """The registry's Redis restarted (its `run_id` changed) during a move of many round
+    trips, a sync: what it read before may be gone, so what it reports is not known to hold."""
 
 
 class ReportBatchError(RegistryError):

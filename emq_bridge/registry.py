@@ -684,6 +684,25 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
+    def server_identity(self) -> str | None:
+        """Return what tells this registry's server from one restarted since: its `run_id`
+        (`INFO server`; on a cluster, its primaries' run_ids joined, so a failover reads as
+        another server too). None when the server does not say (an ACL without INFO, a
+        fake server). Raises `RegistryUnavailable` when it cannot be reached."""
+        try:
+            with redis_errors("INFO server"):
+                info = self.client.info("server")
+        except RegistryUnavailable:
+            raise
+        except RegistryError:
+            return None
+        if not isinstance(info, dict):
+            return None
+        if "run_id" in info:
+            return text(info["run_id"])
+        nodes = [node for node in info.values() if isinstance(node, dict) and "run_id" in node]
+        return " ".join(sorted(text(node["run_id"]) for node in nodes)) or None
+
     def _now(self, now_ms: int | None) -> int:
         now = now_arg(now_ms)
         return self.server_time_ms() if now is None else now

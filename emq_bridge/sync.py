@@ -38,7 +38,7 @@ from typing import Any
 from .bounds import Bounds
 from .bulk import without_gc
 from .definition import DEFINITION_FIELDS, Declaration, Definition
-from .errors import ConfigError, EmqError
+from .errors import ConfigError, EmqError, RegistryRestarted
 from .keys import validate_name
 from .registry import Repeat, Seed, StaleGeneration, Synced, generation_arg, record_digest
 from .stamps import code_versions
@@ -94,6 +94,9 @@ class SyncPlan:
     # Of `update`, the declarations whose record was unchanged but whose registry member was
     # missing (evicted, or removed by hand), which the sync put back (an applied plan's).
     restored: list[Declaration] = field(default_factory=list)
+    # The server the plan was read from (`Repeat.server_identity`), which `apply_plan`
+    # checks: a Redis restarted since holds none of what the plan read.
+    server: str | None = None
 
     @property
     def changes(self) -> int:
@@ -313,6 +316,7 @@ def plan_sync(
     if stamped and not prune:
         raise ValueError("a stamped sync prunes: its stamp vouches for every queue")
     wanted = _checked(declarations, source, generation)
+    server = repeat.server_identity()
     queues = _queues(repeat, wanted, prune)
     if generation is not None:
         live = max((repeat.generations(q).get(source, -1) for q in queues), default=-1)
@@ -322,6 +326,7 @@ def plan_sync(
     plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
     plan.generation = generation
     plan.counts = counts
+    plan.server = server
     return plan
 
 
@@ -549,36 +554,58 @@ def sync(
             _log(found, {})
             return found
     check_not_owned_by(repeat, wanted, source, unread_sources)
-    queues = _queues(repeat, wanted, prune, read_queues)
-    applied = SyncPlan(source, generation=generation)
-    old: dict[tuple[str, str], dict[str, str]] = {}
-    try:
-        if generation is not None:
-            for each in (source, *generation_sources):
-                repeat.upsert_declared([], source=each, generation=generation, queues=queues)
-        # Read before the plan: a write after this read moves a count, so the stamp is refused.
-        counts = repeat.begin_stamp(source, queues) if isinstance(stamp, Stamp) else {}
-        plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
-        if not empty_prunes:
-            check_not_emptied(plan, len(wanted))
-        old = _old_records(repeat, plan)
-        _apply(repeat, plan, applied)
-        if isinstance(stamp, Stamp):
-            _stamp(repeat, applied, counts, stamp)
-    except StaleGeneration as exc:
-        applied.refused_by = exc.live
+    for again in (False, True):
+        # A Redis restarted empty between the plan's reads and its writes would leave the
+        # schedules the plan found unchanged unwritten, and the rest half there: the sync is
+        # done again, in full (from what it finds then), once.
+        server = repeat.server_identity()
+        queues = _queues(repeat, wanted, prune, read_queues)
+        applied = SyncPlan(source, generation=generation)
+        old: dict[tuple[str, str], dict[str, str]] = {}
+        try:
+            if generation is not None:
+                for each in (source, *generation_sources):
+                    repeat.upsert_declared([], source=each, generation=generation, queues=queues)
+            # Read before the plan: a write after this read moves a count, so the stamp is
+            # refused.
+            counts = repeat.begin_stamp(source, queues) if isinstance(stamp, Stamp) else {}
+            plan = _plan(repeat, wanted, source, queues, prune, prune_tasks)
+            if not empty_prunes:
+                check_not_emptied(plan, len(wanted))
+            old = _old_records(repeat, plan)
+            _apply(repeat, plan, applied)
+            if isinstance(stamp, Stamp):
+                _stamp(repeat, applied, counts, stamp)
+        except StaleGeneration as exc:
+            applied.refused_by = exc.live
+            log.warning(
+                "sync %s: generation %d refused, a newer generation (%d) of %s is live "
+                "in queue %s; nothing more written (deploy the newer declarations, or raise "
+                "the generation)",
+                source,
+                exc.generation,
+                exc.live,
+                "this source" if exc.source == source else exc.source,
+                exc.queue,
+            )
+        if server is None or repeat.server_identity() == server:
+            break
+        if again:
+            raise RegistryRestarted(_RESTARTED_TWICE.format(source=source))
         log.warning(
-            "sync %s: generation %d refused, a newer generation (%d) of %s is live "
-            "in queue %s; nothing more written (deploy the newer declarations, or raise "
-            "the generation)",
+            "sync %s: the registry's Redis restarted during the sync (another run_id); "
+            "syncing again",
             source,
-            exc.generation,
-            exc.live,
-            "this source" if exc.source == source else exc.source,
-            exc.queue,
         )
     _log(applied, old)
     return applied
+
+
+# What a sync says of a registry that restarted during it twice in a row.
+_RESTARTED_TWICE = (
+    "restarted during the sync of {source}, and again during its second try (another run_id "
+    "each time): what it wrote may be gone, so its counts are not known to hold; sync again"
+)
 
 
 def check_not_emptied(plan: SyncPlan, declared: int, hint: str = "") -> None:
@@ -633,12 +660,21 @@ def apply_plan(repeat: Repeat, plan: SyncPlan, *, stamp: Stamp | None = None) ->
     if stamp is not None and plan.counts is None:
         raise ValueError("a stamp needs a plan made with plan_sync(stamped=True)")
     applied = SyncPlan(plan.source)
+    _same_server(repeat, plan, "since its plan was read: nothing was written")
     old = _old_records(repeat, plan)
     _apply(repeat, plan, applied)
     if stamp is not None and plan.counts is not None:
         _stamp(repeat, applied, plan.counts, stamp)
+    _same_server(repeat, plan, "during the sync: what its plan read may be gone")
     _log(applied, old)
     return applied
+
+
+def _same_server(repeat: Repeat, plan: SyncPlan, when: str) -> None:
+    """Raise `RegistryRestarted` if the registry's server is no longer the one `plan` was
+    read from (`SyncPlan.server`; not known: not checked)."""
+    if plan.server is not None and repeat.server_identity() != plan.server:
+        raise RegistryRestarted(f"restarted {when} (another run_id); sync again")
 
 
 def _apply(repeat: Repeat, plan: SyncPlan, applied: SyncPlan) -> None:

@@ -15,7 +15,14 @@ import click
 import redis
 from click.core import ParameterSource
 
-from ..errors import ConfigError, CorruptRecord, EmqError, RegistryError, RegistryUnavailable
+from ..errors import (
+    ConfigError,
+    CorruptRecord,
+    EmqError,
+    RegistryError,
+    RegistryRestarted,
+    RegistryUnavailable,
+)
 from ..registry import Repeat
 from ..shown import printable
 from ..urls import client_from_url, redact_url, split_userinfo, url_secrets
@@ -197,6 +204,8 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
         cause = exc.__cause__ if isinstance(exc, RegistryUnavailable) else exc
         if isinstance(cause, redis.AuthenticationError):  # a ConnectionError to redis-py
             raise ServerError(_clean(refused_authentication(where, cause), settings)) from exc
+        if isinstance(exc, RegistryRestarted):
+            raise ServerError(_clean(f"Redis at {where} {exc}", settings)) from exc
         if isinstance(exc, (RegistryUnavailable, redis.ConnectionError, redis.TimeoutError)):
             detail: object = cause or exc
             if settings is not None and _misread_userinfo(settings.redis_url):
