@@ -7,11 +7,14 @@ the command line itself never imports Celery.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
 import select
+import stat
 import sys
+import tempfile
 from types import ModuleType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -345,8 +348,7 @@ def export_command(
         _write_stdout(text.encode("utf-8"))  # TOML and JSON are UTF-8, whatever the locale
     else:
         try:
-            with open(output, "w", encoding="utf-8") as handle:
-                handle.write(text)
+            replace_file(output, text.encode("utf-8"))
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from exc
     _refused_lines(export.refused)
@@ -355,6 +357,36 @@ def export_command(
     click.echo(
         f"exported {len(export.entries)} schedule(s), {len(export.refused)} left out", err=True
     )
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """Write `data` as the file `path` at once: into a new file beside it, then renamed over
+    it, so that a full disk or a kill mid-write leaves the previous export whole (a file cut
+    short is no schedule file). The file keeps its mode, or gets the umask's for a new one."""
+    target = os.path.realpath(path)  # a symlink's target is replaced, not the link
+    folder = os.path.dirname(target) or "."
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".emq-export-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    current = os.umask(0)  # the only way to read it; set back at once
+    os.umask(current)
+    return current
 
 
 def _write_stdout(data: bytes) -> None:
