@@ -42,6 +42,7 @@ __all__ = [
     "SCHEDULE_HEADER",
     "TRIGGERED_HEADER",
     "CeleryDispatcher",
+    "fail_over",
     "header",
     "last_success_time",
     "nominal_due_ms",
@@ -379,6 +380,32 @@ class CeleryDispatcher:
 _DELIVERIES = frozenset({"lpush", "publish"})
 
 
+def fail_over(connection: Any, exc: BaseException) -> bool:
+    """After `exc` failed a send on the kombu `connection`: when it is a connection error and
+    the broker URL is a failover list (`broker_url="redis://a;redis://b"`), move the
+    connection to the next URL of the list, as kombu's `Connection.ensure` does when a
+    publish fails (a batch publish is not sent through it). Return whether it moved. The
+    failed batch comes back through the next broker when its leases expire."""
+    try:
+        if len(getattr(connection, "alt", None) or ()) < 2:
+            return False
+        if not isinstance(exc, tuple(connection.connection_errors)):
+            return False
+        before = connection.as_uri()
+        connection.maybe_switch_next()
+        log.warning(
+            "the broker at %s failed (%s: %s); sending to the next broker URL, %s",
+            before,
+            type(exc).__name__,
+            exc,
+            connection.as_uri(),
+        )
+    except Exception as error:  # never worse than not failing over
+        log.debug("no failover to the next broker URL: %s", error)
+        return False
+    return True
+
+
 class _RedisPublishBatch:
     """A claimed batch's messages on a Redis broker, sent in one pipeline whose every reply
     is read.
@@ -459,6 +486,7 @@ class _RedisPublishBatch:
             failure = batch_failure(exc)
             for index, _, _ in pending:
                 errors[index] = failure
+            fail_over(self.producer.connection, exc)
             return
         for (index, name, _), reply in zip(pending, replies, strict=True):
             if name in _DELIVERIES and isinstance(reply, Exception) and errors[index] is None:

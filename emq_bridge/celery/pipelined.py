@@ -57,7 +57,7 @@ from ..dispatch import batch_failure
 from ..errors import ConfigError, DispatchError
 from ..occurrence import Occurrence
 from ..template import FrozenDict, FrozenList, TaskTemplate
-from .dispatch import CeleryDispatcher, occurrence_headers
+from .dispatch import CeleryDispatcher, fail_over, occurrence_headers
 from .envelope import (
     ARGS_VALUES,
     RAW_HEADERS,
@@ -438,7 +438,10 @@ class PipelinedCeleryDispatcher:
         # LPUSH k a b c leaves c at the head, as three LPUSHes would: consumers (BRPOP) get a
         # first. One command per key; kombu's client adds its global_keyprefix, if any.
         try:
-            with self._channel.conn_or_acquire() as client:
+            with self._lock:
+                self._connect()  # again after a failover to the next broker URL
+                channel = self._channel
+            with channel.conn_or_acquire() as client:
                 pipe = client.pipeline(transaction=False)
                 for key, payloads in pushes.items():
                     pipe.lpush(key, *payloads)
@@ -448,6 +451,9 @@ class PipelinedCeleryDispatcher:
             for indexes in members.values():
                 for index in indexes:
                     errors[index] = failure
+            if fail_over(self._connection, exc):
+                with self._lock:  # the next push opens a channel to the next broker URL
+                    self._capture = self._channel = self._producer = None
             return
         for key, reply in zip(pushes, replies, strict=True):
             if isinstance(reply, Exception):
