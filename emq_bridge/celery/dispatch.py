@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.app.routes import MapRoute
+from celery.exceptions import QueueNotFound
 
 from ..dispatch import batch_failure
 from ..errors import DispatchError, PermanentDispatchError, ScheduleError
@@ -340,6 +341,11 @@ class CeleryDispatcher:
                 _check_arguments(task, args, kwargs)  # Celery's own check refused them?
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
+        except QueueNotFound as exc:
+            # `task_create_missing_queues=False` and a queue `task_queues` lacks: no retry
+            # sends it while this app's configuration stands (a lease kept per slot, all
+            # sent at once after a fix): parked, as a refused argument is.
+            raise PermanentDispatchError(f"its queue cannot be sent to: {exc}") from exc
         except Exception as exc:
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
