@@ -112,6 +112,12 @@ def registry_url(app: Celery) -> str:
             return first
         if scheme.lower() in ("redis+socket", "socket"):
             return f"unix://{rest}"
+        if scheme.lower() == "sentinel":
+            raise ConfigError(
+                "emq-bridge does not take its registry from a sentinel:// broker URL (its "
+                "master is named in broker_transport_options): set "
+                "app.conf.emq_bridge_redis_url = 'redis+sentinel://host:26379/MASTER_NAME/0'"
+            )
     raise ConfigError(
         "emq-bridge needs a Redis for its registry: set app.conf.emq_bridge_redis_url = "
         "'redis://host:6379/0' (it defaults to the broker URL only when the broker is Redis)"

@@ -1,15 +1,18 @@
 """The beat's banner and logs name the registry as its client connects: `rediss://` when
 `broker_use_ssl` (or `emq_bridge_redis_use_ssl`) makes a `redis://` URL speak TLS, as
-Celery's Redis transport does (session 30 left the banner saying `redis://`)."""
+Celery's Redis transport does (session 30 left the banner saying `redis://`); and a broker
+URL the registry cannot default to says what to set."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from emq_bridge.celery import RepeatScheduler
-from emq_bridge.celery.declare import shown_registry_url
+from emq_bridge.celery.declare import registry_url, shown_registry_url
+from emq_bridge.errors import ConfigError
 
 
 def app_with(broker: str, **conf: Any) -> Celery:
@@ -52,3 +55,11 @@ def test_a_broker_tls_setting_on_a_registry_of_its_own_changes_nothing() -> None
         emq_bridge_redis_url="redis://127.0.0.1:6381/0",
     )
     assert shown_registry_url(app) == "redis://127.0.0.1:6381/0"
+
+
+def test_a_sentinel_broker_says_how_to_name_the_registry() -> None:
+    """A `sentinel://` broker is Redis, but its master is named in the transport options:
+    the refusal says which URL to set, not that the broker is not Redis (session 31)."""
+    app = app_with("sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380")
+    with pytest.raises(ConfigError, match=r"redis\+sentinel://host:26379/MASTER_NAME/0"):
+        registry_url(app)
