@@ -46,6 +46,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without celery installed
     raise ImportError("emq_bridge.celery needs Celery: pip install 'emq-bridge[celery]'") from exc
 
+from . import worker_beat  # noqa: F401  # connects its `worker -B -S emq` warning
 from .beat import BeatRefused, RepeatScheduler
 from .declare import AppSchedule, app_schedule, recurring, registry_url, repeat_for, sync_app
 from .dispatch import (
@@ -58,7 +59,6 @@ from .dispatch import (
 from .pipelined import PipelinedCeleryDispatcher
 from .reporting import reporter_for
 from .target import load_target
-from .worker_beat import mistyped_scheduler as _warns_of_worker_b_s  # noqa: F401  # connects it
 
 __all__ = [
     "AppSchedule",
