@@ -209,7 +209,8 @@ def test_a_relative_expires_is_the_claims_server_time_plus_its_seconds(
             dispatcher.close()
 
 
-def test_rabbitmq_expiration_stays_the_seconds(rabbitmq_url: str) -> None:
+def sent_to_rabbitmq(rabbitmq_url: str, options: dict[str, Any], released_ms: int) -> Any:
+    """The message `CeleryDispatcher` sends to RabbitMQ for an occurrence with `options`."""
     queue = f"s30exp-{uuid.uuid4().hex[:8]}"
     app = Celery("s30exp-rabbit", broker=rabbitmq_url)
     app.conf.update(result_backend=None, task_default_queue=queue)
@@ -218,7 +219,7 @@ def test_rabbitmq_expiration_stays_the_seconds(rabbitmq_url: str) -> None:
             channel = connection.default_channel
             channel.queue_declare(queue, durable=True, auto_delete=False)
             try:
-                CeleryDispatcher(app).dispatch(occurrence(queue, {"expires": 60}, T0))
+                CeleryDispatcher(app).dispatch(occurrence(queue, options, released_ms))
                 # The publish went on the app's own connection: the broker routes it to the
                 # queue a moment later, which this channel's basic_get may come before.
                 message = None
@@ -229,8 +230,79 @@ def test_rabbitmq_expiration_stays_the_seconds(rabbitmq_url: str) -> None:
                         time.sleep(0.05)
             finally:
                 channel.queue_delete(queue)
-        assert message is not None
-        assert message.headers["expires"] == "2030-03-17T00:01:00.000000+00:00"
-        assert message.properties["expiration"] == "60000"
     finally:
         app.close()
+    assert message is not None
+    return message
+
+
+def test_rabbitmq_expiration_stays_the_seconds(rabbitmq_url: str) -> None:
+    message = sent_to_rabbitmq(rabbitmq_url, {"expires": 60}, T0)
+    assert message.headers["expires"] == "2030-03-17T00:01:00.000000+00:00"
+    assert message.properties["expiration"] == "60000"
+
+
+# -- session 31: an absolute `expires`, and the task's own default ---------------------------
+#
+# Celery makes the AMQP `expiration` of an absolute `expires` (an ISO 8601 instant) the time
+# left by the sending host's clock (`Celery.send_task`): a pump 90 s ahead of the server gave
+# RabbitMQ a TTL 90 s short. And a task declared `@app.task(expires=60)` takes that default
+# in `Task.apply_async`, which the dispatcher did not see, so it was dated by the host's
+# clock. Both now count from the claim's server time; a template's own `expires`, None
+# included, still wins over the task's, as in Celery.
+
+ABSOLUTE = "2030-03-17T00:01:00+00:00"  # 60 s after T0; the claim, below, 0.123 s after it
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["default", "pipelined"])
+def test_an_absolute_expires_keeps_its_instant_and_its_ttl_counts_from_the_claim(
+    app: Celery, client: redis.Redis, pipelined: bool
+) -> None:
+    queue = f"q{uuid.uuid4().hex[:8]}"
+    dispatcher = PipelinedCeleryDispatcher(app) if pipelined else CeleryDispatcher(app)
+    try:
+        assert dispatcher.dispatch_batch([occurrence(queue, {"expires": ABSOLUTE}, T0 + 123)]) == [
+            None
+        ]
+        message = sent(client, queue)
+        assert message["headers"]["expires"] == ABSOLUTE  # as given
+        # 60 s after T0, the claim 0.123 s after T0: not the years from this host's now.
+        assert message["properties"]["expiration"] == "59877"
+    finally:
+        if isinstance(dispatcher, PipelinedCeleryDispatcher):
+            dispatcher.close()
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["default", "pipelined"])
+def test_the_tasks_own_expires_counts_from_the_claim(
+    app: Celery, client: redis.Redis, pipelined: bool
+) -> None:
+    @app.task(name="s30exp.tick", expires=2.5, shared=False)
+    def tick() -> None:
+        return None
+
+    queue = f"q{uuid.uuid4().hex[:8]}"
+    dispatcher = PipelinedCeleryDispatcher(app) if pipelined else CeleryDispatcher(app)
+    try:
+        assert dispatcher.dispatch_batch([occurrence(queue, {}, T0 + 123)]) == [None]
+        message = sent(client, queue)
+        assert message["headers"]["expires"] == "2030-03-17T00:00:02.623000+00:00"
+        assert message["properties"]["expiration"] == "2500"
+        # The pump's start-timeout bound sees it too.
+        assert dispatcher.expiry_ms({"task": "s30exp.tick", "options": {}}) == 2500
+        # The template's own `expires` wins, None included, as in `Task.apply_async`.
+        assert dispatcher.dispatch_batch([occurrence(queue, {"expires": 10}, T0 + 123)]) == [None]
+        assert sent(client, queue)["headers"]["expires"] == "2030-03-17T00:00:10.123000+00:00"
+        assert dispatcher.dispatch_batch([occurrence(queue, {"expires": None}, T0)]) == [None]
+        assert sent(client, queue)["headers"]["expires"] is None
+        unset = {"task": "s30exp.tick", "options": {"expires": None}}
+        assert dispatcher.expiry_ms(unset) is None
+    finally:
+        if isinstance(dispatcher, PipelinedCeleryDispatcher):
+            dispatcher.close()
+
+
+def test_rabbitmq_gets_the_ttl_left_at_the_claim(rabbitmq_url: str) -> None:
+    message = sent_to_rabbitmq(rabbitmq_url, {"expires": ABSOLUTE}, T0 + 123)
+    assert message.headers["expires"] == ABSOLUTE
+    assert message.properties["expiration"] == "59877"
