@@ -217,6 +217,9 @@ class RecurringMiddleware(Middleware):
         self._pump_thread: threading.Thread | None = None
         self._pump_stop = threading.Event()
         self._broker: dramatiq.Broker | None = None
+        # The pump thread's dispatcher, built at boot so that a broker it cannot send to
+        # stops the worker (`before_worker_boot`), not only its pump (`after_worker_boot`).
+        self._dispatcher: Any = None
         self.outcomes = MessageOutcomes(self._new_reporter)
 
     @property
@@ -302,6 +305,10 @@ class RecurringMiddleware(Middleware):
         self._broker = broker
         try:
             self.boot(broker)
+            if self.run_pump:
+                # Dramatiq logs and drops what `after_worker_boot` raises: the worker would
+                # run with no pump (`pipelined=True` on a broker that is not a RedisBroker).
+                self._dispatcher = dramatiq_dispatcher(broker, self.pipelined)
         except Exception as exc:
             log.critical("emq-bridge: recurring schedules could not be set up: %s", exc)
             raise BootError(f"recurring schedules could not be set up at boot: {exc}") from exc
@@ -455,7 +462,10 @@ class RecurringMiddleware(Middleware):
         """Return the pump's queues: `pump_queues`, else the broker's and the declared ones."""
         if self.pump_queues:
             return self.pump_queues
-        declared = {d.queue for d in declarations} | set(broker.get_declared_queues())
+        declared = {d.queue for d in declarations}
+        # A queue Dramatiq takes but the registry's names cannot (over 200 bytes): no
+        # schedule can be on it, so it is not pumped (else the pump could not start at all).
+        declared |= {q for q in broker.get_declared_queues() if _registry_name(q)}
         return tuple(sorted(declared))
 
     # -- the pump thread -----------------------------------------------------------------
@@ -464,10 +474,11 @@ class RecurringMiddleware(Middleware):
         """Start a pump thread on this worker's queues (a no-op if one runs); return the pump."""
         if self.pump is not None and self._pump_thread is not None and self._pump_thread.is_alive():
             return self.pump
+        dispatcher, self._dispatcher = self._dispatcher, None
         pump = Pump(
             self.registry(broker),
             self.queues(broker, self.declarations),
-            dramatiq_dispatcher(broker, self.pipelined),
+            dispatcher or dramatiq_dispatcher(broker, self.pipelined),
             lease_ms=self.lease_ms,
             max_sleep_s=self.max_sleep_s,
             history_size=self.history_size,
@@ -538,6 +549,17 @@ class RecurringMiddleware(Middleware):
                 # registry: log it with its traceback and pump again after a pause.
                 log.exception("emq-bridge pump failed; it restarts in %.0fs", PUMP_RESTART_S)
                 stop.wait(PUMP_RESTART_S)
+
+
+def _registry_name(queue: str) -> bool:
+    """Whether `queue` is a name the registry takes (`keys.validate_name`); one that is not
+    is said at INFO, each time a pump starts."""
+    try:
+        validate_name(queue, "queue")
+    except ScheduleError as exc:
+        log.info("emq-bridge: queue %r is not pumped: %s", queue[:60], exc)
+        return False
+    return True
 
 
 def _keep_first_result(message: Any) -> None:
