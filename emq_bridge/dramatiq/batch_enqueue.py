@@ -94,10 +94,19 @@ def encoder() -> Callable[[dramatiq.Message[Any]], bytes]:
     """Return what encodes a message to the bytes `message.encode()` gives now.
 
     The shortcut only under Dramatiq's own `JSONEncoder` (the global one, as `encode` reads
-    it) and the `Message` fields it knows; `message.encode()` under anything else.
+    it) and the `Message` fields it knows, with their methods Dramatiq's own (none replaced
+    on the class or the instance: a patch that compresses or signs every message);
+    `message.encode()` under anything else.
     """
-    if type(dramatiq.get_encoder()) is JSONEncoder and _KNOWN_FIELDS:
-        return _encode_json
+    current = dramatiq.get_encoder()
+    if type(current) is JSONEncoder and _KNOWN_FIELDS and "encode" not in vars(current):
+        own = (
+            (JSONEncoder.encode, "dramatiq.encoder"),
+            (dramatiq.Message.encode, "dramatiq.message"),
+            (dramatiq.Message.asdict, "dramatiq.message"),
+        )
+        if all(getattr(method, "__module__", None) == module for method, module in own):
+            return _encode_json
     return _encode_any
 
 

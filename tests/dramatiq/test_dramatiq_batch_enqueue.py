@@ -432,3 +432,37 @@ def test_a_broker_whose_dispatch_script_is_not_dramatiqs_keeps_broker_enqueue(
         assert type(dramatiq_dispatcher(broker)) is DramatiqDispatcher
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize(
+    ("owner", "method", "mark"),
+    [("encoder", "encode", b"GZ:"), ("message", "encode", b"SIG:")],
+    ids=["JSONEncoder.encode", "Message.encode"],
+)
+def test_a_patched_encode_is_what_the_batch_writes(
+    client: redis.Redis,
+    redis_url: str,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    owner: str,
+    method: str,
+    mark: bytes,
+) -> None:
+    """A class-level patch of Dramatiq's encoding (one that compresses or signs every message)
+    is what `broker.enqueue` writes: the batch writes it too, not its own JSON shortcut
+    (probe: Dramatiq broker options, session 31)."""
+    target: Any = dramatiq.encoder.JSONEncoder if owner == "encoder" else dramatiq.Message
+    original = getattr(target, method)
+
+    def marked(self: Any, *args: Any) -> bytes:
+        return mark + bytes(original(self, *args))
+
+    monkeypatch.setattr(target, method, marked)
+    broker = _broker(redis_url, namespace)
+    try:
+        assert PipelinedDramatiqDispatcher(broker).dispatch_batch(_occurrences(3)) == [None] * 3
+    finally:
+        broker.close()
+    stored = client.hvals(f"{namespace}:qa.msgs") + client.hvals(f"{namespace}:qb.msgs")
+    assert len(stored) == 3
+    assert all(data.startswith(mark) for data in stored), stored
