@@ -689,9 +689,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         (`INFO server`; on a cluster, its primaries' run_ids joined, so a failover reads as
         another server too). None when the server does not say (an ACL without INFO, a
         fake server). Raises `RegistryUnavailable` when it cannot be reached."""
+        # A cluster client asks one node by default: every primary holds part of a sync.
+        targets = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES} if self.cluster else {}
         try:
             with redis_errors("INFO server"):
-                info = self.client.info("server")
+                info = self.client.info("server", **targets)
         except RegistryUnavailable:
             raise
         except RegistryError:

@@ -7,6 +7,7 @@ the master holding a key and waits until its replica has taken over.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -22,20 +23,28 @@ NODE_TIMEOUT_MS = 1_000
 
 
 def cluster_port() -> int:
-    """Return a free port whose cluster bus port (port + 10000) is free too."""
+    """Return a free port whose cluster bus port (port + 10000) is free too.
+
+    Both are drawn below Linux's ephemeral range (32768 on), from ranges that do not overlap
+    (10000-15999, bus 20000-25999): a port `bind(0)` hands out (another test's server, or
+    another test process picking its nodes at the same moment) is never a node's nor a
+    bus's, so two clusters started at once do not take each other's ports.
+    """
+    draw = random.SystemRandom()
     for _ in range(1_000):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port + 10_000 > 65_535:
-            continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10_000))
-            except OSError:
-                continue
-        return port
+        port = draw.randrange(10_000, 16_000)
+        if _free(port) and _free(port + 10_000):
+            return port
     raise AssertionError("no free port pair for a cluster node")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -40,3 +40,12 @@ def test_a_stamp_holds_and_breaks_across_the_masters_of_a_cluster(cluster: Clust
     assert [(d.queue, d.name) for d in plan.create] == [(QUEUES[7], "job")]
     assert stamped(repeat, "app", "f1") == {"declared": 12}
     repeat.close()
+
+
+def test_a_clusters_identity_is_its_primaries_and_holds_between_reads(cluster: Cluster) -> None:
+    """What a sync compares to tell a registry restarted under it (`Repeat.server_identity`,
+    session 31): on a cluster, every primary's run_id, the same from one read to the next."""
+    repeat = Repeat(cluster.client(), "identity")
+    first = repeat.server_identity()
+    assert first is not None and len(first.split()) == cluster.masters
+    assert repeat.server_identity() == first
