@@ -474,12 +474,7 @@ def _on_failure(
     escaped = _process.escaped
     began = escaped.pop(str(task_id), None) if escaped and task_id else None
     if began is not None and getattr(request, _START, None) is None:
-        try:
-            reporter, start, clock = began
-            reporter.finish(start, "failed", _end_ms(start, clock), error_text(exception))
-        except Exception as exc:  # a report must never fail the worker
-            log.warning("emq-bridge: the failed report of task %s was not sent: %s", task_id, exc)
-        return
+        request = SimpleNamespace(id=task_id, **{_START: began})  # the run's start, kept aside
     _report("failed", sender, request, error=exception)
 
 

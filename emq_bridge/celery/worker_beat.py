@@ -15,6 +15,8 @@ from typing import Any
 from celery import signals
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
+from .beat import RepeatScheduler
+
 __all__ = ["mistyped_scheduler"]
 
 log = logging.getLogger("emq_bridge.celery")
@@ -40,8 +42,6 @@ def mistyped_scheduler(statedb: Any, scheduler: Any) -> str | None:
 
 
 def _is_ours(scheduler: Any) -> bool:
-    from .beat import RepeatScheduler  # here: beat imports much of the package
-
     try:
         aliases = dict(load_extension_class_names("celery.beat_schedulers") or ())
         found = symbol_by_name(scheduler, aliases=aliases)
