@@ -33,6 +33,19 @@ _OBJECTS = ("throws", "retry_when")
 # message sent with them in its options is not delayed (the broker reads `eta` only from a
 # message it delayed itself), so a schedule holding one would be silently on time.
 ENQUEUE_ARGUMENTS = ("delay", "eta")
+# Options Dramatiq's broker and middleware, or emq-bridge, write on each message: one a
+# schedule stored would be read as theirs (`retries: 3` starts the message on its fourth
+# attempt, so Retries gives up early; `emq_guarded` asks the overlap check of a schedule
+# that has none) or overwritten.
+_PER_MESSAGE = (
+    "retries",
+    "traceback",
+    "requeue_timestamp",
+    "redis_message_id",
+    "group_completion_uuid",
+    "group_completion_callbacks",
+)
+_OURS = "emq_"
 
 
 def message_option_error(options: Mapping[str, Any]) -> str | None:
@@ -54,6 +67,12 @@ def message_option_error(options: Mapping[str, Any]) -> str | None:
             return (
                 f"option {key!r} holds Python objects, which a stored schedule cannot carry: "
                 "set it on the actor (@dramatiq.actor(...))"
+            )
+    for key in options:
+        if key in _PER_MESSAGE or (isinstance(key, str) and key.startswith(_OURS)):
+            return (
+                f"option {shown(key)} is written on each message by Dramatiq or emq-bridge, "
+                "not set by a schedule"
             )
     for key in ENQUEUE_ARGUMENTS:
         if key in options:
