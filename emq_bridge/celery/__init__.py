@@ -36,7 +36,9 @@ context (`previous_nominal_time(self.request)`, `last_success_time(self.request)
 
 Reporting is done by Celery signal receivers connected when this package is imported (the
 app module does when it uses `@recurring` or any name of it; otherwise add
-`"emq_bridge.celery"` to `app.conf.imports`); see `emq_bridge.celery.reporting`.
+`"emq_bridge.celery"` to `app.conf.imports`); see `emq_bridge.celery.reporting`. In a test
+whose tasks run eagerly (`task_always_eager`), `report_to(app, repeat)` sends their reports
+to the test's registry.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from .dispatch import (
     previous_nominal_time,
 )
 from .pipelined import PipelinedCeleryDispatcher
-from .reporting import reporter_for
+from .reporting import report_to, reporter_for
 from .target import load_target
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "recurring",
     "registry_url",
     "repeat_for",
+    "report_to",
     "reporter_for",
     "sync_app",
 ]

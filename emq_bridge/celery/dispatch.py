@@ -107,7 +107,10 @@ class CeleryDispatcher:
     registration). A task name the app does not know is sent by name, as Celery's beat does,
     since a worker of another service may define it, with one WARNING per queue and task
     (`note_unknown_task`); with `known_tasks_only=True` it is a `PermanentDispatchError`
-    too. A broker that refuses is a `DispatchError`, retried.
+    too. A broker that refuses is a `DispatchError`, retried. Under `task_always_eager` (a
+    test) `apply_async` runs the task in this process instead: each occurrence runs once,
+    and what the task raises (`task_eager_propagates`) is logged at ERROR, the occurrence
+    counted as sent (as Celery's beat does), never sent again.
     """
 
     def __init__(
@@ -339,14 +342,20 @@ class CeleryDispatcher:
         except TypeError as exc:
             if task is not None:
                 _check_arguments(task, args, kwargs)  # Celery's own check refused them?
+                if self.app.conf.task_always_eager:
+                    _ran_eagerly(occurrence, task_id, exc)
+                    return
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
-        except QueueNotFound as exc:
-            # `task_create_missing_queues=False` and a queue `task_queues` lacks: no retry
-            # sends it while this app's configuration stands (a lease kept per slot, all
-            # sent at once after a fix): parked, as a refused argument is.
-            raise PermanentDispatchError(f"its queue cannot be sent to: {exc}") from exc
         except Exception as exc:
+            if task is not None and self.app.conf.task_always_eager:
+                _ran_eagerly(occurrence, task_id, exc)
+                return
+            if isinstance(exc, QueueNotFound):
+                # `task_create_missing_queues=False` and a queue `task_queues` lacks: no
+                # retry sends it while this app's configuration stands (a lease kept per
+                # slot, all sent at once after a fix): parked, as a refused argument is.
+                raise PermanentDispatchError(f"its queue cannot be sent to: {exc}") from exc
             where = f"{occurrence.queue}/{occurrence.name}"
             raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
 
@@ -592,6 +601,26 @@ def last_success_time(request: Any) -> datetime | None:
     """Return when a run of the registration last succeeded, as its worker reported it
     (aware, UTC, the worker's clock), or None if none did (or reports are off)."""
     return _utc(_ms_header(request, LAST_SUCCESS_HEADER))
+
+
+def _ran_eagerly(occurrence: Occurrence, task_id: str, exc: Exception) -> None:
+    """Under `task_always_eager`, `apply_async` ran the task of `occurrence` in this process
+    and touched no broker: what it raised (`task_eager_propagates`) is the task's own
+    failure, not a failed send. The occurrence counts as sent (its lease acked, never sent
+    again), and the error is logged once, at ERROR, as Celery's beat logs an entry whose
+    `apply_async` raised (`Message Error`). The run reported itself from the task signals,
+    as a worker's does (`reporting`: `failed` on `task_internal_error`, what Celery sends
+    for a propagated failure)."""
+    log.error(
+        "%s/%s: Message Error: task %s raised in eager mode (task_always_eager), counted as "
+        "sent, not sent again: %s: %s",
+        occurrence.queue,
+        occurrence.name,
+        task_id,
+        type(exc).__name__,
+        exc,
+        exc_info=exc,
+    )
 
 
 def _check_arguments(task: Any, args: list[Any], kwargs: dict[str, Any]) -> None:

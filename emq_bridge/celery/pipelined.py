@@ -33,6 +33,8 @@ through `CeleryDispatcher.dispatch` (the normal path), one message at a time:
   sending, a relative expires from the claim on the server's clock, `expiry.expires_at`);
 * the route goes to a fanout exchange, or to a queue with `x-expires`;
 * task protocol 1 (the task id is inside the body);
+* eager mode (`task_always_eager`, a test): `apply_async` runs the task in this process and
+  publishes nothing, so each occurrence runs once, through the normal path;
 * an occurrence whose args a typed task refuses, or its serializer cannot encode: the
   normal path raises the error it raises.
 """
@@ -221,8 +223,12 @@ class PipelinedCeleryDispatcher:
     # -- finding plans ----------------------------------------------------------------------
 
     def _observed(self) -> bool:
-        """True when something watches each publish, which only the normal path serves."""
-        if self.app.conf.task_send_sent_event:
+        """True when each occurrence must go through the normal path: something watches each
+        publish, or eager mode (`task_always_eager`), where `apply_async` runs the task in
+        this process instead of publishing it (a capture would run it, under marker values,
+        and capture nothing)."""
+        conf = self.app.conf
+        if conf.task_send_sent_event or conf.task_always_eager:
             return True
         return any(signal.receivers for signal in _SIGNALS)
 
@@ -308,6 +314,8 @@ class PipelinedCeleryDispatcher:
         task's messages depend on their arguments beyond the body and reprs) or `_UNBUILT`
         (`apply_async` raised: this occurrence goes alone, to fail with its own name)."""
         where = f"{occurrence.queue}/{occurrence.name}"
+        if self.app.conf.task_always_eager:  # `apply_async` would run it: nothing to capture
+            return _UNBUILT  # sent alone, nothing remembered (`dispatch_batch` sends all so)
         if self.app.conf.task_protocol != 2:
             log.info("%s: sent through apply_async, not pipelined: task protocol 1", where)
             return None

@@ -15,6 +15,9 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
   request pushed: the run's start is kept aside by task id between the two (`_escaped`);
 * `task_retry`: `retrying`, in flight for the retry's countdown (or until its eta);
 * `task_revoked` (in the main process): `revoked`;
+* `task_internal_error` of an eager run (`task_always_eager` with `task_eager_propagates`,
+  where the task's exception goes up to the caller with no `task_failure`): `failed` (or
+  `retrying` for a `Retry`);
 * `task_unknown` (in the main process: a task this worker does not know, which Celery
   rejects and records failed): `failed`, with `NotRegistered`, as an occurrence whose task
   never ran (`Report.task_ran`: an old worker meets a new task's message in a rolling
@@ -43,7 +46,9 @@ Each process has one `emq_bridge.reporting.Reporter` per app, made on first use 
 main process when the worker starts, so prefork children inherit it and reset it on their
 first report): reports are queued and sent by its thread, so a task never waits for Redis
 and never fails because of it. Pending reports are flushed on `worker_process_shutdown` and
-`worker_shutdown`, at most `FLUSH_S` each.
+`worker_shutdown`, at most `FLUSH_S` each. `report_to(app, repeat)` replaces it with one that
+reports to `repeat` (a test's registry: tasks run under `task_always_eager` report in the
+test's process).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from celery import Celery, signals
+from celery.exceptions import Retry
 from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
@@ -78,7 +84,14 @@ from .dispatch import (
     header,
 )
 
-__all__ = ["FLUSH_S", "history_size_setting", "occurrence_of", "reporter_for", "started_report"]
+__all__ = [
+    "FLUSH_S",
+    "history_size_setting",
+    "occurrence_of",
+    "report_to",
+    "reporter_for",
+    "started_report",
+]
 
 log = logging.getLogger("emq_bridge.celery")
 
@@ -182,6 +195,29 @@ def reporter_for(app: Celery) -> Reporter | None:
             log.error("emq-bridge: occurrence reports are OFF in this worker: %s", exc)
         _process.reporters[id(app)] = (app, reporter)
         return reporter
+
+
+def report_to(app: Celery, repeat: Repeat) -> Reporter:
+    """Make this process's reporter for `app` send to `repeat`, whatever the app's settings
+    name (`emq_bridge_redis_url`, the broker) and even with `emq_bridge_report = False`;
+    return it. For tests: a task run eagerly (`task_always_eager`) reports in this process,
+    so its reports reach the test's registry (`emq_bridge.testing.fake_repeat()`), not the
+    app's (a developer's own Redis). A reporter made for `app` before is replaced and
+    stopped (what it queued is sent to its own registry first, at most `FLUSH_S`).
+
+    Reports are sent by the reporter's thread: `flush()` the returned reporter before
+    reading `repeat.history(...)`. `emq_bridge_history_size` and `emq_bridge_heartbeat_s`
+    apply (`ConfigError` if unusable)."""
+    _, size, heartbeat_s = _settings(app)
+    reporter = Reporter(repeat, history_size=size, heartbeat_s=heartbeat_s)
+    with _process.lock:
+        before = _process.reporters.get(id(app))
+        _process.reporters[id(app)] = (app, reporter)
+    old = before[1] if before is not None and before[0] is app else None
+    if old is not None:
+        _process.used.discard(id(old))
+        old.close(FLUSH_S)
+    return reporter
 
 
 # -- what a task request says of its occurrence -------------------------------------------
@@ -550,6 +586,35 @@ def _escaped(task: Any, task_id: Any) -> None:
         log.warning("emq-bridge: the end of task %s was not noted: %s", task_id, exc)
 
 
+def _on_internal_error(
+    sender: Any = None,
+    task_id: Any = None,
+    request: Any = None,
+    exception: BaseException | None = None,
+    **_: Any,
+) -> None:
+    """`task_internal_error`: under `task_always_eager` with `task_eager_propagates`, what a
+    task raises leaves Celery's tracer with this signal only (no `task_failure`: it goes up
+    to the caller of `apply_async`), after a `task_postrun` with no state kept the run's
+    start aside (`_escaped`): reported from that start as the signal Celery skipped would
+    have (`failed`; `retrying` for a `Retry`, which Celery raises instead of running the next
+    attempt). Eager runs only: in a worker, Celery sends `task_failure` after this signal,
+    which reports the run."""
+    fields = request if isinstance(request, dict) else getattr(request, "__dict__", {})
+    if not fields.get("is_eager") or not task_id or not _process.escaped:
+        return
+    began = _process.escaped.pop(str(task_id), None)
+    if began is None:
+        return
+    run = SimpleNamespace(id=task_id, **{_START: began})
+    if isinstance(exception, Retry):
+        cause = getattr(exception, "exc", None)
+        error = cause if isinstance(cause, BaseException) else exception
+        _report("retrying", sender, run, error=error, hold_ms=_hold_ms(exception))
+        return
+    _report("failed", sender, run, error=exception)
+
+
 def _on_shutdown(**_: Any) -> None:
     """Send what this process queued (at most `FLUSH_S` per reporter), then stop."""
     for _app, reporter in list(_process.reporters.values()):
@@ -563,6 +628,7 @@ _RECEIVERS = (
     (signals.task_unknown, _on_unknown),
     (signals.task_prerun, _on_prerun),
     (signals.task_failure, _on_failure),
+    (signals.task_internal_error, _on_internal_error),
     (signals.task_retry, _on_retry),
     (signals.task_revoked, _on_revoked),
     (signals.task_postrun, _on_postrun),
