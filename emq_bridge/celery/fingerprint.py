@@ -12,12 +12,21 @@ What it cannot pin gives None, and the boot converts and syncs in full: a `task_
 router function (its code can change under the same name) or router path, a schedule of
 a class other than Celery's plain `schedule` and `crontab` (a custom class holds state
 its pickle need not show), an entry that is not a dict, and anything pickle refuses.
+
+What is pickled is made canonical first, so that one declaration digests the same in every
+process: a set or frozenset in a setting (`emq_bridge_queues` may be one) is pickled with its
+items sorted (a set of strings iterates in an order `PYTHONHASHSEED` picks), and a kombu
+`Queue`, `Exchange` or `binding` anywhere (in `task_queues`, an entry's options, a task's)
+is pickled as its class and the attributes kombu declares and routes it by, a Queue's
+`bindings` sorted (kombu keeps them in a set, which iterates in the order of the objects'
+addresses).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import pickle
 from collections.abc import Mapping
 from datetime import timedelta
@@ -26,6 +35,7 @@ from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab, schedule
+from kombu.entity import Exchange, Queue, binding
 
 from ..definition import Schedule
 from ..stamps import code_versions
@@ -79,6 +89,58 @@ _PLAIN_SCHEDULES = (int, float, timedelta, schedule, crontab)
 # its fields in Python: 100,000 declarations pickled twice as slowly).
 _SCHEDULE_FIELDS = tuple(f.name for f in dataclasses.fields(Schedule))
 _schedule_values = attrgetter(*_SCHEDULE_FIELDS)
+
+
+# The kombu classes described by their attributes rather than pickled as they are.
+_KOMBU = (Queue, Exchange, binding)
+
+
+def _canonical(value: Any) -> Any:
+    """Return `value` as it is pickled for the fingerprint: a set or frozenset as a tuple
+    of its items sorted by their canonical pickle (tagged with its class, so a set and a
+    list of the same names differ), a kombu entity described (`_kombu_state`), a dict, list
+    or tuple with its items made canonical in turn (a dict keeps its key order); anything
+    else as it is (the pickler still describes a kombu entity inside it)."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _canonical(item) for key, item in value.items()}
+    if kind is list:
+        return [_canonical(item) for item in value]
+    if kind is tuple:
+        return tuple(_canonical(item) for item in value)
+    if isinstance(value, set | frozenset):
+        items = sorted((_canonical(item) for item in value), key=_dumps)
+        return (f"{kind.__module__}.{kind.__qualname__}", tuple(items))
+    if isinstance(value, _KOMBU):
+        return _kombu_state(value)
+    return value
+
+
+def _kombu_state(value: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """A kombu `Queue`, `Exchange` or `binding` as its class and each attribute kombu
+    declares and routes it by (its `attrs`, what its own pickle copies), made canonical: a
+    Queue's `bindings` is a set, whose order would be the bindings' addresses."""
+    kind = type(value)
+    attrs = tuple(
+        (name, _canonical(getattr(value, name, None))) for name, _ in getattr(kind, "attrs", ())
+    )
+    return (f"{kind.__module__}.{kind.__qualname__}", attrs)
+
+
+class _Pickler(pickle.Pickler):
+    """pickle, with a kombu entity wherever it is pickled as `_kombu_state` describes it."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, _KOMBU):
+            return tuple, (_kombu_state(obj),)
+        return NotImplemented
+
+
+def _dumps(value: Any) -> bytes:
+    """The pickle of `value` the fingerprint digests (`_Pickler`)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=5).dump(value)
+    return buffer.getvalue()
 
 
 def _route_is_data(route: Any) -> bool:
@@ -148,8 +210,11 @@ def app_fingerprint(
     if decorated is None:
         return None
     tasks.update(name for name, _ in decorated)
-    settings = [(key, conf.get(key)) for key in _SETTINGS]
-    settings += sorted((name, conf.get(name)) for name in _emq_settings(conf))
+    try:
+        settings = [(key, _canonical(conf.get(key))) for key in _SETTINGS]
+        settings += [(name, _canonical(conf.get(name))) for name in sorted(_emq_settings(conf))]
+    except Exception:  # an item pickle refuses, in a set sorted by its pickle: a full boot
+        return None
     state = (
         (FORMAT, *code_versions("emq-bridge", "celery", "kombu")),
         settings,
@@ -162,7 +227,7 @@ def app_fingerprint(
         sorted(app.tasks),  # what the `@recurring` sync may prune (declare._sync_own)
     )
     try:
-        encoded = pickle.dumps(state, protocol=5)
+        encoded = _dumps(state)
     except Exception:  # anything pickle refuses: no fingerprint, so a full boot
         return None
     return hashlib.blake2b(encoded, digest_size=16).hexdigest()
