@@ -6,9 +6,9 @@ back into the same definition digest; the calendars its exclusions name become t
 `[calendars]` table, written once however many schedules name them. Every entry is read
 back through the file's own parser before it is kept, so one that would not come back the
 same (a custom Celery schedule, a template that is not task/args/kwargs/options, a seed
-other than its name, a definition field this module does not write, a null in TOML) is
-refused with the reason, never written changed. What a file does not hold stays in Redis:
-paused state, counters, history.
+other than its name, a definition field this module does not write, a null or an integer
+beyond 64 bits in TOML) is refused with the reason, never written changed. What a file does
+not hold stays in Redis: paused state, counters, history.
 """
 
 from __future__ import annotations
@@ -305,6 +305,11 @@ def _entry(
         entry["labels"] = dict(definition.labels)
     if fmt == "toml" and _has_null(entry):
         raise _Refused("it holds a null, which TOML cannot write: export it with --format json")
+    if fmt == "toml" and _has_wide_int(entry):
+        raise _Refused(
+            "it holds an integer outside the signed 64-bit range, which TOML cannot write "
+            "(a TOML parser must refuse it): export it with --format json"
+        )
     if fmt == "toml" and _toml_reorders(entry):
         raise _Refused(
             "TOML would give its args, kwargs or options back with their keys in another "
@@ -517,6 +522,25 @@ def _has_null(value: Any) -> bool:
     while stack:
         item = stack.pop()
         if item is None:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+# The integers TOML holds: a parser must refuse one outside the signed 64-bit range (Python's
+# `tomllib` reads it, other parsers do not).
+_TOML_INT_MIN, _TOML_INT_MAX = -(2**63), 2**63 - 1
+
+
+def _has_wide_int(value: Any) -> bool:
+    """True when `value` holds an integer TOML cannot write (`_TOML_INT_MIN`..`_TOML_INT_MAX`)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is int and not _TOML_INT_MIN <= item <= _TOML_INT_MAX:
             return True
         if isinstance(item, dict):
             stack.extend(item.values())
