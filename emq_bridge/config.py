@@ -234,7 +234,9 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(f"{os.fspath(path)}: cannot read {what}: {reason}") from exc
     try:
         if kind == "JSON":
-            return read_json(raw)
+            # NaN and Infinity are read, as TOML's nan and inf, for the entry's check to
+            # refuse naming the entry and field; nesting past the stack is refused below.
+            return read_json(raw, finite=False)
         # A UTF-8 byte order mark (some editors write one) is read as JSON reads it.
         return tomllib.loads(raw.removeprefix(UTF8_BOM).decode("utf-8"))
     except RecursionError as exc:  # both parsers recurse once per nested array or table
@@ -730,8 +732,17 @@ def _check_json(field: str, value: Any) -> None:
     except ScheduleError as exc:
         raise _FieldError(field, str(exc)) from exc
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except TypeError as exc:  # "Object of type datetime is not JSON serializable"
         raise _FieldError(
             field, f"holds a value JSON cannot carry (dates and times are not allowed): {exc}"
+        ) from exc
+    except ValueError as exc:  # allow_nan=False: nan, inf or -inf (a cycle is too deep above)
+        raise _FieldError(field, "holds a NaN or infinite number, which JSON cannot carry") from exc
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: a JSON "\ud800", invalid argv bytes
+        surrogate = exc.object[exc.start]
+        raise _FieldError(
+            field, f"holds a string that is not valid UTF-8 (a lone surrogate, {surrogate!r})"
         ) from exc

@@ -14,7 +14,8 @@ import hashlib
 import inspect
 import json
 import json.encoder
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -62,6 +63,7 @@ __all__ = [
     "check_misfire",
     "define",
     "misfire_from_fields",
+    "naming_schedule",
 ]
 
 # What a slot does while an occurrence of the same registration is in flight (claim.lua):
@@ -596,6 +598,21 @@ class Declaration:
         validate_name(self.name, "registration name")
         # A cron's H and jitter hash the registration's name unless given a seed.
         object.__setattr__(self, "definition", self.definition.for_name(self.name))
+
+
+@contextmanager
+def naming_schedule(name: object) -> Iterator[None]:
+    """Say which schedule a `ScheduleError` raised inside is about, when it has a `name`
+    (`schedule 'name': ...`): a decorator (`@recurring`) checks its values before the task
+    or actor it decorates is known. A name that is not valid is refused as it is."""
+    if name is not None:
+        validate_name(name, "schedule name")
+    try:
+        yield
+    except ScheduleError as exc:
+        if name is None:
+            raise
+        raise type(exc)(f"schedule {name!r}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,17 @@
 """JSON that people write (a `.json` schedule file, the CLI's `--args`, `--kwargs`,
 `--options`), read strictly and refused in one line.
 
-`json.loads` keeps the last of a key given twice, silently (TOML refuses it), and raises
-Python's own `ValueError` for an integer of more digits than `sys.get_int_max_str_digits()`,
-with a hint about the interpreter's settings: here both are a `JsonInputError` that says
-what is wrong with the text.
+`json.loads` keeps the last of a key given twice, silently (TOML refuses it), reads `NaN`,
+`Infinity` and a number too large for a float (`1e400`, infinite) although JSON has no such
+value, and raises Python's own `ValueError` for an integer of more digits than
+`sys.get_int_max_str_digits()`, with a hint about the interpreter's settings: here each is a
+`JsonInputError` that says what is wrong with the text.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -48,14 +50,45 @@ def number_error(exc: ValueError) -> str:
     return f"an integer has {digits}; the limit is {sys.get_int_max_str_digits()}"
 
 
-def read_json(text: str | bytes) -> Any:
+_NO_NAN = "JSON has no NaN or infinite numbers"
+# A number's text shown in a refusal: its first characters (an exponent may run long).
+_SHOWN_DIGITS = 40
+
+
+def _no_constant(name: str) -> Any:
+    """`parse_constant`: `json.loads` calls it for `NaN`, `Infinity` and `-Infinity`."""
+    raise JsonInputError(f"{name}: {_NO_NAN}")
+
+
+def _finite_float(text: str) -> float:
+    """`parse_float`: a number with a fraction or an exponent, refused if it reads as an
+    infinite float (`1e400`: past the largest, about 1.8e308)."""
+    value = float(text)
+    if math.isinf(value):
+        shown = text if len(text) <= _SHOWN_DIGITS else f"{text[:_SHOWN_DIGITS]}…"
+        raise JsonInputError(
+            f"the number {shown} is too large for a float (it would be read as infinite: {_NO_NAN})"
+        )
+    return value
+
+
+def read_json(text: str | bytes, *, finite: bool = True) -> Any:
     """Return the value of the JSON `text` (bytes in UTF-8, -16 or -32, as `json.loads`).
 
     Raises `JsonInputError` for malformed JSON, a key given twice in one object, an integer
-    too long to read or bytes that are not text; `RecursionError` for nesting deeper than
-    the stack (callers report that in their own terms).
+    too long to read, bytes that are not text, and (unless `finite` is False) `NaN`,
+    `Infinity`, `-Infinity` or a number too large for a float, which JSON has not;
+    `RecursionError` for nesting deeper than the stack (callers report that in their own
+    terms).
     """
     try:
+        if finite:
+            return json.loads(
+                text,
+                object_pairs_hook=unique_keys,
+                parse_float=_finite_float,
+                parse_constant=_no_constant,
+            )
         return json.loads(text, object_pairs_hook=unique_keys)
     except JsonInputError:
         raise

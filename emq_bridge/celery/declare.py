@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from celery import Celery, Task
 from celery.local import Proxy
@@ -28,7 +28,7 @@ from ..bounds import Instant
 from ..bulk import without_gc
 from ..cadence import Anchor, Cadence, Misfire
 from ..calendars import ExcludeItem
-from ..definition import Declaration, Offset, Overlap, Schedule
+from ..definition import Declaration, Offset, Overlap, Schedule, naming_schedule
 from ..errors import ConfigError, EmqError
 from ..file_stamp import FileStamp, file_fingerprint, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
@@ -239,6 +239,10 @@ def _generation(app: Celery) -> int | None:
 # -- declarations -----------------------------------------------------------------------
 
 
+# A `beat_schedule`'s refusal names this many bad entries, then how many more: one line, as
+# a schedule file's (`config.MAX_ERRORS_SHOWN`).
+_ERRORS_SHOWN = 20
+
 # What `@recurring` declared: (the task, its schedule), in decoration order.
 _DECLARED: list[tuple[Any, Schedule]] = []
 
@@ -279,33 +283,35 @@ def recurring(
     "all"), `catchup_window` and `catchup_max` say what fires after an outage
     (docs/misfire.md); `jitter` and `exclude` spread and skip slots (docs/cron.md);
     `labels` (str -> str) tag the registration (docs/schedules-and-cli.md). Bad values
-    raise `ScheduleError` here.
+    raise `ScheduleError` here (before the task is known: with a `name`, the error says
+    `schedule 'name': ...`).
     """
-    args, kwargs, options = _call_parts(args, kwargs, options)
-    schedule = Schedule(
-        every=every,
-        cron=cron,
-        tz=tz,
-        args=args,
-        kwargs=kwargs,
-        options=options,
-        name=name,
-        anchor=anchor,
-        misfire=misfire,
-        overlap=overlap,
-        pause_after_failures=pause_after_failures,
-        catchup_window=catchup_window,
-        catchup_max=catchup_max,
-        offset=offset,
-        at=at,
-        start_at=start_at,
-        end_at=end_at,
-        limit=limit,
-        immediately=immediately,
-        jitter=jitter,
-        exclude=exclude,
-        labels=labels,
-    )
+    with naming_schedule(name):
+        args, kwargs, options = _call_parts(args, kwargs, options)
+        schedule = Schedule(
+            every=every,
+            cron=cron,
+            tz=tz,
+            args=args,
+            kwargs=kwargs,
+            options=options,
+            name=name,
+            anchor=anchor,
+            misfire=misfire,
+            overlap=overlap,
+            pause_after_failures=pause_after_failures,
+            catchup_window=catchup_window,
+            catchup_max=catchup_max,
+            offset=offset,
+            at=at,
+            start_at=start_at,
+            end_at=end_at,
+            limit=limit,
+            immediately=immediately,
+            jitter=jitter,
+            exclude=exclude,
+            labels=labels,
+        )
 
     def wrap(task: T) -> T:
         if not isinstance(task, (Proxy, Task)):
@@ -462,11 +468,24 @@ def _app_schedule(
     declarations: list[Declaration] = []
     custom: dict[tuple[str, str], CelerySchedule] = {}
     context = Entries(app, check)  # the conf, tasks and routing, read once for all entries
+    # Every bad entry is named, as a schedule file's are: the first refusal, the messages
+    # shown (not each exception, whose traceback holds its frames) and how many in all.
+    first: ConfigError | None = None
+    refused: list[str] = []
+    count = 0
     for key, raw in (_beat_entries(app) if entries is None else entries).items():
-        declaration, live = convert_entry(app, key, raw, context=context)
+        try:
+            declaration, live = convert_entry(app, key, raw, context=context)
+        except ConfigError as exc:
+            first, count = first or exc, count + 1
+            if count <= _ERRORS_SHOWN:
+                refused.append(str(exc))
+            continue
         declarations.append(declaration)
         if live is not None:
             custom[(declaration.queue, declaration.name)] = live
+    if first is not None:
+        _refuse_entries(first, refused, count)
     tasks = _decorated(app, context)
     _check_not_declared_twice(declarations, tasks)
     source = _source(app)
@@ -482,6 +501,17 @@ def _app_schedule(
         tasks=tuple(tasks),
         generation=_generation(app),
     )
+
+
+def _refuse_entries(first: ConfigError, shown: list[str], count: int) -> NoReturn:
+    """Raise the one `ConfigError` of the `count` `beat_schedule` entries `convert_entry`
+    refused: the messages `shown` (the first `_ERRORS_SHOWN`, each naming its entry) in one
+    line, then how many more; a lone refusal (`first`) as it was raised."""
+    if count == 1:
+        raise first
+    if count > len(shown):
+        shown.append(f"and {count - len(shown)} more")
+    raise ConfigError("; ".join(shown)) from first
 
 
 def _check_not_declared_twice(entries: Sequence[Declaration], tasks: Sequence[Declaration]) -> None:

@@ -20,6 +20,7 @@ from ..registry import Registration
 from ..shown import printable
 
 __all__ = [
+    "StoredOrder",
     "absolute",
     "cadence_text",
     "computed_by",
@@ -38,6 +39,12 @@ __all__ = [
     "utc_iso",
     "zone_of",
 ]
+
+
+class StoredOrder(dict[str, Any]):
+    """A user's data in the order it is stored (a template: the order of its keys is part
+    of it, a reorder is a change), which `to_json` prints as it is, not sorted."""
+
 
 _UNITS = (("day", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000))
 
@@ -278,7 +285,7 @@ def registration_json(
         "paused_ms": registration.paused_ms,
         "overlap": registration.definition.overlap,
         "pause_after_failures": registration.definition.pause_after_failures,
-        "template": dict(registration.definition.template),
+        "template": StoredOrder(registration.definition.template),
         "labels": dict(registration.definition.labels),
         "source": registration.source,
         "next_run_ms": next_ms,
@@ -376,5 +383,17 @@ def table_lines(
 
 
 def to_json(data: Any) -> str:
-    """Return `data` as indented JSON with sorted keys."""
-    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+    """Return `data` as indented JSON, the keys of its objects sorted, but for a
+    `StoredOrder` (a template), printed in its stored order."""
+    return json.dumps(_keys_sorted(data), indent=2, ensure_ascii=False)
+
+
+def _keys_sorted(value: Any) -> Any:
+    """`value` with the keys of every dict in it sorted, a `StoredOrder` kept as it is."""
+    if isinstance(value, StoredOrder):
+        return value
+    if isinstance(value, dict):
+        return {key: _keys_sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list | tuple):
+        return [_keys_sorted(item) for item in value]
+    return value

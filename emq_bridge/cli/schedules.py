@@ -345,7 +345,7 @@ def show_command(settings: Settings, queue: str, name: str, as_json: bool) -> No
         *_bounds_lines(registration, now_ms),
         *_labels_lines(registration),
         ("source", registration.source or "(added at runtime)"),
-        ("template", json.dumps(data["template"], sort_keys=True)),
+        ("template", json.dumps(data["template"])),  # in its stored order: a reorder is a change
     ]
     click.echo(f"{queue}/{name}")
     for label, value in lines:  # a note or an error from outside stays on its line
@@ -615,6 +615,24 @@ def _offset(ms: int, zone: ZoneInfo) -> str:
     return _iso(ms, zone)[-6:]
 
 
+class _TooDeep:
+    """An option's JSON nested past the parser's stack: deeper than any template may be."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+
+def _refuse_too_deep(queue: str, name: str, fields: dict[str, Any]) -> None:
+    """Raise `ConfigError` for an option `_json_value` found nested past the parser's stack,
+    named as `declaration_from_entry` names one nested past `MAX_TEMPLATE_DEPTH`."""
+    for value in fields.values():
+        if isinstance(value, _TooDeep):
+            raise ConfigError(
+                f"schedule {queue}/{name}, field {value.field!r}: template is nested more "
+                f"than {MAX_TEMPLATE_DEPTH} levels deep"
+            )
+
+
 def _json_value(
     field: str, kind: type, what: str
 ) -> Callable[[click.Context, click.Parameter, str | None], Any]:
@@ -623,11 +641,10 @@ def _json_value(
             return None
         try:
             parsed = read_json(value)  # a key given twice is refused, as in a .json file
-        except RecursionError as exc:  # json recurses once per nested array or object
-            # Bad input (exit 1), as `declaration_from_entry` reports a lesser depth.
-            raise ConfigError(
-                f"field {field!r}: template is nested more than {MAX_TEMPLATE_DEPTH} levels deep"
-            ) from exc
+        except RecursionError:  # json recurses once per nested array or object
+            # Bad input (exit 1), as `declaration_from_entry` reports a lesser depth: the
+            # command says so once it knows the schedule's name (`_refuse_too_deep`).
+            return _TooDeep(field)
         except JsonInputError as exc:
             raise click.BadParameter(f"not JSON: {exc}") from exc
         if not isinstance(parsed, kind):
@@ -813,6 +830,7 @@ def add_command(settings: Settings, /, queue: str, name: str, replace: bool, **f
     if len(given) > 1:
         named = " and ".join(f"--{framework}" for framework, _ in given)
         raise click.UsageError(f"give one app to check --task against, not {named}")
+    _refuse_too_deep(queue, name, fields)
     entry = {"queue": queue, "name": name}
     fields["at"] = list(fields["at"]) or None  # --at may be repeated
     fields["exclude"] = list(fields["exclude"]) or None  # and --exclude

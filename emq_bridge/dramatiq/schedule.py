@@ -25,7 +25,7 @@ from dramatiq.middleware import CurrentMessage
 from ..bounds import Instant
 from ..cadence import Anchor, Misfire
 from ..calendars import ExcludeItem
-from ..definition import Declaration, Offset, Overlap, Schedule
+from ..definition import Declaration, Offset, Overlap, Schedule, naming_schedule
 from ..errors import ConfigError, ScheduleError
 from ..registry import Registered, Repeat
 from ..template import TaskTemplate
@@ -231,32 +231,35 @@ def recurring(
     the registration (docs/schedules-and-cli.md).
     Raises `ScheduleError` at import time for an invalid cadence or policy, non-JSON
     arguments, message options Dramatiq's middleware cannot read (`max_retries="many"`), a
-    decorator placed below `@dramatiq.actor`, or a name another schedule of the actor holds.
+    decorator placed below `@dramatiq.actor`, or a name another schedule of the actor holds;
+    with a `name`, an error of the schedule says `schedule 'name': ...` (they are checked
+    here, before the actor they decorate is known).
     """
-    schedule = dramatiq_schedule(
-        every=every,
-        cron=cron,
-        tz=tz,
-        args=args,
-        kwargs=kwargs,
-        options=options,
-        name=name,
-        anchor=anchor,
-        misfire=misfire,
-        overlap=overlap,
-        pause_after_failures=pause_after_failures,
-        catchup_window=catchup_window,
-        catchup_max=catchup_max,
-        offset=offset,
-        at=at,
-        start_at=start_at,
-        end_at=end_at,
-        limit=limit,
-        immediately=immediately,
-        jitter=jitter,
-        exclude=exclude,
-        labels=labels,
-    )
+    with naming_schedule(name):
+        schedule = dramatiq_schedule(
+            every=every,
+            cron=cron,
+            tz=tz,
+            args=args,
+            kwargs=kwargs,
+            options=options,
+            name=name,
+            anchor=anchor,
+            misfire=misfire,
+            overlap=overlap,
+            pause_after_failures=pause_after_failures,
+            catchup_window=catchup_window,
+            catchup_max=catchup_max,
+            offset=offset,
+            at=at,
+            start_at=start_at,
+            end_at=end_at,
+            limit=limit,
+            immediately=immediately,
+            jitter=jitter,
+            exclude=exclude,
+            labels=labels,
+        )
 
     def attach(actor: ActorT) -> ActorT:
         if not isinstance(actor, dramatiq.Actor):
