@@ -37,7 +37,7 @@ from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
 from .pump_options import check_pump_options
-from .registry import Claim, Repeat, Scan, WakeSubscription, WakeupsRefused
+from .registry import Claim, Repeat, Scan, WakeSubscription, WakeupsRefused, clock_ms
 from .template import decode_frozen
 from .template_pieces import join_template
 
@@ -46,7 +46,8 @@ __all__ = ["Clock", "Pump", "Tick"]  # Tick lives in events; re-exported for its
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
-"""Returns now in epoch ms. The default is the Redis server's clock (`TIME`)."""
+"""Returns now in epoch ms, an int. The default is the registry's (`Repeat.clock`, a test's),
+else the Redis server's clock (`TIME`)."""
 
 CadenceResolver = Callable[[str, str, Cadence], Cadence]
 """Given (queue, name, stored cadence), returns the cadence to compute next runs with."""
@@ -304,7 +305,8 @@ class Pump:
     # -- one tick -------------------------------------------------------------------------
 
     def run_once(self, now_ms: int | None = None) -> Tick:
-        """Fire everything due now (`now_ms`, else the clock, else the server's `TIME`).
+        """Fire everything due now (`now_ms`, else the pump's clock, else the registry's
+        `Repeat.clock`, else the server's `TIME`).
 
         Raises `RegistryUnavailable` when Redis cannot be reached, and the first queue's
         `RegistryError` when a queue's moves fail.
@@ -329,8 +331,8 @@ class Pump:
         acks that failed has them tried again first (`_retry_acks`); one that fails again
         fails the queue as its drain would.
         """
-        if now_ms is None and self.clock is not None:
-            now_ms = self.clock()
+        if now_ms is None:
+            now_ms = self._clock_now()
         tick = Tick()
         errors: dict[str, RegistryError] = {}
         if self._stop.is_set():  # asked to stop: claim nothing more
@@ -358,6 +360,16 @@ class Pump:
             except RegistryError as exc:
                 errors[queue] = exc
         return tick, errors
+
+    def _clock_now(self) -> int | None:
+        """Now by the pump's clock, else by the registry's (`Repeat.clock`, a test's), else
+        None: the server's `TIME`, which the scan reads itself (no round trip more). Either
+        clock must return epoch ms as an int (`ConfigError` otherwise, see `clock_ms`)."""
+        if self.clock is not None:
+            return clock_ms(self.clock, "a pump clock")
+        if self.repeat.clock is not None:
+            return self.repeat.server_time_ms()
+        return None
 
     def _drain(
         self,

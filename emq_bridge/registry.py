@@ -28,7 +28,7 @@ import redis.cluster
 from .arguments import whole_arg
 from .backfill import BackfillMoves
 from .bounds import COMPLETED_REASONS, Completed, Instant, bounded_runs
-from .cadence import NEVER_MS, Anchor, Misfire, advance, catch_up, now_arg
+from .cadence import LATEST_MS, NEVER_MS, Anchor, Misfire, advance, catch_up, now_arg
 from .calendars import Excluding
 from .definition import (
     DEFINITION_FIELDS,
@@ -65,6 +65,7 @@ from .overlap import overlapped_calls
 from .pump_options import MAX_BATCH_SIZE
 from .replies import CLUSTER_NODE, redis_errors, text
 from .scripts import Scripts
+from .shown import shown
 from .stamps import StampMoves
 from .template_pieces import split_template
 from .urls import client_from_url, is_utf8_codec
@@ -519,6 +520,46 @@ def _check_utf8(encoding: object) -> None:
         )
 
 
+def clock_ms(clock: object, what: str = "a registry clock") -> int:
+    """Call `clock` and return its now: epoch ms as an int from 1970 to the end of 9999.
+
+    Anything else raises `ConfigError` naming the clock and what it returned (`what` says
+    whose clock it is): a float of seconds (`time.time`) or a class (`ManualClock` rather
+    than `ManualClock()`) would otherwise be written into records no move reads back.
+    """
+    if not callable(clock):
+        raise ConfigError(
+            f"{what} must be a callable returning epoch milliseconds as an int (such as a "
+            f"ManualClock()), got {_clock_name(clock)}"
+        )
+    value = clock()
+    if isinstance(value, bool) or not isinstance(value, int):
+        if value is None or isinstance(value, float | str | bool):
+            got = "None" if value is None else f"{type(value).__name__} {shown(value)}"
+        else:
+            got = f"a {shown(value)}"  # its type's name
+        hint = f": pass an instance, {clock.__name__}()" if isinstance(clock, type) else ""
+        raise ConfigError(
+            f"{what} must return epoch milliseconds as an int, got {got} "
+            f"from {_clock_name(clock)}{hint}"
+        )
+    if not 0 <= value <= LATEST_MS:
+        raise ConfigError(
+            f"{what} must return epoch milliseconds from 0 (1970) to {LATEST_MS} (9999), got "
+            f"{shown(value)} from {_clock_name(clock)}"
+        )
+    return value
+
+
+def _clock_name(clock: object) -> str:
+    """How an error names a clock: a function's or class's qualified name, else its type."""
+    name = getattr(clock, "__qualname__", None)
+    if isinstance(name, str):
+        module = getattr(clock, "__module__", None)
+        return f"{module}.{name}" if isinstance(module, str) else name
+    return f"a {type(clock).__name__}"
+
+
 def _call_nonce() -> str:
     """Return a nonce for one call of a move its script must not run twice (trigger):
     redis-py resends a command whose reply timed out, though the server may have run it,
@@ -538,8 +579,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
     Keys are `<prefix>:{<queue>}:repeat` (sorted set) and `<prefix>:{<queue>}:repeat:<name>`
     (hash). Times are epoch milliseconds; "now" defaults to the Redis server's clock.
-    `clock` (epoch ms; a test's `emq_bridge.testing.ManualClock`) replaces that clock for
-    every "now" decided here (the moves, syncs, `server_time_ms`); what the Lua moves read
+    `clock` (returning epoch ms as an int; a test's `emq_bridge.testing.ManualClock`)
+    replaces that clock for every "now" decided here (the moves, syncs, `server_time_ms`)
+    and for a `Pump` on this registry given no clock of its own; what the Lua moves read
     of the server's own `TIME` (the deadlines of occurrences in flight) stays the server's.
     """
 
@@ -677,9 +719,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in epoch ms (the one clock pumps agree on), or the
-        registry's `clock` when it has one (a test's)."""
+        registry's `clock` when it has one (a test's): `ConfigError` if that clock returns
+        anything but an int of epoch ms (a float of seconds, `time.time`)."""
         if self.clock is not None:
-            return self.clock()
+            return clock_ms(self.clock)
         with redis_errors("TIME"):
             seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import redis
+
 from .dispatch import Dispatcher
 from .millis import floor_ms, instant_ms
 from .occurrence import Occurrence
@@ -21,6 +23,8 @@ from .pump import Pump
 from .registry import Repeat
 
 __all__ = ["ManualClock", "RecordingDispatcher", "fake_repeat", "manual_pump"]
+
+_FAKEREDIS = "pip install 'fakeredis[lua]'"
 
 
 class RecordingDispatcher:
@@ -48,11 +52,12 @@ class ManualClock:
     """A clock in epoch ms that moves only when the test says so.
 
     It starts at, and `set` moves it to, epoch ms or an aware `datetime`: a naive one raises
-    `ScheduleError` (it names no instant; the host's zone would decide which).
+    `ScheduleError` (it names no instant; the host's zone would decide which). Its ms are
+    whole: a float with a fraction (`1.5`) raises `ValueError` (`2.0` is taken).
     """
 
     def __init__(self, start: int | datetime = datetime(2030, 1, 1, tzinfo=timezone.utc)) -> None:
-        self.now_ms = instant_ms(start) if isinstance(start, datetime) else int(start)
+        self.now_ms = _instant(start, "ManualClock starts at")
 
     def __call__(self) -> int:
         return self.now_ms
@@ -60,15 +65,32 @@ class ManualClock:
     def advance(self, by: int | timedelta) -> int:
         """Move forward by ms or a `timedelta`; return the new now. `ValueError` for a step
         back (`set` moves it anywhere)."""
-        step = floor_ms(by) if isinstance(by, timedelta) else int(by)
+        if isinstance(by, timedelta):
+            step = floor_ms(by)
+        else:
+            step = _whole(by, "advance moves by whole ms", "a timedelta")
         if step < 0:
             raise ValueError(f"advance moves forward: {by!r} is a step back (use set)")
         self.now_ms += step
         return self.now_ms
 
     def set(self, at: int | datetime) -> int:
-        self.now_ms = instant_ms(at) if isinstance(at, datetime) else int(at)
+        self.now_ms = _instant(at, "set moves to")
         return self.now_ms
+
+
+def _instant(at: int | datetime, what: str) -> int:
+    if isinstance(at, datetime):
+        return instant_ms(at)
+    return _whole(at, f"{what} whole epoch ms", "an aware datetime")
+
+
+def _whole(value: int | float, what: str, other: str) -> int:
+    """`value` as an int of ms; `ValueError` for a float that is not a whole number (its
+    fraction would be dropped without a word)."""
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{what}: {value!r} is not a whole number (give an int or {other})")
+    return int(value)
 
 
 def fake_repeat(
@@ -76,10 +98,26 @@ def fake_repeat(
 ) -> Repeat:
     """Return a `Repeat` on a fresh in-memory fakeredis server (needs `fakeredis[lua]`);
     `clock` (a `ManualClock`) is its clock (`Repeat.clock`): what is synced or registered on
-    it is placed at the test's time."""
-    import fakeredis
+    it is placed at the test's time, and a `Pump` on it given no clock runs on it too.
 
-    return Repeat(fakeredis.FakeRedis(**options), prefix, clock=clock)
+    Raises `ImportError` saying `pip install 'fakeredis[lua]'` when fakeredis is missing, or
+    is there without its Lua support (the `lupa` package: every registry move is a script).
+    """
+    try:
+        import fakeredis
+    except ImportError as exc:
+        raise ImportError(
+            f"fake_repeat needs fakeredis with its Lua support: {_FAKEREDIS}"
+        ) from exc
+    client = fakeredis.FakeRedis(**options)
+    try:
+        client.eval("return 1", 0)  # fakeredis answers an unknown command without lupa
+    except redis.exceptions.ResponseError as exc:
+        raise ImportError(
+            f"fake_repeat needs fakeredis' Lua support (the lupa package), which it lacks "
+            f"({exc}): {_FAKEREDIS}"
+        ) from exc
+    return Repeat(client, prefix, clock=clock)
 
 
 def manual_pump(
@@ -89,7 +127,13 @@ def manual_pump(
 
     `clock` becomes the registry's clock too, unless it has one (`Repeat.clock`): the syncs
     made at a worker's or beat's boot on that registry then place their schedules on it, so
-    the pump fires exactly what is due at the clock's time."""
+    the pump fires exactly what is due at the clock's time. A `dispatcher` without a
+    `dispatch` method raises `TypeError`."""
+    if dispatcher is not None and not callable(getattr(dispatcher, "dispatch", None)):
+        raise TypeError(
+            "manual_pump(dispatcher=...) needs a dispatcher, an object with a dispatch("
+            f"occurrence) method (a RecordingDispatcher()), got {type(dispatcher).__name__}"
+        )
     if repeat.clock is None:
         repeat.clock = clock
     return Pump(repeat, queues, dispatcher or RecordingDispatcher(), clock=clock)

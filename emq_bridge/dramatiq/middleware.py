@@ -116,7 +116,8 @@ class RecurringMiddleware(Middleware):
     occurrence is heartbeated every `heartbeat_s`; one not heard of for `3 * heartbeat_s`
     (its worker was killed) is marked lost by the next pump scan. Reports are sent by a
     background thread: they never slow or fail an actor, and while Redis is down they are
-    dropped (one WARNING).
+    dropped (one WARNING); `flush_reports()` waits until those queued so far were sent (a
+    test reading `Repeat.history` right after `worker.join()`).
 
     A boot that cannot reach Redis, or finds an invalid schedule or an unknown actor,
     raises `BootError` and the worker does not start.
@@ -324,6 +325,20 @@ class RecurringMiddleware(Middleware):
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         # The actors that ended while the worker stopped reported after the flush above.
         self.outcomes.close(REPORT_FLUSH_S)
+
+    def flush_reports(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the outcome reports this worker process queued so far (started,
+        succeeded, retrying, failed, skipped) were sent to the registry, at most `timeout_s`;
+        True once they were (or none waited), False if some still wait.
+
+        Reports leave from a background thread: a test that reads `Repeat.history` (or a
+        registration's counters) right after `stub_broker.join(queue)` and `worker.join()`
+        calls this first, as what the worker threads reported may not have reached the
+        registry yet. `worker.stop()` flushes them too.
+        """
+        # The reporter exists once something was reported (`MessageOutcomes.reporter`).
+        reporter = self.outcomes._reporter
+        return True if reporter is None else reporter.flush(timeout_s)
 
     def _new_reporter(self) -> Reporter:
         """This process's reporter: it opens the registry in its own thread, on first send."""
