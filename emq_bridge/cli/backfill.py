@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from ..backfill import DEFAULT_RATE, check_rate
-from ..errors import CorruptRecord, ScheduleError
+from ..errors import CorruptRecord, ScheduleError, UnknownRegistration
 from .context import Settings, pass_settings
 from .render import absolute, to_json, zone_of
 
@@ -76,6 +76,8 @@ def backfill_command(
     repeat = settings.repeat()
     try:
         result = repeat.backfill(queue, name, start, end, rate=rate, dry_run=dry_run)
+    except UnknownRegistration:
+        raise  # `emq_errors` says it, and where it looked
     except KeyError as exc:
         raise click.ClickException(str(exc.args[0])) from None
     except CorruptRecord as exc:  # bad input (exit 1), not a server refusing a command

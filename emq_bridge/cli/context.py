@@ -22,6 +22,7 @@ from ..errors import (
     RegistryError,
     RegistryRestarted,
     RegistryUnavailable,
+    UnknownRegistration,
 )
 from ..registry import Repeat
 from ..shown import printable
@@ -213,6 +214,10 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
             message = f"cannot reach Redis at {where}: {detail}"
             raise ServerError(_clean(message, settings)) from exc
         raise ServerError(_clean(f"Redis at {where} refused: {exc}", settings)) from exc
+    except UnknownRegistration as exc:  # say where it was looked for: another server's?
+        settings = ctx.find_object(Settings)
+        at = f" at {settings.where}" if settings is not None else ""
+        raise click.ClickException(_clean(f"{exc}{at}", settings)) from exc
     except EmqError as exc:
         raise click.ClickException(_clean(str(exc), ctx.find_object(Settings))) from exc
     except click.exceptions.NoArgsIsHelpError:

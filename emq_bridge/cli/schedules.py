@@ -24,7 +24,7 @@ from ..cadence import (
 from ..config import declaration_from_entry
 from ..definition import MAX_PAUSE_AFTER, OVERLAPS
 from ..dispatch import PumpTarget
-from ..errors import ConfigError, CorruptRecord, EmqError, ScheduleError
+from ..errors import ConfigError, CorruptRecord, EmqError, ScheduleError, UnknownRegistration
 from ..health import served, unserved
 from ..keys import parse_lease_member
 from ..labels import matches, parse_filter, parse_selector
@@ -97,6 +97,8 @@ def _lifecycle(move: Callable[[], T]) -> T:
     one line that says so (not the exit 3 of a server that refuses a command)."""
     try:
         return move()
+    except UnknownRegistration:
+        raise  # `emq_errors` says it, and where it looked
     except KeyError as exc:
         raise click.ClickException(
             str(exc.args[0]) if exc.args else "no such registration"
@@ -225,10 +227,12 @@ def list_command(
         click.echo(line)
         shown = True
     if not shown:
-        where = f"queue {queue!r}" if queue is not None else f"prefix {settings.prefix!r}"
+        where = f" in queue {queue!r}" if queue is not None else ""
         if selector:
             where += " with labels " + ",".join(f"{k}={v}" for k, v in selector.items())
-        click.echo(f"no schedules in {where}" + (" on this page" if offset else ""), err=True)
+        page = " on this page" if offset else ""
+        # Where it looked: the commands read $REDIS_URL, which may not be the app's server.
+        click.echo(f"no schedules{where}{page} at {settings.where}", err=True)
 
 
 def _page(
@@ -994,7 +998,7 @@ def remove_command(settings: Settings, queue: str, name: str) -> None:
       emq-bridge remove reports digest
     """
     if not settings.repeat().cancel(queue, name):
-        raise click.ClickException(f"no registration {name!r} in queue {queue!r}")
+        raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
     click.echo(f"removed {queue}/{name}")
 
 

@@ -434,7 +434,9 @@ def test_history_of_an_unknown_schedule_exits_1_and_of_a_quiet_one_prints_nothin
 ) -> None:
     unknown = run("history", "reports", "ghost")
     assert unknown.exit_code == 1
-    assert unknown.stderr.strip() == "Error: no registration 'ghost' in queue 'reports'"
+    assert unknown.stderr.strip().startswith(
+        "Error: no registration 'ghost' in queue 'reports' at redis"
+    )
     assert run("history", "reports", "ghost", "--json").exit_code == 1
     repeat.register("reports", "quiet", every="1h", template=TEMPLATE)
     quiet = run("history", "reports", "quiet")
