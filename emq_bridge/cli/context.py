@@ -36,6 +36,7 @@ __all__ = [
     "FiniteRange",
     "ServerError",
     "Settings",
+    "SubcommandGroup",
     "UrlError",
     "UsageLine",
     "client_address",
@@ -223,7 +224,7 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
     except click.exceptions.NoArgsIsHelpError:
         raise  # a command given no arguments shows its help, as click does
     except click.UsageError as exc:
-        raise usage_line(exc, ctx.find_object(Settings)) from exc
+        raise usage_line(exc, ctx.find_object(Settings), ctx) from exc
 
 
 def refused_authentication(where: str, exc: redis.AuthenticationError) -> str:
@@ -247,11 +248,38 @@ def refused_authentication(where: str, exc: redis.AuthenticationError) -> str:
 _NO_CREDENTIALS_SENT = ("Authentication required", "HELLO must be called with the client already")
 
 
-def usage_line(exc: click.UsageError, settings: Settings | None = None) -> UsageLine:
-    """`exc` as one line (click's own form adds the usage and a hint on lines of their own)."""
-    path = exc.ctx.command_path.split()[1:] if exc.ctx is not None else []
+def usage_line(
+    exc: click.UsageError, settings: Settings | None = None, parent: click.Context | None = None
+) -> UsageLine:
+    """`exc` as one line (click's own form adds the usage and a hint on lines of their own).
+
+    The hint names the command's help. Click's parser raises some errors (an option given no
+    value) with no context: then the command is the one `parent` (a group's context) was
+    invoking."""
+    if exc.ctx is not None:
+        path = exc.ctx.command_path.split()[1:]
+    elif parent is not None and parent.invoked_subcommand is not None:
+        path = [*parent.command_path.split()[1:], parent.invoked_subcommand]
+    else:
+        path = []
     where = " ".join(["emq-bridge", *path])  # the console script's name, however invoked
     return UsageLine(_clean(f"{exc.format_message()} (see '{where} --help')", settings))
+
+
+class SubcommandGroup(click.Group):
+    """A group of commands under the top one (`import redbeat`): a usage error click's
+    parser raises with no context (an option given no value) names this group's command's
+    help, which the top group's boundary cannot see."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            if exc.ctx is not None:
+                raise
+            raise usage_line(exc, ctx.find_object(Settings), ctx) from exc
 
 
 class UsageLine(click.ClickException):

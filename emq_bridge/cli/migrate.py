@@ -32,6 +32,7 @@ from ..urls import client_from_url, redact_url
 from .context import (
     ServerError,
     Settings,
+    SubcommandGroup,
     UrlError,
     pass_settings,
     refused_authentication,
@@ -170,7 +171,7 @@ def _common(func: Any) -> Any:
     return func
 
 
-@click.group("import")
+@click.group("import", cls=SubcommandGroup)
 def import_group() -> None:
     """Import the schedules of another Celery scheduler (re-running changes nothing).
 
