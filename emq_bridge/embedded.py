@@ -113,6 +113,9 @@ class EmbeddedServer:
             stderr=subprocess.PIPE,
             # Only async-signal-safe work (one prctl call) runs between fork and exec.
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
+            # stops the program using it, which then stops it, not both at once.
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -2298,10 +2298,10 @@ DROPPED_AT_RESUME_SHOWN = 5
 
 def _log_dropped_at_resume(queue: str, told: Sequence[tuple[str, int]]) -> None:
     """Say which registrations a `resume_all` dropped slots of (passed before their pause
-    with no pump to send them, counted in missed): the first few by name, then a count."""
+    that no pump sent, counted in missed): the first few by name, then a count."""
     for name, dropped in told[:DROPPED_AT_RESUME_SHOWN]:
         log.warning(
-            "%s/%s: %d slot(s) passed before it was paused, with no pump to send them; dropped "
+            "%s/%s: %d slot(s) passed before it was paused and no pump sent them; dropped "
             "at its resume, counted in missed (resume with catch-up hands them to the misfire "
             "policy)",
             queue,
