@@ -16,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from ..definition import (
 from ..errors import ConfigError, EmqError, ScheduleError
 from ..keys import MAX_NAME_BYTES, validate_name
 from ..millis import ceil_ms
+from ..pump import CORRUPT_PARK_MS
 from ..shown import shown
 from ..template import TaskTemplate, check_task_name
 from .dispatch import routing_option_error
@@ -79,6 +81,7 @@ MIN_CUSTOM_STEP_MS = 1000
 MIN_CHECK_MS = 10
 MAX_CHECK_MS = 366 * 86_400_000
 _ZERO = timedelta(0)
+log = logging.getLogger("emq_bridge.pump")  # where the pump says an entry is parked
 # The record field that names a custom schedule, so that an edit of it is a cadence change.
 SCHEDULE_FIELD = "cadence_label"  # a definition field (definition.DEFINITION_FIELDS)
 # The `beat_schedule` entry keys that are emq-bridge's, not Celery's (`ScheduleEntry` would
@@ -109,9 +112,9 @@ class CelerySchedule:
     second value as "check again in N s". `check` does the same, so the registry's score is
     the next check. A class that defines only `remaining_estimate` (Celery's beat cannot run
     it: the `is_due` it inherits raises) is checked as Celery's own schedules check theirs:
-    due once the estimate has passed, checked again when the next one falls. The schedule
-    sees the pump's clock as its `now` (its `nowfun`) during a check, unless it was given a
-    `nowfun` of its own, which Celery's beat would read too; times are epoch ms.
+    due once the estimate has passed, checked again when the next one falls. Times are epoch
+    ms; the schedule sees them as Celery's beat shows them (`_Instants`): in the app's time
+    zone, the pump's clock its `now()` during a check, or by its own `nowfun` if it has one.
 
     Stored as the placeholder interval plus the schedule's label (`to_fields`): an edit of
     the schedule is a cadence change, so its next check is derived again. A pump without
@@ -121,6 +124,9 @@ class CelerySchedule:
     schedule: Any
     label: str
     by_is_due: bool = True  # False: the class defines only remaining_estimate
+    # How log lines name the entry ("queue/name"; its label if unknown): `convert_entry`
+    # sets it. Not part of what the schedule is.
+    entry: str = field(default="", compare=False)
 
     @property
     def kind(self) -> str:
@@ -129,20 +135,38 @@ class CelerySchedule:
     def first_run(self, now_ms: int) -> int:
         """Return the first check: now if due, as Celery's beat checks a new entry at once
         (its last run is now), else the check it names. A pump checks again from there."""
-        due, next_ms = self.check(now_ms, now_ms)
+        due, next_ms = self._first_check(now_ms)
         return now_ms if due else next_ms
 
     def next_after(self, after_ms: int) -> int:
-        """Return the next check after `after_ms`, for a registration that ran then."""
-        return self.check(after_ms, after_ms)[1]
+        """Return the next check after `after_ms`, for a registration that ran then (or
+        starts then: `Bounds.first_run` asks this of a `start_at`)."""
+        return self._first_check(after_ms)[1]
+
+    def _first_check(self, at_ms: int) -> tuple[bool, int]:
+        """`check(at_ms, at_ms)`; if the schedule's code raises, not due and checked again
+        after `CORRUPT_PARK_MS`, logged as the pump logs an entry whose check raises. Celery's
+        beat logs "Cannot calculate the next run" and tries again later; an error here must
+        not stop the sync that writes the entry (nor every other entry with it)."""
+        try:
+            return self.check(at_ms, at_ms)
+        except Exception as exc:
+            log.error(
+                "%s: parked for %ds: its next run cannot be computed: %r",
+                self.entry or self.describe(),
+                CORRUPT_PARK_MS // 1000,
+                exc,
+            )
+            return False, at_ms + CORRUPT_PARK_MS
 
     def check(self, last_run_ms: int, now_ms: int) -> tuple[bool, int]:
-        now = _utc(now_ms)
-        with _clock_pinned(self.schedule, now):
-            due, next_s = self._is_due(_utc(last_run_ms))
+        at = _Instants(self.schedule, now_ms)
+        with _clock_pinned(self.schedule, at.now):
+            own_now = at.own_now()
+            due, next_s = self._is_due(at.seen(last_run_ms, own_now))
             if due and _seconds(next_s) * 1000 < MIN_CUSTOM_STEP_MS:
                 # Celery's beat checks again at once, this run now its last one: so do we.
-                again, next_s = self._is_due(now)
+                again, next_s = self._is_due(own_now)
                 if again:
                     return True, now_ms + MIN_CUSTOM_STEP_MS
         return due, now_ms + _check_ms(next_s)
@@ -176,10 +200,61 @@ def _utc(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
+class _Instants:
+    """The pump's instants (epoch ms) as the datetimes Celery's beat gives a schedule.
+
+    Celery's `app.now()` is the clock in the app's time zone (`app.timezone`: `timezone`,
+    else UTC, or the host's zone with `enable_utc = False`); a schedule's `now()` is that,
+    unless it has a `nowfun`. An entry's `last_run_at` is its schedule's `now()` when it
+    last ran (`ScheduleEntry.default_now()`), and when it was created: a new entry's is now.
+    So `now` is the check's instant in the app's zone, which `_clock_pinned` makes the
+    schedule's `now()`, and a last run is seen in that zone too; a schedule with a clock of
+    its own (a `nowfun`, a class of its own without `nowfun`) sees a last run as that clock
+    showed it then: its `now()`, less the time since (its zone, or naive as it is naive).
+    """
+
+    __slots__ = ("now", "now_ms", "value")
+
+    def __init__(self, value: Any, now_ms: int) -> None:
+        self.value = value
+        self.now_ms = now_ms
+        self.now = _utc(now_ms).astimezone(_app_zone(value))
+
+    def own_now(self) -> datetime:
+        """The schedule's `now()` (the pinned `now` unless it has a clock of its own)."""
+        if not _own_clock(self.value):
+            return self.now
+        read = getattr(self.value, "now", None)
+        own = read() if callable(read) else None
+        return own if isinstance(own, datetime) else self.now
+
+    def seen(self, last_run_ms: int, own_now: datetime) -> datetime:
+        """`last_run_ms` as the schedule's clock showed it (`own_now` is that clock now)."""
+        if own_now is self.now:
+            return _utc(last_run_ms).astimezone(self.now.tzinfo)
+        since = timedelta(milliseconds=self.now_ms - last_run_ms)
+        if own_now.tzinfo is None or own_now.utcoffset() is None:
+            return own_now - since  # naive, as Celery's beat keeps a naive clock's
+        # In UTC: an aware datetime's own arithmetic is its wall clock's, across a DST change.
+        return (own_now.astimezone(timezone.utc) - since).astimezone(own_now.tzinfo)
+
+
+def _app_zone(value: Any) -> tzinfo:
+    """The zone of the schedule's app's `now()` (`app.timezone`); UTC for a schedule that
+    has no app (a duck-typed class built outside `convert_schedule`)."""
+    zone = getattr(getattr(value, "app", None), "timezone", None)
+    return zone if isinstance(zone, tzinfo) else timezone.utc
+
+
+def _own_clock(value: Any) -> bool:
+    """True if the schedule keeps a clock of its own (`_clock_pinned` leaves it)."""
+    return not isinstance(value, BaseSchedule) or value.nowfun is not None
+
+
 @contextlib.contextmanager
 def _clock_pinned(value: Any, now: datetime) -> Iterator[None]:
     """Make `now` the schedule's `now()` for the block: one instant for the whole check."""
-    if not isinstance(value, BaseSchedule) or value.nowfun is not None:
+    if _own_clock(value):
         yield  # a duck-typed schedule, or one given a `nowfun`, keeps its own clock
         return
     saved, value.nowfun = value.nowfun, lambda: now
@@ -757,6 +832,9 @@ def convert_entry(
         # A custom schedule is named in the template: what `emq-bridge list` shows.
         label_text = custom.describe() if custom is not None else None
         template = _task_template(task, args, kwargs, options, label_text)
+        queue = ctx.queue(task, options, args, kwargs)
+        if custom is not None:  # its log lines name the entry as the pump's do
+            cadence = custom = replace(custom, entry=f"{queue}/{name}")
         cadence, bounds = _when(cadence, when)
         definition = Definition(
             cadence,
@@ -769,7 +847,6 @@ def convert_entry(
             catchup_max=most,
             labels=labels if labels is not None else {},
         )
-        queue = ctx.queue(task, options, args, kwargs)
         declaration = Declaration(queue, name, definition)
     except EmqError as exc:
         raise ConfigError(f"{label}: {exc}") from exc

@@ -8,6 +8,9 @@ entry must fire at the same instants in both. Celery's beat only asks `is_due(la
 and reads its second value as "check again in N s"; that is what the custom classes below
 exercise: one that defines only `is_due`, one only `remaining_estimate`, one both, a crontab
 subclass that overrides only `is_due` (a holiday calendar), one whose `is_due` never says yes.
+The app's time zone is Paris, and Celery's side reads the clock as `app.now()` does, in that
+zone: so do the schedules that read the hour or the date of `now()` and `last_run_at`, and
+`schedule(relative=True)` rounding to Paris days (emq-bridge once gave them UTC datetimes).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.beat import Scheduler
+from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule, solar
 from click.testing import CliRunner
 
@@ -111,6 +114,24 @@ class WorkdayCrontab(crontab):
         return super().is_due(last_run_at)
 
 
+class MorningsInTheAppsZone(BaseSchedule):
+    """`is_due` only, reading the hour of `now()`: every 20 min from 07:00 to 08:59 by the
+    clock `now()` shows (the app's zone, in Celery's beat), checked every minute."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        now = self.now()
+        due = 7 <= now.hour < 9 and now - last_run_at >= timedelta(minutes=20)
+        return schedstate(due, 60)
+
+
+class OncePerLocalDay(BaseSchedule):
+    """`is_due` only, reading dates: due at the first check of a day other than the last
+    run's, by the zone the datetimes come in (the app's, in Celery's beat); every 5 min."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(self.now().date() != last_run_at.date(), 300)
+
+
 def two_days() -> dict[str, Any]:
     return {
         "interval-10s": schedule(timedelta(seconds=10)),
@@ -125,6 +146,9 @@ def two_days() -> dict[str, Any]:
         "remaining-only-with-celery-is-due": WithCeleryIsDue(),
         "both-agreeing": SevenMinuteGrid(),
         "workday-crontab": WorkdayCrontab(minute=0, hour="9,17"),
+        "mornings-in-the-apps-zone": MorningsInTheAppsZone(),
+        "once-per-local-day": OncePerLocalDay(),
+        "relative-daily": schedule(timedelta(days=1), relative=True),
     }
 
 
@@ -177,9 +201,10 @@ class SideBySide:
             task_default_queue=self.queue,
         )
         app.task(name="t.record", shared=False)(record)
-        app.now = lambda: utc(self.clock)  # type: ignore[method-assign]
-        for value in schedules.values():  # Celery's side: emq-bridge pins it to the pump's
-            value.nowfun = lambda: utc(self.clock)
+        # Celery's side: its `app.now()` on the manual clock, in the app's zone as Celery's
+        # own is (a schedule's `now()` reads it); emq-bridge pins each check's to the pump's.
+        zone = app.timezone
+        app.now = lambda: utc(self.clock).astimezone(zone)  # type: ignore[method-assign]
         state = None if self.beat is None else self.beat.schedule
         self.beat = RecordingScheduler(app, self.clock, self.celery_fired, state)
         plan = app_schedule(app)
@@ -251,6 +276,9 @@ SAME = [
     "switched-off",
     "both-agreeing",
     "workday-crontab",
+    "mornings-in-the-apps-zone",
+    "once-per-local-day",
+    "relative-daily",
 ]
 
 
@@ -280,6 +308,12 @@ def test_the_simulations_exercise_what_they_claim(
     assert (counts["sunrise"], counts["sunset"]) == (3, 2)
     assert counts["interval-10s"] == 2.5 * 86_400 / 10
     assert all(n > 0 for name, n in counts.items() if name != "switched-off"), counts
+    # The app's zone is what Celery's beat shows them: Paris hours, Paris midnights (CEST).
+    runs = celery["mornings-in-the-apps-zone"]
+    mornings = [datetime.fromtimestamp(t / MS, timezone.utc) for t in runs]
+    assert len(mornings) == 18 and {t.hour for t in mornings} == {5, 6}  # 07:00-08:40
+    midnights = ["2030-06-01T22:00:00+00:00", "2030-06-02T22:00:00+00:00"]
+    assert iso(celery["once-per-local-day"]) == iso(celery["relative-daily"]) == midnights
     short, _ = over_ten_minutes
     assert len(short["twenty-seconds"]) == 28  # every 21 s: 20 s, then the next 3-s check
     assert "never-due" not in short
@@ -467,9 +501,14 @@ def test_a_schedule_with_a_nowfun_of_its_own_is_checked_by_that_clock(make: Any)
     cadence = convert_schedule(value, app, "x")
     assert isinstance(cadence, CelerySchedule)
     last_run = datetime(2030, 1, 1, 10, 0, tzinfo=timezone.utc)
+    clock["now"] = last_run
+    # Celery's beat: the entry ran at `last_run`, so its `last_run_at` is what its schedule's
+    # clock showed then (`ScheduleEntry.default_now()`: 10:01), not the pump's 10:00.
+    entry = ScheduleEntry(name="x", task="t", schedule=value, app=app)
+    assert entry.last_run_at == last_run + shift
     for minutes in (0.5, 1.2, 2.5, 3.5):
         clock["now"] = last_run + timedelta(minutes=minutes)
-        celery_due = bool(value.is_due(last_run)[0])  # Celery's beat, the same instant
+        celery_due = bool(entry.is_due()[0])  # Celery's beat, the same instant
         ours = cadence.check(ms(last_run), ms(clock["now"]))[0]
         assert ours == celery_due, minutes
     assert value.nowfun is not None  # the check left the schedule's own clock in place
