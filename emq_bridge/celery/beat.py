@@ -49,15 +49,17 @@ _PIPELINED_OFF = (
 
 
 class BeatLog(PumpEvents):
-    """The beat's log line per task sent, as Celery's own beat writes one."""
+    """The beat's log line per task sent, in the words of Celery's own beat (`Scheduler:
+    Sending due task <entry> (<task>)`, which log alerts grep for), then its id and queue.
+    It is written once the broker took the task."""
 
     def on_dispatch(self, occurrence: Occurrence) -> None:
         log.info(
-            "Scheduler: sent %s/%s (%s) id %s",
-            occurrence.queue,
+            "Scheduler: Sending due task %s (%s) id %s queue %s",
             occurrence.name,
             occurrence.template.get("task"),
             occurrence.id,
+            occurrence.queue,
         )
 
 

@@ -87,18 +87,18 @@ def test_sigterm_to_a_beat_whose_registry_does_not_answer_exits_within_seconds(
 
             def sending() -> bool:
                 assert beat.poll() is None, output()
-                return "Scheduler: sent" in output()
+                return "Scheduler: Sending due task" in output()
 
             wait_until(sending, 60, "the beat's first send")
             os.kill(registry.process.pid, signal.SIGSTOP)
             frozen = True
             # The beat sends every second while its registry answers: two seconds without a
             # send say its tick waits on the registry.
-            sent, quiet_since = output().count("Scheduler: sent"), time.monotonic()
+            sent, quiet_since = output().count("Scheduler: Sending due task"), time.monotonic()
             while time.monotonic() - quiet_since < 2.0:
                 time.sleep(0.1)
-                if output().count("Scheduler: sent") != sent:
-                    sent, quiet_since = output().count("Scheduler: sent"), time.monotonic()
+                if output().count("Scheduler: Sending due task") != sent:
+                    sent, quiet_since = output().count("Scheduler: Sending due task"), time.monotonic()
             beat.send_signal(signal.SIGTERM)
             stopping = time.monotonic()
             try:

@@ -147,7 +147,7 @@ def test_sigterm_to_a_beat_during_a_burst_leaves_nothing_leased_and_sends_each_i
         try:
             # Its first messages: the burst's first batch is in, the next ones are in hand.
             deadline = time.monotonic() + 60
-            while "Scheduler: sent" not in log.read_text(errors="replace"):
+            while "Scheduler: Sending due task" not in log.read_text(errors="replace"):
                 assert beat.poll() is None, log.read_text(errors="replace")
                 assert time.monotonic() < deadline, "the beat sent nothing in 60 s"
                 time.sleep(0.005)
@@ -159,7 +159,7 @@ def test_sigterm_to_a_beat_during_a_burst_leaves_nothing_leased_and_sends_each_i
                 beat.wait()
         output = log.read_text(errors="replace")
         assert code == 0, output
-        sent_by_beat = sum("Scheduler: sent" in line for line in output.splitlines())
+        sent_by_beat = sum("Scheduler: Sending due task" in line for line in output.splitlines())
         assert 0 < sent_by_beat < BURST, output[-2000:]
         left = [lease for lease in repeat.leases(queue) if lease[2] > repeat.server_time_ms()]
         assert left == [], f"{len(left)} occurrence(s) wait out their lease"
