@@ -12,6 +12,7 @@ __all__ = [
     "InvalidName",
     "PermanentDispatchError",
     "RegistryError",
+    "RegistryRedirected",
     "RegistryRestarted",
     "RegistryUnavailable",
     "ReportBatchError",
@@ -44,6 +45,13 @@ class RegistryError(EmqError):
 class RegistryUnavailable(RegistryError):
     """Redis could not be reached, answered with a connection-level error, or cannot serve
     the request while a failover is under way (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, READONLY)."""
+
+
+class RegistryRedirected(RegistryError):
+    """A Redis Cluster kept redirecting a move until the client gave up (redis-py's "TTL
+    exhausted"): its slot migrating (a reshard) or its master failing over. It passes by
+    itself; a pump retries that queue (every second) and serves its other queues meanwhile,
+    and logs it at WARNING, once per spell."""
 
 
 class RegistryRestarted(RegistryUnavailable):

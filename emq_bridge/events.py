@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from .cadence import NEVER_MS, CatchUp
+from .errors import RegistryRedirected
 from .occurrence import Occurrence
 from .outcome import Report
 
@@ -133,7 +134,8 @@ class PumpEvents:
     def on_queue_error(self, queue: str, error: BaseException) -> None:
         """A registry move of `queue` failed (not an outage); the other queues are served.
 
-        Reported once per distinct error, not on every retry.
+        Reported once per distinct error, not on every retry; a Redis Cluster that kept
+        redirecting (`RegistryRedirected`: a slot migrating or failing over) once per spell.
         """
 
     def on_queue_recover(self, queue: str) -> None:
@@ -436,10 +438,14 @@ class LoggingEvents(PumpEvents):
         log.warning("Redis is reachable again after %.1fs; pumping resumes", seconds)
 
     def on_queue_error(self, queue: str, error: BaseException) -> None:
-        log.error(
-            "%s: a registry move failed; the other queues are served, this one is retried "
-            "every second: %s",
+        # A reshard or a failover under way is no broken registry: it passes by itself.
+        redirected = isinstance(error, RegistryRedirected)
+        log.log(
+            logging.WARNING if redirected else logging.ERROR,
+            "%s: a registry move %s; the other queues are served, this one is retried every "
+            "second: %s",
             queue,
+            "is held up by a Redis Cluster slot on the move" if redirected else "failed",
             error,
         )
 

@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -26,6 +26,7 @@ from .errors import (
     DispatchError,
     PermanentDispatchError,
     RegistryError,
+    RegistryRedirected,
     RegistryUnavailable,
 )
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
@@ -58,7 +59,9 @@ NOT_HERE_RECHECK_MS = 1000
 CORRUPT_PARK_MS = 60_000
 # Why a registry member whose record is missing (or not a hash) is parked.
 NO_RECORD = "registry member has no record (or one that is not a hash)"
-# A queue whose registry moves fail (not an outage) is retried this often by `run`.
+# A queue whose registry moves fail (not an outage: a key of the wrong type, a cluster slot
+# that keeps redirecting) is left out of `step`'s pipeline of scans (so `run`'s, beat's and the
+# Dramatiq thread's) and retried on its own, after the other queues, at most this often.
 BROKEN_RETRY_S = 1.0
 # A wake-up subscription that breaks sooner than this after it was made is not trusted to
 # say a change may have been missed: the sleep polls on instead of ticking at once.
@@ -151,6 +154,22 @@ class _Unsent(Exception):
 
 
 _UNSENT = _Unsent()
+
+
+@dataclass(frozen=True, slots=True)
+class _Broken:
+    """A queue whose moves failed (not an outage), as `step` keeps it between ticks."""
+
+    # What its error was told as (None: a cluster's redirections, `RegistryRedirected`,
+    # told once per spell whatever move met them): another error is told again.
+    told: str | None
+    # When it is tried again: ms of the pump's clock when it has one (a test's), else of
+    # `time.monotonic`.
+    retry_ms: int
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class NewerCodeLive(DispatchError):
@@ -284,7 +303,8 @@ class Pump:
         self._wakeups: WakeSubscription | None = None
         self._listened_at = 0.0  # when (monotonic) the subscription was made
         self._wakeups_refused = False  # the server refused it (an ACL): the pump polls
-        self._broken: dict[str, str] = {}
+        # The queues whose moves fail, left out of the tick's scans and retried on their own.
+        self._broken: dict[str, _Broken] = {}
         # Per queue, oldest first: the acks that failed, retried before its next drains.
         self._pending_acks: dict[str, list[_PendingAck]] = {}
         # Per queue, the leases this (old) code could not send while newer code is live
@@ -311,40 +331,54 @@ class Pump:
         Raises `RegistryUnavailable` when Redis cannot be reached, and the first queue's
         `RegistryError` when a queue's moves fail.
         """
-        tick, errors = self._tick(now_arg(now_ms))
+        tick, errors, _ = self._tick(now_arg(now_ms))
         self.events.on_tick(tick)
         if errors:
             raise next(iter(errors.values()))
         return tick
 
     def _tick(
-        self, now_ms: int | None, budget_s: float | None = None
-    ) -> tuple[Tick, dict[str, RegistryError]]:
+        self,
+        now_ms: int | None,
+        budget_s: float | None = None,
+        *,
+        left_out: Collection[str] = (),
+        alone: Sequence[str] = (),
+    ) -> tuple[Tick, dict[str, RegistryError], list[str]]:
         """Drain every queue; a queue whose move fails (a key of the wrong type, a script
-        error) is returned with its error and does not stop the others. With `budget_s` (a
-        pump's loop, `step`), the tick ends once it has lasted that long, the next starting at
-        once; without (`run_once`: "everything due now"), it drains until nothing is due.
+        error, a cluster slot that kept redirecting) is returned with its error and does not
+        stop the others. With `budget_s` (a pump's loop, `step`), the tick ends once it has
+        lasted that long, the next starting at once; without (`run_once`: "everything due
+        now"), it drains until nothing is due.
 
         The first scan of every queue goes in one pipeline (`Repeat.scan_many`), so an idle
         tick is one round trip however many queues the pump serves; only the queues with
         something due, expired or lost are then drained, one after the other. A queue with
         acks that failed has them tried again first (`_retry_acks`); one that fails again
         fails the queue as its drain would.
+
+        The queues in `left_out` (`step`'s broken ones) are not in that pipeline: a slot
+        that keeps redirecting would hold it up, redis-py retrying its redirections, at
+        every tick. Of them, those in `alone` (the ones due for their retry) are scanned and
+        drained one by one after the others. Returns the tick, the errors, and the queues of
+        `alone` it reached (a stop may end the tick before).
         """
         if now_ms is None:
             now_ms = self._clock_now()
         tick = Tick()
         errors: dict[str, RegistryError] = {}
+        retried: list[str] = []
         if self._stop.is_set():  # asked to stop: claim nothing more
-            return tick, errors
+            return tick, errors, retried
         size = min(FIRST_BATCH, self.batch_size)
         scanned_at = time.monotonic()
         deadline = scanned_at + budget_s if budget_s is not None else math.inf
-        scans = self.repeat.scan_many(self.queues, size, now_ms)
+        queues = [q for q in self.queues if q not in left_out] if left_out else self.queues
+        scans = self.repeat.scan_many(queues, size, now_ms) if queues else []
         # A drain takes time; a queue drained after it is scanned again, so its claim's
         # clock and lease deadline are not that much older (a lease must outlive a send).
         fresh_s = min(SCAN_FRESH_S, self.lease_ms / 10_000)
-        for queue, scan in zip(self.queues, scans, strict=True):
+        for queue, scan in zip(queues, scans, strict=True):
             if self._stop.is_set():  # asked to stop: claim nothing more
                 break
             if isinstance(scan, RegistryError):
@@ -352,14 +386,37 @@ class Pump:
                 continue
             # An idle queue's scan only says when to wake: no round trip more, however old.
             fresh = _idle(scan) or time.monotonic() - scanned_at < fresh_s
-            try:
-                self._retry_acks(queue, scan.now_ms)
-                self._drain(queue, now_ms, tick, size, scan if fresh else None, deadline)
-            except RegistryUnavailable:
-                raise
-            except RegistryError as exc:
-                errors[queue] = exc
-        return tick, errors
+            self._serve(queue, now_ms, tick, size, scan, fresh, deadline, errors)
+        for queue in alone:
+            if self._stop.is_set():
+                break
+            retried.append(queue)
+            self._serve(queue, now_ms, tick, size, None, True, deadline, errors)
+        return tick, errors, retried
+
+    def _serve(
+        self,
+        queue: str,
+        now_ms: int | None,
+        tick: Tick,
+        size: int,
+        scan: Scan | None,
+        fresh: bool,
+        deadline: float,
+        errors: dict[str, RegistryError],
+    ) -> None:
+        """Try `queue`'s failed acks again, then drain it (`_drain`), from `scan` if `fresh`
+        (a scan that is not is scanned again); without `scan`, it is scanned first, on its
+        own. A `RegistryError` of its moves goes to `errors`; an outage is raised."""
+        try:
+            if scan is None:
+                scan = self.repeat.scan(queue, size, now_ms)
+            self._retry_acks(queue, scan.now_ms)
+            self._drain(queue, now_ms, tick, size, scan if fresh else None, deadline)
+        except RegistryUnavailable:
+            raise
+        except RegistryError as exc:
+            errors[queue] = exc
 
     def _clock_now(self) -> int | None:
         """Now by the pump's clock, else by the registry's (`Repeat.clock`, a test's), else
@@ -1243,10 +1300,12 @@ class Pump:
         """Run one tick as `run` does, errors handled; return it and the seconds to sleep.
 
         An outage is reported once, then its end once, and retried with backoff (the tick
-        is None). A queue whose moves fail is reported once and retried every second while
-        the other queues are served. While an ack that failed can still be made (its leases
-        not expired), the sleep is at most a second, outage or not. For loops owned by
-        someone else, such as Celery's beat.
+        is None). A queue whose moves fail is reported once (a cluster that keeps
+        redirecting, once per spell) and served no more in the tick's pipeline of scans: it
+        is retried on its own, after the others, once a second (`BROKEN_RETRY_S`), while the
+        other queues are served; once it succeeds it is told recovered and rejoins them.
+        While an ack that failed can still be made (its leases not expired), the sleep is at
+        most a second, outage or not. For loops owned by someone else, such as Celery's beat.
         With `stop`, setting it (or calling `self.stop()`) ends this tick as `stop()` says.
         A tick also writes the pump's heartbeat (`self.heartbeat`), at most every few seconds.
         """
@@ -1255,7 +1314,12 @@ class Pump:
         self._watch_eviction_policy()  # here, so that beat's loop watches it as `run` does
         began = time.monotonic()
         try:
-            tick, errors = self._tick(None, TICK_BUDGET_S)
+            now_ms = self._clock_now()
+            at_ms = now_ms if now_ms is not None else _monotonic_ms()
+            due = [q for q, broken in self._broken.items() if broken.retry_ms <= at_ms]
+            tick, errors, retried = self._tick(
+                now_ms, TICK_BUDGET_S, left_out=self._broken.keys(), alone=due
+            )
         except RegistryUnavailable as exc:
             if self._outage_since is None:
                 # From the start of the tick that failed: a server that hangs (no answer, no
@@ -1267,7 +1331,7 @@ class Pump:
         if self._outage_since is not None:
             self.events.on_outage_end(time.monotonic() - self._outage_since)
             self._outage_since, self._failures = None, 0
-        self._broken = self._report_broken(self._broken, errors)
+        self._broken = self._report_broken(errors, retried, at_ms)
         self.events.on_tick(tick)
         self.heartbeat.tick(
             self.repeat,
@@ -1278,7 +1342,12 @@ class Pump:
             refused=tick.failed,
         )
         delay = self._ack_retry_delay(self._delay(tick))
-        return tick, min(delay, BROKEN_RETRY_S) if errors else delay
+        if self._broken:  # wake for the first retry due (at most `BROKEN_RETRY_S` away)
+            retry_ms = min(broken.retry_ms for broken in self._broken.values())
+            # From the tick's start: a retry that met redirections took a while itself.
+            due_s = (retry_ms - at_ms) / 1000 - (time.monotonic() - began)
+            delay = min(delay, max(0.0, due_s))
+        return tick, delay
 
     @property
     def in_outage(self) -> bool:
@@ -1295,16 +1364,25 @@ class Pump:
         return delay_s
 
     def _report_broken(
-        self, broken: dict[str, str], errors: Mapping[str, RegistryError]
-    ) -> dict[str, str]:
-        """Report a failing queue once (again only if its error changes) and its recovery."""
-        now_broken = {queue: str(exc) for queue, exc in errors.items()}
-        for queue, message in now_broken.items():
-            if broken.get(queue) != message:
-                self.events.on_queue_error(queue, errors[queue])
-        for queue in broken.keys() - now_broken.keys():
-            self.events.on_queue_recover(queue)
-        return now_broken
+        self, errors: Mapping[str, RegistryError], retried: Collection[str], at_ms: int
+    ) -> dict[str, _Broken]:
+        """Report a failing queue once (again only if its error changes; a cluster that kept
+        redirecting, once per spell) and its recovery (a queue of `retried` with no error
+        now); return the queues broken from now on, each with when it is retried. A broken
+        queue not retried this tick stays as it was."""
+        was = self._broken
+        broken = {queue: state for queue, state in was.items() if queue not in retried}
+        for queue in retried:
+            if queue not in errors:
+                self.events.on_queue_recover(queue)
+        retry_ms = at_ms + round(BROKEN_RETRY_S * 1000)
+        for queue, exc in errors.items():
+            told = None if isinstance(exc, RegistryRedirected) else str(exc)
+            before = was.get(queue)
+            if before is None or before.told != told:
+                self.events.on_queue_error(queue, exc)
+            broken[queue] = _Broken(told, retry_ms)
+        return broken
 
     def _delay(self, tick: Tick) -> float:
         if tick.next_wake_ms is None:

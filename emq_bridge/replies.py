@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from .errors import RegistryError, RegistryUnavailable
+from .errors import RegistryError, RegistryRedirected, RegistryUnavailable
 
 __all__ = ["CLUSTER_NODE", "redis_errors", "text"]
 
@@ -165,8 +165,9 @@ def redis_errors(action: str) -> Iterator[None]:
     except redis.exceptions.ClusterError as exc:  # ClusterDownError is caught above
         # redis-py gave up after its redirections ran out ("TTL exhausted."): the slot moved
         # again and again (ASK, then TRYAGAIN for a script whose keys are split mid-migration)
-        # or its master was failing over. This move failed; a pump serves the other queues.
-        raise RegistryError(
+        # or its master was failing over. This move failed; a pump serves the other queues
+        # and retries this one (`RegistryRedirected`: a passing state, told at WARNING).
+        raise RegistryRedirected(
             f"{action}: the Redis Cluster kept redirecting (a slot migrating or failing "
             f"over): {exc}"
         ) from exc

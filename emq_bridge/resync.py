@@ -29,7 +29,7 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 
-from .errors import EmqError, RegistryUnavailable
+from .errors import EmqError, RegistryRedirected, RegistryUnavailable
 from .events import PumpEvents, Tick
 from .keys import synced_key
 from .registry import Repeat
@@ -171,11 +171,14 @@ class RegistryWatch(PumpEvents):
         self._failed = message
         # Redis gone again is the pump's outage, which the pump logs itself.
         level = logging.DEBUG if isinstance(exc, RegistryUnavailable) else logging.WARNING
+        # A cluster that kept redirecting (a reshard, a failover) is told in its line alone:
+        # redis-py's traceback of its redirections says nothing more.
+        traced = level == logging.WARNING and not isinstance(exc, RegistryRedirected)
         log.log(
             level,
             "emq-bridge: the registry watch failed; it tries again at its next check: %s",
             message,
-            exc_info=level == logging.WARNING,
+            exc_info=traced,
         )
 
     @staticmethod

@@ -49,7 +49,8 @@ def client(cluster: Cluster) -> Iterator[redis.cluster.RedisCluster]:
 def migrating(cluster: Cluster, key: str) -> Iterator[None]:
     """Hold the slot of `key` MIGRATING on its master, IMPORTING on another master, with
     every key still on the source (CLUSTER SETSLOT, no MIGRATE); then give it back to its
-    owner (SETSLOT ... NODE on both)."""
+    owner: SETSLOT ... STABLE on both (SETSLOT ... NODE <owner> leaves a source that holds
+    keys MIGRATING, and a target given the slot of another node IMPORTING)."""
     slot = key_slot(key.encode())
     source = cluster.master_of(key)
     target = next(n for n in cluster.nodes if n is not source and _is_master(cluster, n))
@@ -60,8 +61,8 @@ def migrating(cluster: Cluster, key: str) -> Iterator[None]:
         try:
             yield
         finally:
-            dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", source_id)
-            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", source_id)
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
 
 
 def _is_master(cluster: Cluster, node: EmbeddedServer) -> bool:
