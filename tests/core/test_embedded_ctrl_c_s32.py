@@ -22,8 +22,8 @@ PROGRAM = textwrap.dedent(
 
     with EmbeddedServer() as server:
         client = redis.Redis.from_url(server.url)
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)  # inside: a SIGINT right after it is caught too
             time.sleep(60)
         except KeyboardInterrupt:
             time.sleep(0.5)  # a worker's shutdown, still using the server
