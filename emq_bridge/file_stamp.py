@@ -33,8 +33,11 @@ __all__ = ["FileStamp", "file_fingerprint", "file_stamp"]
 # Raised when what a sync makes of the same bytes changes without a release. 2: crons with
 # control characters and host zone files ('localtime') refused, an emptied file refused;
 # 3: a template keeps its dicts' key order as the file gives it (earlier releases sorted
-# them: the first sync of an unchanged file rewrites those templates).
-FORMAT = 3
+# them: the first sync of an unchanged file rewrites those templates); 4: a Dramatiq
+# worker's file refuses options Dramatiq or emq-bridge write on each message (`retries`,
+# `emq_*`...): an earlier release's stamp vouched for a file holding one, which the worker
+# then booted over and kept sending until an unrelated edit made every worker refuse it.
+FORMAT = 4
 # The first table header (`[calendars]`, `[[schedule]]`): top-level keys come before it.
 _FIRST_TABLE = re.compile(r"^[ \t]*\[", re.MULTILINE)
 

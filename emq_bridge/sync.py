@@ -158,8 +158,11 @@ def queues_of(summary: Mapping[str, Any] | None) -> tuple[tuple[str, ...], int] 
 
 
 # Raised when what a sync does with the same declarations changes without a release.
-# 2: a record key of another type is left alone and named (upsert.lua's digit 7).
-_FINGERPRINT_FORMAT = 2
+# 2: a record key of another type is left alone and named (upsert.lua's digit 7); 3: Dramatiq
+# schedules refuse options Dramatiq or emq-bridge write on each message (`retries`, `emq_*`...),
+# so the first boot of this release syncs in full (each path checks them before it looks for
+# this stamp, but a stamp must not outlive a change of what is accepted: see file_stamp.FORMAT).
+_FINGERPRINT_FORMAT = 3
 
 
 def declarations_fingerprint(

@@ -28,7 +28,7 @@ from .batch_enqueue import (
     redis_message_ids,
     writes_as_dispatch_lua,
 )
-from .message_options import ENQUEUE_ARGUMENTS, message_option_error
+from .message_options import ENQUEUE_ARGUMENTS, message_option_error, per_message_keys
 from .schedule import (
     OPTION_BACKFILL,
     OPTION_DUE_MS,
@@ -74,11 +74,17 @@ def build_message(
         raise PermanentDispatchError(
             f"{_where(occurrence)}: {_undeclared(template.task)}{_SHARED_REGISTRY_HINT}"
         )
-    if "delay" in template.options or "eta" in template.options:
-        _say_not_delayed(occurrence, template.options)
+    stored = template.options
+    if stored:  # most templates have none: nothing looked at per message
+        if "delay" in stored or "eta" in stored:
+            _say_not_delayed(occurrence, stored)
+        written = per_message_keys(stored)
+        if written:  # an earlier release's record: sent without them, as now declared
+            _say_dropped(occurrence, written)
+            stored = {key: value for key, value in stored.items() if key not in written}
     # One dict built once per message (the template's options first, ours over them).
     options = {
-        **template.options,
+        **stored,
         OPTION_DUE_MS: occurrence.due_ms,
         OPTION_NAME: occurrence.name,
         OPTION_QUEUE: occurrence.queue,
@@ -106,28 +112,52 @@ def build_message(
     )
 
 
-# The registrations told that their stored `delay`/`eta` option does not delay (once each
-# per process; the oldest forgotten past the bound).
-_NOT_DELAYED: dict[tuple[str, str], None] = {}
-_NOT_DELAYED_MAX = 10_000
+# The registrations told of what their stored options hold (once each per process and
+# warning; the oldest forgotten past the bound).
+_TOLD: dict[tuple[str, str, str], None] = {}
+_TOLD_MAX = 10_000
+
+
+def _first_time(occurrence: Occurrence, warning: str) -> bool:
+    """Say whether `occurrence`'s registration has not been told `warning` in this process
+    yet, and remember that it now is."""
+    key = (occurrence.queue, occurrence.name, warning)
+    if key in _TOLD:
+        return False
+    if len(_TOLD) >= _TOLD_MAX:
+        del _TOLD[next(iter(_TOLD))]
+    _TOLD[key] = None
+    return True
 
 
 def _say_not_delayed(occurrence: Occurrence, options: Mapping[str, Any]) -> None:
     """Warn, once per registration, that its stored options hold `delay` or `eta`, which an
     earlier release (or `emq-bridge add` without `--dramatiq`) accepted: they are arguments
     of `broker.enqueue`, not message options, so the message goes out on time."""
-    key = (occurrence.queue, occurrence.name)
-    if key in _NOT_DELAYED:
+    if not _first_time(occurrence, "delay"):
         return
-    if len(_NOT_DELAYED) >= _NOT_DELAYED_MAX:
-        del _NOT_DELAYED[next(iter(_NOT_DELAYED))]
-    _NOT_DELAYED[key] = None
     log.warning(
         "%s: its options hold %s, which does not delay a Dramatiq message (an argument of "
         "broker.enqueue, not a message option): it is sent on time; remove it and place the "
         "runs with the cadence (offset=, the cron expression, at=)",
         _where(occurrence),
         " and ".join(k for k in ENQUEUE_ARGUMENTS if k in options),
+    )
+
+
+def _say_dropped(occurrence: Occurrence, keys: Sequence[str]) -> None:
+    """Warn, once per registration, that its stored options hold options Dramatiq or
+    emq-bridge write on each message (`per_message_keys`), which an earlier release (or
+    `emq-bridge add` without `--dramatiq`) accepted: Dramatiq would read them as its own
+    (`retries: 3` starts the message on its fourth attempt), so they are left out."""
+    if not _first_time(occurrence, "per-message"):
+        return
+    log.warning(
+        "%s: its options hold %s, written on each message by Dramatiq or emq-bridge, not set "
+        "by a schedule (retries would start the message on a later attempt): the message is "
+        "sent without them; remove them from the schedule",
+        _where(occurrence),
+        ", ".join(repr(k) for k in keys),
     )
 
 

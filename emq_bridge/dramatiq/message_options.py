@@ -16,7 +16,7 @@ from typing import Any
 
 from ..shown import shown
 
-__all__ = ["ENQUEUE_ARGUMENTS", "message_option_error"]
+__all__ = ["ENQUEUE_ARGUMENTS", "message_option_error", "per_message_keys"]
 
 # Whole numbers: a count, or milliseconds.
 _COUNTS = {
@@ -48,6 +48,18 @@ _PER_MESSAGE = (
 _OURS = "emq_"
 
 
+def per_message_keys(options: Mapping[str, Any]) -> list[str]:
+    """Return the keys of `options` that Dramatiq's broker and middleware, or emq-bridge,
+    write on each message (`retries`, `traceback`, ..., any `emq_*`), in `options`' order.
+    A schedule is refused with one (`message_option_error`); the dispatcher drops them from
+    a record an earlier release stored with them."""
+    return [
+        key
+        for key in options
+        if key in _PER_MESSAGE or (isinstance(key, str) and key.startswith(_OURS))
+    ]
+
+
 def message_option_error(options: Mapping[str, Any]) -> str | None:
     """Return why Dramatiq's middleware cannot use `options`, or None."""
     if not isinstance(options, Mapping):  # a decorator's `options=1.5`
@@ -68,12 +80,12 @@ def message_option_error(options: Mapping[str, Any]) -> str | None:
                 f"option {key!r} holds Python objects, which a stored schedule cannot carry: "
                 "set it on the actor (@dramatiq.actor(...))"
             )
-    for key in options:
-        if key in _PER_MESSAGE or (isinstance(key, str) and key.startswith(_OURS)):
-            return (
-                f"option {shown(key)} is written on each message by Dramatiq or emq-bridge, "
-                "not set by a schedule"
-            )
+    written = per_message_keys(options)
+    if written:
+        return (
+            f"option {shown(written[0])} is written on each message by Dramatiq or emq-bridge, "
+            "not set by a schedule"
+        )
     for key in ENQUEUE_ARGUMENTS:
         if key in options:
             return (
