@@ -39,6 +39,7 @@ __all__ = [
     "PREVIOUS_DUE_HEADER",
     "REDELIVERED_HEADER",
     "RELEASED_HEADER",
+    "REPLACES_HEADER",
     "ROUTING_OPTIONS",
     "SCHEDULE_HEADER",
     "TRIGGERED_HEADER",
@@ -66,6 +67,10 @@ PREVIOUS_DUE_HEADER = "emq_previous_due_ms"
 LAST_SUCCESS_HEADER = "emq_last_success_ms"
 # True for an occurrence of a registration with an overlap policy (skip, buffer_one, replace).
 GUARDED_HEADER = "emq_guarded"
+# On the message `Task.replace()` sends in place of an occurrence's task (the same task id):
+# the attempt it replaces, whose occurrence the replacement then runs and reports
+# (`reporting`). Not one of `occurrence_headers`: a pump never sends it.
+REPLACES_HEADER = "emq_replaces"
 
 
 def occurrence_headers(occurrence: Occurrence) -> dict[str, Any]:

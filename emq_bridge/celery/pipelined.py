@@ -28,7 +28,8 @@ where a real worker consumes what it writes. Whatever it cannot reproduce exactl
 through `CeleryDispatcher.dispatch` (the normal path), one message at a time:
 
 * a publish signal (`before_task_publish`, `after_task_publish`, `task_sent`) has a
-  receiver, or `task_send_sent_event` is on: those may change or observe each message;
+  receiver (but emq-bridge's own, which marks `Task.replace()`'s message in a process that
+  runs tasks), or `task_send_sent_event` is on: those may change or observe each message;
 * the message has an `eta` or `expires` (made per message: an eta from the time of
   sending, a relative expires from the claim on the server's clock, `expiry.expires_at`);
 * the route goes to a fanout exchange, or to a queue with `x-expires`;
@@ -72,6 +73,7 @@ from .envelope import (
     occurrence_values,
     plan_pushes,
 )
+from .reporting import PUBLISH_RECEIVER_UID
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +232,12 @@ class PipelinedCeleryDispatcher:
         conf = self.app.conf
         if conf.task_send_sent_event or conf.task_always_eager:
             return True
-        return any(signal.receivers for signal in _SIGNALS)
+        # emq-bridge's own receiver (`reporting.PUBLISH_RECEIVER_UID`, connected where tasks
+        # run) acts only on a message a running task sends with its own id (`Task.replace()`):
+        # never one of these.
+        return any(
+            key[0] != PUBLISH_RECEIVER_UID for signal in _SIGNALS for key, _ in signal.receivers
+        )
 
     def _plan(self, occurrence: Occurrence) -> tuple[Plan | None, tuple[str, str, str]]:
         """Return the plan of `occurrence` and its args-dependent parts; a None plan sends
