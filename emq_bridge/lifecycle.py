@@ -116,7 +116,8 @@ def report_of(
 ) -> Report:
     """Build the `Report` of `occurrence`: an `Occurrence`, or the message the list target
     pushed (`dispatch.occurrence_message`: id, queue, name, due_ms, released_ms,
-    redelivered, triggered). ValueError if the message lacks them."""
+    redelivered, triggered, backfill). ValueError if the message lacks them (all but the
+    flags and released_ms)."""
     if isinstance(occurrence, Occurrence):
         queue, name, ident, due = (
             occurrence.queue,
@@ -126,6 +127,7 @@ def report_of(
         )
         released: Any = occurrence.released_ms
         redelivered, triggered = occurrence.redelivered, occurrence.triggered
+        backfill = occurrence.backfill
     else:
         try:
             queue, name, ident = occurrence["queue"], occurrence["name"], occurrence["id"]
@@ -137,6 +139,7 @@ def report_of(
         released = occurrence.get("released_ms")
         redelivered = bool(occurrence.get("redelivered"))
         triggered = bool(occurrence.get("triggered"))
+        backfill = bool(occurrence.get("backfill"))
     return Report(
         kind=kind,
         queue=checked_name(queue, "queue"),
@@ -150,6 +153,7 @@ def report_of(
         triggered=triggered,
         error=error_text(error),
         hold_ms=hold_ms,
+        backfill=backfill,
     )
 
 

@@ -123,6 +123,12 @@ class Report:
     `name` valid names (`keys.validate_name`), `error` a string (kept cut to
     `MAX_ERROR_CHARS`), the flags `bool`s (`task_ran=False` on a `failed` or `skipped`
     report only).
+
+    `backfill=True` says a backfill sent the occurrence, for a past slot (the Celery header
+    and Dramatiq option `emq_backfill`, `backfill` in a list message): report.lua keeps it in
+    the history, marked, but out of the live schedule's lifecycle (it is never in flight for
+    the overlap policy, and moves neither the record's `last_*` fields nor its failure streak).
+    A report without it is a live occurrence's (an older worker's).
     Anything else raises `ScheduleError` (`InvalidName` for a name).
     """
 
@@ -142,6 +148,7 @@ class Report:
     # into the final one when both wait in one batch: one update instead of two).
     started_ms: int | None = None
     task_ran: bool = True
+    backfill: bool = False
 
     def __post_init__(self) -> None:
         # A worker builds two reports per task: the common one passes in a few comparisons
@@ -172,6 +179,7 @@ class Report:
             and (self.error.isascii() or is_utf8(self.error))
             and type(self.redelivered) is bool
             and type(self.triggered) is bool
+            and type(self.backfill) is bool
             and (self.task_ran is True or (self.task_ran is False and self.kind in _UNRUN_KINDS))
         ):
             _check_report(self)
@@ -205,6 +213,7 @@ class Report:
             hold_ms,
             started_ms,
             self.task_ran,
+            self.backfill,
         )
 
     def folded(self, start: Report) -> Report:
@@ -226,6 +235,7 @@ class Report:
             self.hold_ms,
             start.at_ms,
             self.task_ran,
+            self.backfill or start.backfill,
         )
 
     @property
@@ -235,8 +245,9 @@ class Report:
 
     def to_json_item(self) -> list[Any]:
         """The report as report.lua reads it (one array per report). A task that never ran
-        adds a trailing 0 (`task_ran`); the common report's array goes without, and
-        report.lua reads an array without it as a task that ran (an older reporter's)."""
+        adds a trailing 0 (`task_ran`), a backfilled occurrence's `task_ran` and a 1
+        (`backfill`); the common report's array goes without, and report.lua reads an array
+        without them as a task that ran, of a live occurrence (an older reporter's)."""
         item: list[Any] = [
             self.kind,
             self.member,
@@ -251,7 +262,9 @@ class Report:
             str(max(0, self.hold_ms)),
             "" if self.started_ms is None else str(self.started_ms),
         ]
-        if not self.task_ran:
+        if self.backfill:
+            item += [1 if self.task_ran else 0, 1]
+        elif not self.task_ran:
             item.append(0)
         return item
 
@@ -309,6 +322,7 @@ def _check_report(report: Report) -> None:
         (report.redelivered, "redelivered"),
         (report.triggered, "triggered"),
         (report.task_ran, "task_ran"),
+        (report.backfill, "backfill"),
     ):
         if not isinstance(flag, bool):
             raise ScheduleError(f"report {field} must be True or False, got {shown(flag)}")
@@ -334,7 +348,9 @@ class HistoryEntry:
     """One occurrence in a registration's history, as the registry keeps it.
 
     Times are epoch ms: `due_ms` nominal, `released_ms` when a pump claimed it (server clock),
-    `started_ms`/`finished_ms` on the worker's clock. `attempt` counts from 1.
+    `started_ms`/`finished_ms` on the worker's clock. `attempt` counts from 1. `backfill`:
+    a backfill sent it, for a past slot, out of the live schedule's lifecycle (its reports
+    said so; an entry written before backfills were marked reads False).
     """
 
     id: str
@@ -347,6 +363,7 @@ class HistoryEntry:
     redelivered: bool
     triggered: bool
     error: str | None
+    backfill: bool = False
 
     @property
     def duration_ms(self) -> int | None:
@@ -372,6 +389,7 @@ class HistoryEntry:
             redelivered=bool(redelivered),
             triggered=bool(triggered),
             error=str(item[9]) or None,
+            backfill=len(item) > 10 and bool(item[10]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -387,6 +405,7 @@ class HistoryEntry:
             "duration_ms": self.duration_ms,
             "redelivered": self.redelivered,
             "triggered": self.triggered,
+            "backfill": self.backfill,
             "error": self.error,
         }
 

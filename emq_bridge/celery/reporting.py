@@ -311,6 +311,7 @@ def occurrence_of(request: Any, app: Celery) -> dict[str, Any] | None:
         "released_ms": get(RELEASED_HEADER),
         "redelivered": bool(get(REDELIVERED_HEADER)),
         "triggered": triggered,
+        "backfill": bool(get(BACKFILL_HEADER)),
     }
 
 
@@ -353,6 +354,7 @@ def started_report(request: Any, app: Celery, attempt: int) -> Report | None:
         None if released in (None, "") else int(released),
         bool(fields.get(REDELIVERED_HEADER)),
         bool(fields.get(TRIGGERED_HEADER)),
+        backfill=bool(fields.get(BACKFILL_HEADER)),
     )
 
 

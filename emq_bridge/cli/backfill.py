@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
@@ -17,14 +18,21 @@ __all__ = ["COMMANDS"]
 SHOWN = 20
 
 
-def _rate(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """Return `value` if `check_rate` takes it; bad usage (exit 2) otherwise."""
-    try:
-        return check_rate(value)
-    except ScheduleError:
-        raise click.BadParameter(
-            f"{value:g} is neither 0 nor from 1/86400 (one a day) to 1000000 a second"
-        ) from None
+class _Rate(click.types.FloatParamType):
+    """`--rate`: a float that `check_rate` takes; bad usage (exit 2) naming the value as it
+    was given otherwise (`1000001`, not `1e+06`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)  # 'abc': "'abc' is not a valid float."
+        try:
+            return check_rate(number)
+        except ScheduleError:
+            given = value.strip() if isinstance(value, str) else repr(value)
+            self.fail(
+                f"{given} is neither 0 nor from 1/86400 (one a day) to 1000000 a second",
+                param,
+                ctx,
+            )
 
 
 @click.command("backfill")
@@ -38,8 +46,7 @@ def _rate(ctx: click.Context, param: click.Parameter, value: float) -> float:
 )
 @click.option(
     "--rate",
-    type=float,
-    callback=_rate,
+    type=_Rate(),
     default=DEFAULT_RATE,
     show_default=True,
     help="Occurrences sent per second: 0 (as fast as the pumps go), or 1/86400 (one a day) "

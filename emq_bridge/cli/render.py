@@ -240,9 +240,12 @@ def inflight_json(member: str | None) -> dict[str, Any] | None:
 
 def history_row(entry: HistoryEntry) -> list[str]:
     """Return a history entry as `history`'s table row."""
-    flags = [
-        f for f, on in (("redelivered", entry.redelivered), ("triggered", entry.triggered)) if on
-    ]
+    marks = (
+        ("redelivered", entry.redelivered),
+        ("triggered", entry.triggered),
+        ("backfill", entry.backfill),
+    )
+    flags = [f for f, on in marks if on]
     return [
         utc_iso(entry.due_ms),
         entry.status,

@@ -521,7 +521,8 @@ def history_command(
     failed, retrying, skipped by the overlap policy, lost by a silent worker, revoked), the
     attempt, when its worker started it (the worker's clock, UTC), how long it took, its
     flags (redelivered: sent again after a crash or an expired lease; triggered: by
-    `trigger`) and its error. Only occurrences workers reported, or the pump skipped or
+    `trigger`; backfill: sent by `backfill`, out of the live schedule's lifecycle) and its
+    error. Only occurrences workers reported, or the pump skipped or
     marked lost, are kept.
 
     \b

@@ -37,6 +37,7 @@ from ..lifecycle import BeginVerdict, checked_name
 from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
 from .schedule import (
+    OPTION_BACKFILL,
     OPTION_DUE_MS,
     OPTION_GUARDED,
     OPTION_NAME,
@@ -82,6 +83,7 @@ def start_report(message: Any, at_ms: int) -> Report | None:
         released_ms,
         bool(options.get(OPTION_REDELIVERED, False)),
         bool(options.get(OPTION_TRIGGERED, False)),
+        backfill=bool(options.get(OPTION_BACKFILL, False)),
     )
 
 

@@ -71,7 +71,8 @@
 -- unless its record now says otherwise (backfill_verdict, below): dropped when the schedule
 -- can no longer have that slot, held (scored ARGV[2]) while it is paused. Its record and
 -- ledger keys are given (ARGV[8]); read only for such a member.
--- A fired (or buffered) candidate extends the record's runs of fired slots (`track`).
+-- A fired, buffered or skipped candidate extends the record's runs of slots the live schedule
+-- decided (`track`), which a backfill never sends.
 -- Returns {{claimed candidate index (1-based), ...}, {re-leased member as given, ...},
 --          earliest registry score or '', earliest lease deadline or '',
 --          {candidate index, member in flight it replaces, ...}, {skipped index, ...},
@@ -109,7 +110,8 @@ local function completion(f, score)
   return nil
 end
 
--- The runs of slots fired live, for backfill.lua (which never sends a slot a run covers):
+-- The runs of slots fired live (or skipped by the overlap policy: the live schedule decided
+-- them), for backfill.lua (which never sends a slot a run covers):
 -- `run` ("<from> <to> <next>") is the open run from..to, extended while each claim fires the
 -- slot its previous claim scored (next) with nothing dropped; any other fire closes it into
 -- `runs` ("from-to from-to ...", oldest first, at most MAX_RUNS: the two oldest merge, so
@@ -128,7 +130,7 @@ local function close_run(runs, from, to)
   return runs
 end
 
--- The record fields a fired (or buffered) slot writes to its runs, appended to `writes`
+-- The record fields a fired (buffered, skipped) slot writes to its runs, appended to `writes`
 -- (field, value, ...) for the caller's one HSET. `f` is the candidate's record read
 -- (`run` at 5, `last_due_ms` at 6).
 local function track(record, f, expected, next_score, fire, missed, writes)
@@ -303,7 +305,8 @@ for i, candidate in ipairs(candidates) do
         mode = 'fire'
       end
     end
-    if mode == 'fire' or mode == 'buffered' then
+    -- A slot the overlap policy skipped was the live schedule's too: backfill.lua leaves it.
+    if mode == 'fire' or mode == 'buffered' or mode == 'skipped' then
       track(record, bounds, expected, next_score, fire, missed, writes)
     end
     if mode == 'fire' then

@@ -7,10 +7,11 @@
 -- KEYS[2 + 2i], KEYS[3 + 2i]  the record and the history list of report i
 -- ARGV[1]  JSON array of reports, each [kind, member, id, due_ms, attempt, at_ms,
 --          released_ms or '', redelivered 0|1, triggered 0|1, error, hold_ms, started_ms
---          or '', and, only for a `failed` or `skipped` copy that never reached its task, a
---          trailing 0]
---          (`started_ms`: a final report that carries its own start; the trailing element,
---          `task_ran`, absent or anything but 0/false: the task ran)
+--          or '', task_ran, backfill 0|1], the last two optional (the common report, and
+--          any of an older worker, ends at `started_ms`: its task ran, no backfill sent it)
+--          (`started_ms`: a final report that carries its own start; `task_ran`, absent or
+--          anything but 0/false: the task ran, 0 only for a `failed` or `skipped` copy that
+--          never reached its task; `backfill` 1: a backfill sent it, for a past slot)
 --          (`member` is the occurrence's "<name> <due_ms>[ triggered]"; `at_ms` the
 --          worker's clock, used for durations; deadlines use this server's clock)
 -- ARGV[2]  the history's length cap
@@ -34,6 +35,12 @@
 -- unless its task never ran (`task_ran` 0: no worker had it, as an old worker meets a new
 -- task's message in a rolling deploy): that one neither counts nor clears the streak;
 -- `skipped` adds 1 to the `skipped` count (once per occurrence).
+-- An occurrence a backfill sent (the report says `backfill` 1, or its history entry, the 11th
+-- element, does: a later report from an older worker) is out of band: its entry is kept (and
+-- marked) and it is in `running` while it runs (heartbeated, lost when they stop), but it is
+-- never the record's `inflight` nor in `inflight_also` (the overlap policy neither waits for
+-- it nor replaces it), and none of its reports moves the live schedule's `last_*` fields,
+-- `failures` or pause; the `skipped` count still counts it.
 -- Returns the number of reports applied.
 -- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
 -- (a redelivery after its heartbeats stopped) has it in flight again. A `started` of the
@@ -136,7 +143,7 @@ end
 local applied = 0
 for i, report in ipairs(reports) do
   local kind, member, id, due, attempt, at, released, redelivered, triggered, error, hold,
-        started_at, task_ran = unpack(report)
+        started_at, task_ran, backfilled = unpack(report)
   local record, history = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
   -- One read of what the record says: whether it exists, the newest nominal time its history
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
@@ -162,6 +169,8 @@ for i, report in ipairs(reports) do
         entry = {id, due, released, '', '', status, attempt, redelivered, triggered, ''}
       end
       local old_attempt, old_rank = tonumber(entry[7]), RANK[entry[6]] or 0
+      -- Out of band (see above): a backfill sent it.
+      local backfill = backfilled == 1 or entry[11] == 1
       -- The same attempt started again while it runs: the broker gave the message to another
       -- worker (RabbitMQ redelivers a dead consumer's at once), so its run starts then. The
       -- start a report carries: its own (`started`), or the one folded into a final report.
@@ -190,6 +199,7 @@ for i, report in ipairs(reports) do
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end
         if redelivered == 1 then entry[8] = 1 end
+        if backfill then entry[11] = 1 end
         if kind == 'started' then
           entry[4], entry[5], entry[10] = at, '', ''
         else
@@ -198,9 +208,12 @@ for i, report in ipairs(reports) do
           entry[5], entry[10] = at, error
         end
         local encoded = cjson.encode(entry)
-        sets[1], sets[2], sets[3], sets[4], sets[5], sets[6] =
-          'last_status', status, 'last_id', id, 'last_due', due
-        ns, nd = 6, 0
+        ns, nd = 0, 0
+        if not backfill then  -- the live schedule's last occurrence
+          sets[1], sets[2], sets[3], sets[4], sets[5], sets[6] =
+            'last_status', status, 'last_id', id, 'last_due', due
+          ns = 6
+        end
         local wrote
         if index then
           wrote = redis.pcall('LSET', history, index, encoded)
@@ -221,47 +234,58 @@ for i, report in ipairs(reports) do
         if refused then
           -- the record is left as it was
         elseif kind == 'started' then
-          set('last_started_ms', at)
           enter_running(now + ttl, member)
-          if not (inflight and inflight ~= member and live(inflight)) then
-            set('inflight', member)
-          else  -- another occurrence runs: in flight beside it, whatever the policy (an
-            -- edit to a guarded one must still see it: its claim and begin read this)
-            local also, known = members_of(cur[6]), false
-            for _, other in ipairs(also) do known = known or other == member end
-            if not known then
-              also[#also + 1] = member
-              if #also > ALSO_MAX then table.remove(also, 1) end
-              set('inflight_also', table.concat(also, '\n'))
+          -- A backfilled one (out of band): only its history entry and `running`.
+          if not backfill then
+            set('last_started_ms', at)
+            if not (inflight and inflight ~= member and live(inflight)) then
+              set('inflight', member)
+            else  -- another occurrence runs: in flight beside it, whatever the policy (an
+              -- edit to a guarded one must still see it: its claim and begin read this)
+              local also, known = members_of(cur[6]), false
+              for _, other in ipairs(also) do known = known or other == member end
+              if not known then
+                also[#also + 1] = member
+                if #also > ALSO_MAX then table.remove(also, 1) end
+                set('inflight_also', table.concat(also, '\n'))
+              end
             end
           end
-          redis.call('HSET', record, unpack(sets, 1, ns))
+          if ns > 0 then redis.call('HSET', record, unpack(sets, 1, ns)) end
         elseif kind == 'retrying' then
           -- In flight until its next attempt starts: the retry's countdown, then as long as a
           -- sent occurrence may wait in the broker for a free worker (the start timeout),
           -- since the retry waits in the queue as a fresh send does; then heartbeats.
           enter_running(now + tonumber(hold) + math.max(ttl, start_ttl), member)
-          if error ~= '' then set('last_error', error) end
-          redis.call('HSET', record, unpack(sets, 1, ns))
+          if error ~= '' and not backfill then set('last_error', error) end
+          if ns > 0 then redis.call('HSET', record, unpack(sets, 1, ns)) end
         else
           -- Only a report of this occurrence (which makes its entry, so it is not `later`), a
           -- guarded claim or a buffered slot's release (both set `inflight`; `overlap` names the
           -- policy) put it in `running`: an unguarded occurrence's first report has nothing to
           -- remove there, and spares the command (a folded start and end is such a report).
-          if not (later and not inflight and not cur[5]) then
+          -- A backfilled one is in `running` from its start, guarded or not.
+          if backfill or not (later and not inflight and not cur[5]) then
             leave_running(member)
           end
-          set('last_finished_ms', at)
           local started = tonumber(entry[4])
-          if started then
+          if backfill then
+            -- out of band: the live schedule's last run, streak and pause stay as they are
+          elseif started then
+            set('last_finished_ms', at)
             if folded then set('last_started_ms', started) end
             set('last_duration_ms', math.max(0, tonumber(at) - started))
           else  -- never reported started: no duration, not the one of an earlier occurrence
+            set('last_finished_ms', at)
             nd = nd + 1
             drop[nd] = 'last_duration_ms'
           end
           local failures = 0
-          if status == 'succeeded' then
+          if backfill then
+            if status == 'skipped' and was ~= 'skipped' then
+              redis.pcall('HINCRBY', record, 'skipped', 1)
+            end
+          elseif status == 'succeeded' then
             set('last_success_ms', at)
             set('last_success_due_ms', due)
             if cur[4] then
@@ -311,7 +335,7 @@ for i, report in ipairs(reports) do
             nd = nd + 1
             drop[nd] = 'inflight'
           end
-          redis.call('HSET', record, unpack(sets, 1, ns))
+          if ns > 0 then redis.call('HSET', record, unpack(sets, 1, ns)) end
           if nd > 0 then redis.call('HDEL', record, unpack(drop, 1, nd)) end
           local freed = inflight == member and not promoted
           local name = (failures > 0 or freed) and string.match(member, '^(%S+)')

@@ -98,7 +98,10 @@ def test_sigterm_to_a_beat_whose_registry_does_not_answer_exits_within_seconds(
             while time.monotonic() - quiet_since < 2.0:
                 time.sleep(0.1)
                 if output().count("Scheduler: Sending due task") != sent:
-                    sent, quiet_since = output().count("Scheduler: Sending due task"), time.monotonic()
+                    sent, quiet_since = (
+                        output().count("Scheduler: Sending due task"),
+                        time.monotonic(),
+                    )
             beat.send_signal(signal.SIGTERM)
             stopping = time.monotonic()
             try:
