@@ -73,7 +73,7 @@ from .envelope import (
     occurrence_values,
     plan_pushes,
 )
-from .reporting import PUBLISH_RECEIVER_UID
+from .replacement import PUBLISH_RECEIVER_UID
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class PipelinedCeleryDispatcher:
         conf = self.app.conf
         if conf.task_send_sent_event or conf.task_always_eager:
             return True
-        # emq-bridge's own receiver (`reporting.PUBLISH_RECEIVER_UID`, connected where tasks
+        # emq-bridge's own receiver (`replacement.PUBLISH_RECEIVER_UID`, connected where tasks
         # run) acts only on a message a running task sends with its own id (`Task.replace()`):
         # never one of these.
         return any(

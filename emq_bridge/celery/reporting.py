@@ -6,9 +6,9 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
 
 * `task_prerun` (in the pool process): `started`;
 * `task_postrun`: `succeeded` when the task returned (its state `SUCCESS`), `skipped` for an
-  `Ignore` (but not the one `Task.replace()` raises: below), `failed` for a `Reject` without
-  requeue, and for one with a requeue nothing will do (a task not acked late, whose message
-  Celery acked before it ran, or one run eagerly);
+  `Ignore` (but not the one `Task.replace()` raises: see `replacement`), `failed` for a
+  `Reject` without requeue, and for one with a requeue nothing will do (a task not acked
+  late, whose message Celery acked before it ran, or one run eagerly);
 * `task_failure`: `failed`, with `"Type: message"`; also sent by the main process when a
   pool process died (`WorkerLostError`) or a task hit its hard time limit
   (`TimeLimitExceeded`, Celery 5.7), as Celery records that task's result. On `-P gevent`
@@ -34,24 +34,10 @@ while no worker was listening, a message delivered again after it was marked los
 an occurrence whose attempt ran or runs (heartbeated) elsewhere, as the Redis transport
 redelivers an unacked `acks_late` task once its visibility timeout passes, is revoked there
 too and reports nothing: the first copy's reports stand. One whose occurrence runs now is held
-in the main process (`_hold`) and sent again once that run's heartbeats would have lapsed
-(`3 * emq_bridge_heartbeat_s`, plus `RESEND_MARGIN_MS`), if they did: it is the same copy
-whether its first run still goes on (the Redis transport) or its pool process was killed
-(`task_reject_on_worker_lost` requeues the message at once), and only the heartbeats tell.
-A worker that stops sends its held copies back at once (a killed one loses them).
+back and sent again once that run's heartbeats would have lapsed: see `held_copies`.
 
-`Task.replace(sig)` sends `sig` with the task's id and raises `Ignore`. A process that runs
-a task emq-bridge sent connects `before_task_publish` (`_on_before_publish`): the message the
-running task sends with its own id and none of emq-bridge's headers (a retry copies them) is
-the replacement, and gets the occurrence's headers and `emq_replaces` (the attempt it
-replaces). The replaced run reports nothing at its `Ignore`; it is heartbeated once more and
-no more, so its occurrence stays in flight for the replacement to start within
-`3 * emq_bridge_heartbeat_s` (then it is lost, as a killed run is). The replacement passes the
-copy check on receipt while that run is heartbeated, and reports its start and its end as the
-same occurrence and attempt: its outcome is the occurrence's (`skip` holds while it runs, a
-failure counts toward `pause_after_failures`). A replacement by a chain or a group gets the
-task's id on its last task, sent later by another task: its run is reported `skipped`, as
-before. The pipelined dispatcher does not count this receiver (`PUBLISH_RECEIVER_UID`).
+`Task.replace()` of a task emq-bridge sent, whose replacement runs the occurrence: see
+`replacement`.
 
 Success is read at `task_postrun`, not `task_success`: Celery sends each signal only while
 it has receivers, and postrun is needed anyway, so a task costs two signals, not three.
@@ -77,16 +63,13 @@ from __future__ import annotations
 
 import builtins
 import logging
-import os
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
 from celery import Celery, signals
-from celery._state import get_current_task
 from celery.exceptions import Retry
 from celery.worker import state as worker_state
 
@@ -99,17 +82,24 @@ from ..reporting import HEARTBEAT_S, Reporter
 from .declare import flag_setting, registry_prefix, registry_url, repeat_for
 from .dispatch import (
     BACKFILL_HEADER,
-    BEAT_HEADER,
     DUE_HEADER,
     GUARDED_HEADER,
-    LAST_SUCCESS_HEADER,
-    PREVIOUS_DUE_HEADER,
     REDELIVERED_HEADER,
     RELEASED_HEADER,
     REPLACES_HEADER,
     SCHEDULE_HEADER,
     TRIGGERED_HEADER,
     header,
+)
+from .held_copies import _hold, _release_held
+from .process_state import _START, _process
+from .replacement import (
+    _REPLACED,
+    PUBLISH_RECEIVER_UID,
+    _attempt,
+    _replaced,
+    _replaces,
+    _watch_replacements,
 )
 
 __all__ = [
@@ -133,67 +123,6 @@ MAX_ESCAPED = 1_000
 # The reporter's client: short timeouts, since its thread is the only one that waits.
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
-# A copy held back while its occurrence runs elsewhere (`_hold`) is sent again this long after
-# that run's heartbeats would have lapsed (Dramatiq's middleware waits as long).
-RESEND_MARGIN_MS = 1000
-# Copies a worker's main process holds back at once, at most (each waits on a timer thread);
-# past that a copy is dropped, as every copy was before.
-MAX_HELD = 1_000
-# The `dispatch_uid` of the `before_task_publish` receiver that gives `Task.replace()`'s
-# message its occurrence's headers: `PipelinedCeleryDispatcher` does not count it as one that
-# watches each publish (it acts only on a message a task sends with its own id).
-PUBLISH_RECEIVER_UID = "emq_bridge.celery._on_before_publish"
-# The headers a replacement takes from the task it replaces (`occurrence_headers`' keys).
-_OCCURRENCE_HEADERS = (
-    BEAT_HEADER,
-    DUE_HEADER,
-    SCHEDULE_HEADER,
-    RELEASED_HEADER,
-    REDELIVERED_HEADER,
-    TRIGGERED_HEADER,
-    BACKFILL_HEADER,
-    PREVIOUS_DUE_HEADER,
-    LAST_SUCCESS_HEADER,
-    GUARDED_HEADER,
-)
-
-
-class _Process:
-    """This process's reporters: id(app) -> (app, its Reporter or None when reports are
-    off), and the ids of those it reported to (only they hold anything of its own to flush)."""
-
-    def __init__(self) -> None:
-        self.reporters: dict[int, tuple[Celery, Reporter | None]] = {}
-        self.used: set[int] = set()
-        self.lock = threading.Lock()
-        # Ids of the copies revoked on receipt since their occurrence ran or runs elsewhere
-        # (`_on_received`), each with the request of its run in this worker, if any: their
-        # `task_revoked` reports nothing, nor that of a later copy, which Celery revokes by
-        # the same id before any receiver hears of it. The oldest go past `MAX_COPIES`.
-        self.copies: dict[str, Any] = {}
-        # The ids of those copies that only `_on_received` revoked (an operator's revoke
-        # was not there first): forgotten by Celery's revoked set once the copy is discarded.
-        self.revoked_here: set[str] = set()
-        # Task id -> the start of its run here (`_START`), for runs a BaseException ended
-        # (`_escaped`): the `task_failure` that may follow carries no request. Oldest first.
-        self.escaped: dict[str, tuple[Reporter, Report, float]] = {}
-        # The copies held back in a worker's main process (`_hold`), by id and attempt.
-        self.held: dict[tuple[str, int], _Held] = {}
-        self.stopping = False  # the worker stops: a copy is held no more (`_release_held`)
-        # Whether `_on_before_publish` is connected in this process (`_watch_replacements`).
-        self.watching = False
-
-    def after_fork(self) -> None:
-        """In a forked child: a fresh lock (the parent's may have been held) and nothing used;
-        the reporters are kept (each resets itself on its first report here), held copies are
-        the parent's (their timers did not fork)."""
-        self.lock = threading.Lock()
-        self.used = set()
-        self.held = {}
-
-
-_process = _Process()
-os.register_at_fork(after_in_child=_process.after_fork)
 
 
 def _settings(app: Celery) -> tuple[bool, int, float]:
@@ -375,14 +304,6 @@ def _split_schedule(
     return schedule[:first], schedule[first + 1 :]
 
 
-# The `started` report of a task being run, its reporter and the monotonic clock when the
-# start was stamped, kept on the task's request (one per execution) so that its end is
-# reported without reading the headers again, and timed on a clock no step moves (`_end_ms`).
-_START = "_emq_bridge_start"
-# Set on a task's request when `Task.replace()` sent its replacement (`_on_before_publish`).
-_REPLACED = "_emq_bridge_replaced"
-
-
 def _report(
     kind: ReportKind,
     task: Any,
@@ -450,22 +371,6 @@ def _guarded(request: Any) -> bool:
     if fields is not None and DUE_HEADER in fields:
         return bool(fields.get(GUARDED_HEADER))
     return bool(header(request, GUARDED_HEADER))
-
-
-def _replaces(request: Any) -> Any:
-    """Return the `emq_replaces` header of a task's request (None but on the message of a
-    `Task.replace()`), read as `_guarded` reads `emq_guarded`."""
-    fields = getattr(request, "__dict__", None)
-    if fields is not None and DUE_HEADER in fields:
-        return fields.get(REPLACES_HEADER)
-    return header(request, REPLACES_HEADER)
-
-
-def _attempt(retries: Any, replaces: Any) -> int:
-    """The attempt a task's message runs: Celery's `retries` + 1; on the message of a
-    `Task.replace()` (`emq_replaces`: the attempt it replaced), that attempt, plus the
-    replacement's own retries. ValueError if garbled."""
-    return int(retries or 0) + (int(replaces) if replaces else 1)
 
 
 def _now_ms() -> int:
@@ -673,38 +578,6 @@ def _on_postrun(
         _report("failed", task, request, error=error)
 
 
-def _replaced(request: Any) -> None:
-    """The run `request` serves was replaced (`Task.replace()` sent its replacement, which
-    reports the occurrence): it reports nothing. Heartbeated once more and no more here, it
-    stays in flight for `3 * emq_bridge_heartbeat_s` from now for the replacement to start
-    within (the replacement's start and heartbeats keep it in flight from then on); a
-    replacement that does not start by then finds it lost, as a killed run's would."""
-    try:
-        began: tuple[Reporter, Report, float] | None = getattr(request, _START, None)
-        if began is None:
-            return
-        reporter, start = began[0], began[1]
-        reporter.report(
-            Report(
-                "heartbeat",
-                start.queue,
-                start.name,
-                start.id,
-                start.due_ms,
-                start.at_ms,
-                start.attempt,
-                triggered=start.triggered,
-            )
-        )
-        reporter.ended(start)
-    except Exception as exc:  # never into the worker
-        log.warning(
-            "emq-bridge: the end of replaced task %s was not noted: %s",
-            getattr(request, "id", "?"),
-            exc,
-        )
-
-
 def _heartbeat_no_more(request: Any) -> None:
     """The run `request` serves ended with no report of its own (its message requeued by a
     `Reject`): heartbeated no more, so the requeued copy, checked on receipt, finds it
@@ -763,201 +636,9 @@ def _on_internal_error(
     _report("failed", sender, run, error=exception)
 
 
-# -- Task.replace(): the replacement runs the occurrence --------------------------------------
-
-
-def _watch_replacements() -> None:
-    """Connect `_on_before_publish` in this process (once it runs a task emq-bridge sent: a
-    beat, a pump or a web process publishes with no receiver of ours)."""
-    signals.before_task_publish.connect(
-        _on_before_publish, weak=False, dispatch_uid=PUBLISH_RECEIVER_UID
-    )
-    _process.watching = True
-
-
-def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
-    """`before_task_publish`: the message a task emq-bridge sent publishes with its own task
-    id, and without emq-bridge's headers, is `Task.replace()`'s (a retry's copies them): it
-    gets the occurrence's headers and `emq_replaces` (the attempt it replaces), and the run is
-    marked replaced (`_on_postrun` then reports nothing for it)."""
-    try:
-        if not isinstance(headers, dict) or DUE_HEADER in headers:
-            return  # not protocol 2, a message of ours already, or a retry
-        ident = headers.get("id")
-        task = get_current_task() if ident else None
-        request = getattr(task, "request", None)
-        if request is None or getattr(request, "id", None) != ident:
-            return
-        if getattr(request, "is_eager", False):
-            return  # an eager `replace` runs its replacement in place, publishing nothing
-        found = {name: header(request, name) for name in _OCCURRENCE_HEADERS}
-        if found[DUE_HEADER] is None or found[SCHEDULE_HEADER] is None:
-            return  # the task is not one emq-bridge sent
-        headers.update(found)
-        headers[REPLACES_HEADER] = _attempt(getattr(request, "retries", 0), _replaces(request))
-        setattr(request, _REPLACED, True)
-    except Exception as exc:  # never into the task: its replacement goes as Celery sends it
-        log.warning("emq-bridge: the replacement of a task was not marked as such: %s", exc)
-
-
-# -- copies held back while their occurrence runs elsewhere ----------------------------------
-
-
-@dataclass
-class _Held:
-    """A copy of a guarded task held back by a worker's main process (`_hold`): its message,
-    sent again by `_resend` once the run it waits on is heard of no more."""
-
-    app: Celery
-    reporter: Reporter
-    item: Report  # the copy's `started` report: what `begin` asks about
-    message: Any  # the kombu message Celery received
-    delay_s: float
-    timer: threading.Timer | None = None
-
-    def arm(self) -> None:
-        self.timer = threading.Timer(self.delay_s, _resend, ((self.item.id, self.item.attempt),))
-        self.timer.daemon = True
-        self.timer.start()
-
-
-def _hold(request: Any, app: Celery, reporter: Reporter, item: Report) -> float | None:
-    """Hold back the copy `request` (revoked on receipt: its occurrence runs, heartbeated,
-    elsewhere) and send it again once those heartbeats would have lapsed, if they did; return
-    that delay in seconds, or None when it is not held (no message to send, too many held, the
-    worker stopping). One copy of an attempt is held at a time: a further one is dropped."""
-    message = getattr(request, "message", None)
-    if message is None or getattr(message, "body", None) is None:
-        return None
-    delay_s = (reporter.heartbeat_ttl_ms + RESEND_MARGIN_MS) / 1000
-    key = (item.id, item.attempt)
-    with _process.lock:
-        if key in _process.held:
-            return delay_s
-        if _process.stopping or len(_process.held) >= MAX_HELD:
-            return None
-        held = _Held(app, reporter, item, message, delay_s)
-        _process.held[key] = held
-        held.arm()
-    return delay_s
-
-
-def _resend(key: tuple[str, int]) -> None:
-    """A held copy's time: asked again, it waits on (its occurrence still runs, heartbeated),
-    is sent again (the run it waited on is heard of no more: the copy's receipt decides as
-    usual, and it runs), or is dropped (that run ended, or another occurrence or a later
-    attempt of it is in flight)."""
-    with _process.lock:
-        held = _process.held.pop(key, None)
-    if held is None:
-        return  # sent back as the worker stopped
-    item = held.item
-    try:
-        # The copy revoked on receipt still waits for Celery to discard it (for a free pool
-        # process): its id is in Celery's revoked set until then, and a message of it
-        # received meanwhile would be discarded with it.
-        waiting = item.id in _process.revoked_here and item.id in worker_state.revoked
-        verdict = "running" if waiting else held.reporter.begin(item, mark=False)
-        if verdict == "running":
-            with _process.lock:
-                if not _process.stopping:
-                    _process.held[key] = held
-                    held.arm()
-                    return
-        if verdict == "copy":
-            why: str | None = "its first copy's run ended"
-        elif verdict == "skip":
-            why = "another occurrence of its schedule is in flight"
-        elif _later_attempt(held):
-            why = "a later attempt of it runs or ran"
-        else:
-            why = None
-        if why is not None:
-            log.info(
-                "emq-bridge: the copy of task %s (%s/%s) held back is dropped: %s",
-                item.id,
-                item.queue,
-                item.name,
-                why,
-            )
-            return
-        # Discarded since: its revoke is behind it, so one of the copy sent again (a `replace`,
-        # an operator's terminate) is the occurrence's, and reported (`_on_revoked`).
-        _process.copies.pop(item.id, None)
-        _publish(held)
-        log.info(
-            "emq-bridge: the copy of task %s (%s/%s) held back is sent again: the run it "
-            "waited on is heard of no more",
-            item.id,
-            item.queue,
-            item.name,
-        )
-    except Exception as exc:  # a timer thread: nothing to raise into
-        log.warning("emq-bridge: the copy of task %s held back is dropped: %s", item.id, exc)
-
-
-def _later_attempt(held: _Held) -> bool:
-    """Whether the registry has a later attempt of the held copy's occurrence (a retry that
-    started: `begin` says "run" for an earlier attempt's copy then)."""
-    item = held.item
-    repeat = held.reporter._registry()
-    for entry in repeat.history(item.queue, item.name):
-        if entry.id == item.id:
-            return entry.attempt > item.attempt
-    return False
-
-
-def _publish(held: _Held) -> None:
-    """Send the held copy's message again, as it came (headers, body, routing)."""
-    message = held.message
-    delivery = dict(getattr(message, "delivery_info", None) or {})
-    properties = dict(getattr(message, "properties", None) or {})
-    priority = properties.get("priority", delivery.get("priority"))
-    with held.app.producer_or_acquire() as producer:
-        producer.publish(
-            message.body,
-            exchange=delivery.get("exchange") or "",
-            routing_key=delivery.get("routing_key") or "",
-            headers=dict(message.headers or {}),
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=properties.get("delivery_mode") or 2,
-            priority=priority,
-            correlation_id=properties.get("correlation_id"),
-            reply_to=properties.get("reply_to") or None,
-            retry=True,
-            retry_policy=held.app.conf.task_publish_retry_policy,
-        )
-
-
-def _release_held() -> None:
-    """The worker stops: send each held copy back at once (a worker that takes it decides on
-    receipt), rather than lose it with this process."""
-    with _process.lock:
-        _process.stopping = True
-        held = list(_process.held.values())
-        _process.held.clear()
-    for copy in held:
-        if copy.timer is not None:
-            copy.timer.cancel()
-        item = copy.item
-        try:
-            _publish(copy)
-            log.info(
-                "emq-bridge: the copy of task %s (%s/%s) held back is sent back as the worker "
-                "stops",
-                item.id,
-                item.queue,
-                item.name,
-            )
-        except Exception as exc:
-            log.warning("emq-bridge: the copy of task %s held back is dropped: %s", item.id, exc)
-
-
 def _on_shutdown(**_: Any) -> None:
     """Send what this process queued (at most `FLUSH_S` per reporter), then stop."""
-    if _process.held:
-        _release_held()
+    _release_held()
     for _app, reporter in list(_process.reporters.values()):
         if reporter is not None and id(reporter) in _process.used:
             reporter.close(FLUSH_S)

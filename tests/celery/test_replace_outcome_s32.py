@@ -185,6 +185,12 @@ def test_a_replaced_task_holds_its_skip_schedule_and_ends_with_its_replacement(
     # replacement still ran: three ran at once.
     for (_, end, _), (start, _, ident) in itertools.pairwise(done):
         assert start >= end - 0.05, f"{ident} started while the one before still ran: {done}"
+
+    def reported() -> bool:  # a run's end is noted before its reporter's thread sends it
+        found = {e.id: e.status for e in stack.repeat.history(stack.queue, "slow")}
+        return all(found.get(ident) not in (None, "running") for _, _, ident in done)
+
+    wait_until(reported, 15, "the replacements' final reports", then=stack.output)
     entries = {e.id: e for e in stack.repeat.history(stack.queue, "slow")}
     for start, end, ident in done:
         entry = entries[ident]
@@ -226,20 +232,21 @@ def test_the_pipelined_dispatcher_does_not_count_the_replacement_receiver() -> N
     # runs there keeps its fast path (`_observed` counts the publish signals' receivers).
     from celery import signals
 
-    from emq_bridge.celery import reporting
+    from emq_bridge.celery import replacement
+    from emq_bridge.celery.process_state import _process
 
     app = Celery("rp-pipelined", broker="redis://127.0.0.1:1/0")
     dispatcher = PipelinedCeleryDispatcher(app)
     before = dispatcher._observed()
-    was_watching = reporting._process.watching
-    reporting._watch_replacements()
+    was_watching = _process.watching
+    replacement._watch_replacements()
     try:
         assert any(
-            key[0] == reporting.PUBLISH_RECEIVER_UID
+            key[0] == replacement.PUBLISH_RECEIVER_UID
             for key, _ in signals.before_task_publish.receivers
         )
         assert dispatcher._observed() == before
     finally:
         if not was_watching:  # as this test process was
-            signals.before_task_publish.disconnect(dispatch_uid=reporting.PUBLISH_RECEIVER_UID)
-            reporting._process.watching = False
+            signals.before_task_publish.disconnect(dispatch_uid=replacement.PUBLISH_RECEIVER_UID)
+            _process.watching = False
