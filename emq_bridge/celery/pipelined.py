@@ -321,8 +321,6 @@ class PipelinedCeleryDispatcher:
         task's messages depend on their arguments beyond the body and reprs) or `_UNBUILT`
         (`apply_async` raised: this occurrence goes alone, to fail with its own name)."""
         where = f"{occurrence.queue}/{occurrence.name}"
-        if self.app.conf.task_always_eager:  # `apply_async` would run it: nothing to capture
-            return _UNBUILT  # sent alone, nothing remembered (`dispatch_batch` sends all so)
         if self.app.conf.task_protocol != 2:
             log.info("%s: sent through apply_async, not pipelined: task protocol 1", where)
             return None

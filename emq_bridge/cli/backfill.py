@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
@@ -18,21 +17,15 @@ __all__ = ["COMMANDS"]
 SHOWN = 20
 
 
-class _Rate(click.types.FloatParamType):
-    """`--rate`: a float that `check_rate` takes; bad usage (exit 2) naming the value as it
-    was given otherwise (`1000001`, not `1e+06`)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)  # 'abc': "'abc' is not a valid float."
-        try:
-            return check_rate(number)
-        except ScheduleError:
-            given = value.strip() if isinstance(value, str) else repr(value)
-            self.fail(
-                f"{given} is neither 0 nor from 1/86400 (one a day) to 1000000 a second",
-                param,
-                ctx,
-            )
+def _rate(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Return `value` if `check_rate` takes it; bad usage (exit 2) otherwise, naming it in
+    full (`1000001`, not `1e+06`)."""
+    try:
+        return check_rate(value)
+    except ScheduleError:
+        raise click.BadParameter(
+            f"{value:.15g} is neither 0 nor from 1/86400 (one a day) to 1000000 a second"
+        ) from None
 
 
 @click.command("backfill")
@@ -46,7 +39,8 @@ class _Rate(click.types.FloatParamType):
 )
 @click.option(
     "--rate",
-    type=_Rate(),
+    type=float,
+    callback=_rate,
     default=DEFAULT_RATE,
     show_default=True,
     help="Occurrences sent per second: 0 (as fast as the pumps go), or 1/86400 (one a day) "

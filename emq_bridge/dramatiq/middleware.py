@@ -336,9 +336,7 @@ class RecurringMiddleware(Middleware):
         calls this first, as what the worker threads reported may not have reached the
         registry yet. `worker.stop()` flushes them too.
         """
-        # The reporter exists once something was reported (`MessageOutcomes.reporter`).
-        reporter = self.outcomes._reporter
-        return True if reporter is None else reporter.flush(timeout_s)
+        return self.outcomes.flush(timeout_s)
 
     def _new_reporter(self) -> Reporter:
         """This process's reporter: it opens the registry in its own thread, on first send."""

@@ -228,9 +228,9 @@ class MessageOutcomes:
                 error = "the message failed before its actor ran"
             self._send("failed", run, run.finished_ms or run.now_ms(), error)
 
-    def flush(self, timeout_s: float) -> None:
-        if self._reporter is not None:
-            self._reporter.flush(timeout_s)
+    def flush(self, timeout_s: float) -> bool:
+        """Send what was reported so far, at most `timeout_s`; False if some still waits."""
+        return True if self._reporter is None else self._reporter.flush(timeout_s)
 
     def close(self, timeout_s: float) -> None:
         if self._reporter is not None:

@@ -14,7 +14,7 @@ not hold stays in Redis: paused state, counters, history.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from tomllib import loads as _toml_loads
 from typing import Any, Literal
@@ -303,9 +303,9 @@ def _entry(
         entry["pause_after_failures"] = definition.pause_after_failures
     if definition.labels:
         entry["labels"] = dict(definition.labels)
-    if fmt == "toml" and _has_null(entry):
+    if fmt == "toml" and _holds(entry, _is_null):
         raise _Refused("it holds a null, which TOML cannot write: export it with --format json")
-    if fmt == "toml" and _has_wide_int(entry):
+    if fmt == "toml" and _holds(entry, _is_wide_int):
         raise _Refused(
             "it holds an integer outside the signed 64-bit range, which TOML cannot write "
             "(a TOML parser must refuse it): export it with --format json"
@@ -517,36 +517,32 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _has_null(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if item is None:
-            return True
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 # The integers TOML holds: a parser must refuse one outside the signed 64-bit range (Python's
 # `tomllib` reads it, other parsers do not).
 _TOML_INT_MIN, _TOML_INT_MAX = -(2**63), 2**63 - 1
 
 
-def _has_wide_int(value: Any) -> bool:
-    """True when `value` holds an integer TOML cannot write (`_TOML_INT_MIN`..`_TOML_INT_MAX`)."""
+def _holds(value: Any, found: Callable[[Any], bool]) -> bool:
+    """True when `value`, or any item of its dicts and lists however deep, is `found`."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if type(item) is int and not _TOML_INT_MIN <= item <= _TOML_INT_MAX:
+        if found(item):
             return True
         if isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+def _is_null(item: Any) -> bool:
+    return item is None
+
+
+def _is_wide_int(item: Any) -> bool:
+    """An integer TOML cannot write (`_TOML_INT_MIN`..`_TOML_INT_MAX`)."""
+    return type(item) is int and not _TOML_INT_MIN <= item <= _TOML_INT_MAX
 
 
 def render(export: Export, fmt: Format) -> str:
