@@ -82,6 +82,8 @@ def error_text(error: BaseException | str | None) -> str:
         message = " ".join(str(error).split())
     except Exception:  # an exception whose __str__ fails: its type still says what it was
         message = "(its message could not be read)"
+    if message == "''" and getattr(error, "message", None) == "":
+        message = ""  # Dramatiq's errors print an empty message as its repr (`Retry()`)
     line = f"{type(error).__name__}: {message}" if message else type(error).__name__
     if len(line) > MAX_ERROR_CHARS:
         line = line[: MAX_ERROR_CHARS - 1] + "…"

@@ -570,6 +570,14 @@ def test_error_text_is_one_bounded_line() -> None:
     assert len(line) == MAX_ERROR_CHARS
 
 
+def test_error_text_of_a_dramatiq_error_with_no_message_is_its_type() -> None:
+    from dramatiq.errors import Retry
+
+    assert error_text(Retry()) == "Retry"
+    assert error_text(Retry("again later")) == "Retry: again later"
+    assert error_text(ValueError("''")) == "ValueError: ''"  # a message of two quotes stays
+
+
 @pytest.fixture
 def lone_server() -> Iterator[EmbeddedServer]:
     with EmbeddedServer() as server:
