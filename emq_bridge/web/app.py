@@ -287,8 +287,9 @@ def app(
                 **data,
                 **_schedule_view(registration, now_ms, data["pumped"]),
                 "data": registration_json(registration, now_ms),
+                # As `show` prints it: in its stored order (a reorder is a change), as text.
                 "template_json": json.dumps(
-                    dict(registration.definition.template), indent=2, sort_keys=True
+                    dict(registration.definition.template), indent=2, ensure_ascii=False
                 ),
                 "history_rows": [
                     {

@@ -286,6 +286,35 @@ def test_the_schedule_page_shows_definition_next_runs_history_streak_and_timelin
     assert 'id="paused-note">until &lt;the fix&gt; ships</dd>' in paused  # as `show`, escaped
 
 
+def test_the_schedule_page_prints_the_template_in_its_stored_order_as_show_does(
+    repeat: Repeat, web: Client, redis_url: str
+) -> None:
+    template = {"task": "t", "kwargs": {"zone": "Zürich", "after": 1}, "args": [2]}
+    repeat.upsert("reports", "ordered", every="1h", offset=quiet_offset(), template=template)
+    shown = CliRunner().invoke(
+        cli,
+        [
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            repeat.prefix,
+            "show",
+            "reports",
+            "ordered",
+            "--json",
+        ],
+    )
+    assert shown.exit_code == 0, shown.output
+    page = html.unescape(
+        web().get("/schedule", params={"queue": "reports", "name": "ordered"}).text
+    )
+    printed = page[page.index('id="template">') :].split(">", 1)[1].split("</pre>", 1)[0]
+    # The order `show` prints, the nested one kept (a reorder is a change), text as text.
+    in_show = json.loads(shown.stdout)["template"]
+    assert printed == json.dumps(in_show, indent=2, ensure_ascii=False)
+    assert list(in_show["kwargs"]) == ["zone", "after"] and in_show == template
+
+
 def test_the_json_api_gives_what_the_clis_json_gives(
     filled: Repeat, web: Client, redis_url: str
 ) -> None:
