@@ -752,6 +752,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         now = now_arg(now_ms)
         return self.server_time_ms() if now is None else now
 
+    def _scan_now(self, now_ms: int | None) -> int | str:
+        """A scan's now: `now_ms`, else the registry's `clock`, else '' (the script reads the
+        server's `TIME`: no round trip more)."""
+        now = now_arg(now_ms)
+        if now is not None:
+            return now
+        return "" if self.clock is None else clock_ms(self.clock)
+
     # -- registration moves -------------------------------------------------------------
 
     def register(
@@ -1839,7 +1847,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         """Return what is due in `queue` at `now_ms` (default: the server's clock), at most
         `batch` (1 to `MAX_BATCH_SIZE`) names. No writes."""
         keys = self.keys(queue)
-        now = "" if now_arg(now_ms) is None else now_ms
+        now = self._scan_now(now_ms)
         batch = whole_arg(batch, "batch", 1, MAX_BATCH_SIZE)
         with redis_errors(f"scan {queue}"):
             reply = self.scripts.scan(
@@ -1873,7 +1881,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `Scan`, and the others are still scanned. Raises `RegistryUnavailable` when Redis
         cannot be reached.
         """
-        now = "" if now_arg(now_ms) is None else now_ms
+        now = self._scan_now(now_ms)
         batch = whole_arg(batch, "batch", 1, MAX_BATCH_SIZE)
         calls = [([k.registry, k.leases, k.running], [now, batch]) for k in map(self.keys, queues)]
         replies = self._script_calls(self.scripts.scan, calls, "scan", queues)
