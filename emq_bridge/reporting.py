@@ -286,7 +286,7 @@ class Reporter:
         if not mark and self._failing:
             return "run"
         try:
-            repeat = self._registry()
+            repeat = self.registry()
         except Exception as exc:  # never into the task: run it, the claim's guard holds
             log.warning("an occurrence was run unguarded: its overlap check failed: %s", exc)
             return "run"
@@ -302,7 +302,7 @@ class Reporter:
             return
         self.begin(start)
 
-    def _registry(self) -> Repeat:
+    def registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""
         if self._repeat is None:
             with self._lock:
@@ -441,7 +441,7 @@ class Reporter:
             return True
         told = self._told
         try:
-            self._registry().report(
+            self.registry().report(
                 batch,
                 history_size=self.history_size,
                 heartbeat_ttl_ms=self.heartbeat_ttl_ms,
@@ -462,7 +462,7 @@ class Reporter:
         sent again: a round trip, not a batch of up to `BATCH` reports, each while it is
         down."""
         try:
-            self._registry().server_time_ms()
+            self.registry().server_time_ms()
         except RegistryUnavailable:
             return False
         except Exception:  # refused otherwise (an ACL without TIME): the batch will tell

@@ -150,7 +150,7 @@ def _later_attempt(held: _Held) -> bool:
     """Whether the registry has a later attempt of the held copy's occurrence (a retry that
     started: `begin` says "run" for an earlier attempt's copy then)."""
     item = held.item
-    repeat = held.reporter._registry()
+    repeat = held.reporter.registry()
     for entry in repeat.history(item.queue, item.name):
         if entry.id == item.id:
             return entry.attempt > item.attempt
