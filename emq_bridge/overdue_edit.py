@@ -1,7 +1,8 @@
 """Where an edited definition resumes a registration whose next run is overdue.
 
 An edit that changes a registration's cadence digest while its next run is overdue (no
-pump claimed that slot) is sent to `upsert.lua` twice: the script first answers digit 6,
+pump claimed that slot), or while it is paused and its parked next run passed (its paused
+window: `paused_window_slot`), is sent to `upsert.lua` twice: the script first answers digit 6,
 then the caller reads the record's slot-placing fields and its score, and sends the slot
 this module gives (or '' for none). When the slots are the same as before, and only what
 bounds or excludes them changed (a start or an end, an exclusion), the overdue slot is
@@ -18,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from .calendars import Excluding
 from .definition import Definition
 
-__all__ = ["SLOT_FIELDS", "resumed_slot"]
+__all__ = ["SLOT_FIELDS", "paused_window_slot", "resumed_slot"]
 
 # The record fields that place a cadence's slots: every cadence's `to_fields` less what
 # excludes slots (`exclude`, `calendars`). Bounds are not record fields of the cadence.
@@ -60,3 +61,18 @@ def resumed_slot(
     if isinstance(cadence, Excluding):
         return cadence.admit(live_ms)
     return live_ms
+
+
+def paused_window_slot(
+    definition: Definition, parked_ms: int | None, last_due_ms: int | None
+) -> int | None:
+    """Return where a paused registration's window starts under its edited `definition`: the
+    first slot it fires at or after `parked_ms` (the next run when it was paused, passed
+    since) and after `last_due_ms` (its last fired slot); None when nothing is parked.
+
+    A resume with catch-up hands the window from there to the misfire policy, as it would
+    have without the edit (a plain resume goes on at the first future slot either way)."""
+    if parked_ms is None:
+        return None
+    after = parked_ms - 1 if last_due_ms is None else max(parked_ms - 1, last_due_ms)
+    return definition.first_run(after, created=False)

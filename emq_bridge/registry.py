@@ -60,7 +60,7 @@ from .keys import (
 from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, LifecycleMoves
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
-from .overdue_edit import SLOT_FIELDS, resumed_slot
+from .overdue_edit import SLOT_FIELDS, paused_window_slot, resumed_slot
 from .overlap import overlapped_calls
 from .pump_options import MAX_BATCH_SIZE
 from .replies import CLUSTER_NODE, redis_errors, text
@@ -377,6 +377,15 @@ def _optional_int(fields: Mapping[str, str], key: str) -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(f"{key} {raw!r} is not an integer") from None
+
+
+def _int_field(raw: str | None) -> int | None:
+    """A record's integer field as read, or None when absent or not one (edited by hand:
+    the move that reads it goes on as if it were absent)."""
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
 
 
 def _field_score(fields: Mapping[str, str], key: str) -> int | None:
@@ -1182,9 +1191,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         the slot the new definition resumes it at, or '' (`overdue_edit.resumed_slot`). One
         read, on the rare path of an edit while no pump runs."""
         keys = self.keys(queue)
+        read = ["cadence_digest", "paused", "paused_next_ms", "last_due_ms", *SLOT_FIELDS]
         pipe = self.client.pipeline(transaction=False)
         for i in indexes:
-            pipe.hmget(keys.record(items[i][1]), ["cadence_digest", *SLOT_FIELDS])
+            pipe.hmget(keys.record(items[i][1]), read)
             pipe.zscore(keys.registry, items[i][1])
         replies = pipe.execute()
         out: dict[int, list[str]] = {}
@@ -1193,14 +1203,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             name, definition = items[i][1], items[i][2]
             if not declared:
                 definition = definition.for_name(name)
-            live = None if score is None or not math.isfinite(score) else int(score)
             stored = [None if v is None else text(v) for v in fields]
-            slot = resumed_slot(definition, stored[1:], live)
-            out[i] = [
-                stored[0] or "",
-                "" if live is None else str(live),
-                "" if slot is None else str(slot),
-            ]
+            if stored[1] == "1":  # paused: the parked slot stands for the score
+                placed = stored[2] or ""
+                slot = paused_window_slot(definition, _int_field(placed), _int_field(stored[3]))
+            else:
+                live = None if score is None or not math.isfinite(score) else int(score)
+                placed = "" if live is None else str(live)
+                slot = resumed_slot(definition, stored[4:], live)
+            out[i] = [stored[0] or "", placed, "" if slot is None else str(slot)]
         return out
 
     @staticmethod

@@ -44,8 +44,10 @@
 -- (item 9), which the update then fires at once (at its new instant) if it is after the
 -- last fired slot and within the old jitter's reach of the old score,
 -- 3 updated with its cadence changed while its next run was overdue,
--- 6 not written: its cadence digest changes while its next run is overdue: the caller sends
--- it again with the resumed slot (item 10), 7 not written: its record key is of another
+-- 6 not written: its cadence digest changes while its next run is overdue, or while it is
+-- paused and its parked next run passed (`paused_next_ms`: the paused window): the caller
+-- sends it again with the resumed slot (item 10; for a paused record, the new definition's
+-- first slot at or after the parked one, and the parked slot read in place of the score), 7 not written: its record key is of another
 -- type than a hash (edited by hand), so neither a create nor an update can write it (the
 -- caller names it), 8 unchanged, but its registry member was missing (evicted, or removed
 -- by hand) and is put back: at +inf for a paused (or parked) or completed record, which is
@@ -274,8 +276,11 @@ local function upsert(record, item)
     return 5  -- nothing written: the caller sends it again with its pending slot
   end
   local overdue = tonumber(live) and tonumber(live) <= tonumber(ARGV[2])
+  -- A paused record whose parked next run passed: the slots since are its paused window.
+  local window = paused and tonumber(cur[4]) and tonumber(cur[4]) <= tonumber(ARGV[2])
   local resumed = type(item[10]) == 'table' and item[10]
-  if overdue and cur[2] ~= cadence_digest and not paused and not completed and not resumed then
+  if (overdue and not paused or window) and cur[2] ~= cadence_digest and not completed
+      and not resumed then
     return 6  -- nothing written: the caller sends it again with the slot it resumes at
   end
   if cur[12] ~= ARGV[4] then wrote_for(cur[12]) end  -- a takeover (or a release) changes it
@@ -310,7 +315,15 @@ local function upsert(record, item)
   end
   if cur[2] ~= cadence_digest or completed then
     if paused then
-      local parked = after_fired(record, first_run, cur[4], last)
+      -- Its paused window, if one passed, starts at the new definition's first slot at or
+      -- after the parked one (the caller's, while the cadence digest and the parked slot
+      -- are those it read), so a resume with catch-up still hands it to the misfire policy.
+      local from = first_run
+      if window and resumed and resumed[3] ~= '' and cur[2] == resumed[1]
+          and (cur[4] or '') == resumed[2] then
+        from = resumed[3]
+      end
+      local parked = after_fired(record, from, cur[4], last)
       place(record, parked)  -- marks it completed if it is; it stays paused
       redis.call('HSET', record, 'paused_next_ms', parked)
       redis.call('ZADD', registry, '+inf', name)
