@@ -39,6 +39,7 @@ from .occurrence import Occurrence, occurrence_id
 from .outcome import HISTORY_SIZE
 from .pump_options import check_pump_options
 from .registry import Claim, Repeat, Scan, WakeSubscription, WakeupsRefused, clock_ms
+from .reporting import RETRY_MAX_S
 from .template import decode_frozen
 from .template_pieces import join_template
 
@@ -111,6 +112,12 @@ STOP_DEADLINE_S = STOP_GRACE_S + 2.5
 EXPIRY_MARGIN_MS = 5_000
 # A parked registration's reason is kept to this many characters.
 MAX_PARK_REASON = 500
+# After an outage of the registry, an occurrence whose lost deadline passed is marked lost
+# only this long after the pump saw Redis again: its worker, alive through the outage, kept
+# its heartbeats and its final report (a run that ended meanwhile) and sends them once it
+# sees Redis again, its tries at most `RETRY_MAX_S` apart; marked at once, it was lost when
+# it had succeeded (and a `skip` schedule was freed while it ran).
+LOST_GRACE_S = 3 * RETRY_MAX_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +302,8 @@ class Pump:
         self._not_here: set[tuple[str, str]] = set()
         # What `step` remembers between ticks to report outages and broken queues once.
         self._outage_since: float | None = None
+        # Until when (monotonic) lost deadlines wait, after an outage (`LOST_GRACE_S`).
+        self._lost_held_until = 0.0
         # True while a send to the broker is in progress (the dispatcher's call): what a
         # stop that hangs tells, the broker or the registry (`celery beat`'s overdue stop).
         self.sending = False
@@ -449,7 +458,10 @@ class Pump:
             tick.now_ms = max(tick.now_ms, scan.now_ms)
             if scan.unreadable:
                 self._set_aside(queue, scan)
-            if scan.lost:
+            held_s = self._lost_held_until - time.monotonic() if scan.lost else 0.0
+            if held_s > 0:  # after an outage: the workers' heartbeats and reports come first
+                tick.wake_at(scan.now_ms + math.ceil(held_s * 1000))
+            elif scan.lost:
                 self._mark_lost(queue, scan.lost)
             earliest, earliest_lease = scan.earliest_ms, scan.earliest_lease_ms
             left = self._left_to_newer_code(queue, scan.now_ms)
@@ -461,7 +473,8 @@ class Pump:
             if left and earliest_lease is not None and earliest_lease <= scan.now_ms:
                 # Expired, and left to newer code: wake when this pump may take it again.
                 earliest_lease = min(left.values())
-            full = max(len(scan.due), len(expired), len(scan.lost)) >= size
+            lost = 0 if held_s > 0 else len(scan.lost)
+            full = max(len(scan.due), len(expired), lost) >= size
             if not full or self._stop.is_set() or time.monotonic() >= deadline:
                 # After a full batch, look again; otherwise the earliest score says when.
                 tick.wake_at(earliest if not full else scan.now_ms)
@@ -1313,6 +1326,8 @@ class Pump:
             self._stop = stop
         self._watch_eviction_policy()  # here, so that beat's loop watches it as `run` does
         began = time.monotonic()
+        if self._outage_since is not None:  # the tick that finds Redis again holds them too
+            self._lost_held_until = began + LOST_GRACE_S
         try:
             now_ms = self._clock_now()
             at_ms = now_ms if now_ms is not None else _monotonic_ms()
