@@ -28,6 +28,7 @@ __all__ = [
     "history_row",
     "inflight_json",
     "iso",
+    "last_error_text",
     "registration_json",
     "relative",
     "state",
@@ -170,6 +171,18 @@ def state(registration: Registration) -> str:
     if registration.paused:
         return "paused"
     return "unscheduled" if registration.unscheduled else "active"
+
+
+def last_error_text(registration: Registration) -> str | None:
+    """The last error as `show` and the web page give it: when the last outcome is not a
+    failure (a run succeeded or was skipped since), it says the error is an earlier run's,
+    an earlier attempt's of this occurrence or an earlier occurrence's."""
+    error = registration.last_error
+    if not error:
+        return None
+    if registration.last_status in ("failed", "retrying"):
+        return error
+    return f"{error} (from an earlier run)"
 
 
 # What `show` says of an unscheduled registration (`state`), and how it comes back: a pause

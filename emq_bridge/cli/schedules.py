@@ -47,6 +47,7 @@ from .render import (
     duration_text,
     history_row,
     iso,
+    last_error_text,
     last_run_text,
     next_run_text,
     registration_json,
@@ -418,9 +419,9 @@ def _outcome_lines(registration: Registration, now_ms: int) -> list[tuple[str, s
     elif status == "running" and started is not None:
         text += f" since {_when(started, zone, now_ms)}"
     lines = [("status", text)]
-    if registration.last_error:
-        earlier = "" if status in ("failed", "retrying") else " (from an earlier attempt)"
-        lines.append(("error", registration.last_error + earlier))
+    error = last_error_text(registration)
+    if error:
+        lines.append(("error", error))
     if registration.last_success_ms is not None:
         lines.append(("last ok", _when(registration.last_success_ms, zone, now_ms)))
     streak = str(registration.failures)

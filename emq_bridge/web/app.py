@@ -25,6 +25,7 @@ from ..cli.render import (
     absolute,
     cadence_text,
     duration_text,
+    last_error_text,
     next_run_text,
     registration_json,
     relative,
@@ -197,6 +198,7 @@ def _schedule_view(registration: Registration, now_ms: int, pumped: set[str]) ->
         "last_duration": duration_text(registration.last_duration_ms),
         "parked_since": when(registration.parked_ms),
         "paused_since": when(registration.paused_ms),
+        "last_error": last_error_text(registration),
     }
 
 

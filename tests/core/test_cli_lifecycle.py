@@ -478,10 +478,9 @@ def test_the_console_script_prints_history_as_json(
     assert (entry["id"], entry["status"], entry["triggered"]) == (occurrence.id, "succeeded", True)
 
 
-def test_show_says_a_succeeded_runs_error_is_from_an_earlier_attempt(
-    run: Run, repeat: Repeat
-) -> None:
-    # Before: "(an earlier occurrence's)", when the error was this occurrence's first attempt.
+def test_show_says_a_succeeded_runs_error_is_from_an_earlier_run(run: Run, repeat: Repeat) -> None:
+    # Before: "(an earlier occurrence's)", when the error was this occurrence's first attempt;
+    # then "(from an earlier attempt)", when it was an earlier occurrence's. A run is either.
     repeat.register("reports", "sync", every="1h", offset=quiet_offset(), template=TEMPLATE)
     dispatcher = RecordingDispatcher()
     base = repeat.server_time_ms()
@@ -490,4 +489,4 @@ def test_show_says_a_succeeded_runs_error_is_from_an_earlier_attempt(
     failed = report_of("retrying", occurrence, attempt=1, error=ValueError("flaky"))
     assert repeat.report([failed, report_of("succeeded", occurrence, attempt=2)]) == 2
     shown = run("show", "reports", "sync").stdout
-    assert "ValueError: flaky (from an earlier attempt)" in shown
+    assert "ValueError: flaky (from an earlier run)" in shown

@@ -220,6 +220,23 @@ def test_registrations_are_counted_by_state_on_each_scrape(
     assert value(registry, "emq_bridge_registrations", queue="empty", state="active") == 0
 
 
+def test_a_schedule_stopped_by_pause_after_failures_is_counted_parked(
+    repeat: Repeat, registry: CollectorRegistry
+) -> None:
+    # As `list` and `show --json` give it (docs/metrics.md, docs/lifecycle.md).
+    repeat.register("mq", "flaky", every="1m", template=TEMPLATE, pause_after_failures=1)
+    registry.register(RegistrationsCollector(repeat, ["mq"]))
+    recorder = RecordingDispatcher()
+    repeat.trigger("mq", "flaky")
+    Pump(repeat, ["mq"], recorder).run_once()
+    [occurrence] = recorder.clear()
+    assert repeat.finished(occurrence, ok=False, error="ValueError: no rows")
+    flaky = repeat.get("mq", "flaky")
+    assert flaky is not None and flaky.parked_reason is not None
+    assert value(registry, "emq_bridge_registrations", queue="mq", state="parked") == 1
+    assert value(registry, "emq_bridge_registrations", queue="mq", state="paused") == 0
+
+
 def test_two_pumps_installed_on_one_registry_share_one_registrations_family(
     repeat: Repeat, registry: CollectorRegistry
 ) -> None:

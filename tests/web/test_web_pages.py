@@ -286,6 +286,22 @@ def test_the_schedule_page_shows_definition_next_runs_history_streak_and_timelin
     assert 'id="paused-note">until &lt;the fix&gt; ships</dd>' in paused  # as `show`, escaped
 
 
+def test_the_schedule_page_says_a_last_error_is_an_earlier_runs_as_show_does(
+    repeat: Repeat, web: Client
+) -> None:
+    repeat.upsert("reports", "flaky", every="1h", offset=quiet_offset(), template={"task": "f"})
+    recorder = RecordingDispatcher()
+    pump = Pump(repeat, ["reports"], recorder)
+    for ok in (False, True):
+        repeat.trigger("reports", "flaky")
+        pump.run_once()
+        occurrence: Occurrence = recorder.clear()[-1]
+        repeat.finished(occurrence, ok=ok, error=None if ok else "ValueError: no rows")
+    page = web().get("/schedule", params={"queue": "reports", "name": "flaky"}).text
+    assert 'id="last-status" class="status-succeeded">succeeded' in page
+    assert 'id="last-error">ValueError: no rows (from an earlier run)</dd>' in page
+
+
 def test_the_schedule_page_prints_the_template_in_its_stored_order_as_show_does(
     repeat: Repeat, web: Client, redis_url: str
 ) -> None:
