@@ -236,14 +236,29 @@ _HOST = re.compile(
 )
 
 
+# Query options redis-py reads from a URL only from a version on: an older one passes their
+# text on to a connection that takes no such option, or none as text (a TypeError at the
+# first command). With such a redis-py they are unknown options.
+_SINCE: dict[str, tuple[int, int]] = {
+    "legacy_responses": (8, 0),
+    "socket_read_size": (8, 0),
+    "ssl_include_verify_flags": (7, 0),
+    "ssl_exclude_verify_flags": (7, 0),
+}
+_REDIS_PY = tuple(int(part) for part in re.findall(r"\d+", redis.__version__)[:2])
+
+
 def _rules(scheme: str) -> dict[str, Rule]:
-    """The query options a URL of `scheme` may hold."""
+    """The query options a URL of `scheme` may hold, with the redis-py installed."""
     base = _SENTINEL_SCHEMES.get(scheme) or _CLUSTER_SCHEMES.get(scheme) or scheme
     rules = dict(_RULES)
     if base != "unix":
         rules.update(_TCP_RULES)
     if base == "rediss":
         rules.update(_TLS_RULES)
+    for name, since in _SINCE.items():
+        if since > _REDIS_PY:
+            rules.pop(name, None)
     if scheme in _SENTINEL_SCHEMES:
         rules.update(_SENTINEL_RULES)
     if scheme in _CLUSTER_SCHEMES:
@@ -383,9 +398,15 @@ def _check_query(scheme: str, query: str, *, secret: bool) -> None:
             secret = secret or any(n.lower().endswith("password") for n in given)
             shown = " (not named, as the URL holds a password)" if secret else f" {name!r}"
             taken = sorted(n for n, rule in rules.items() if rule.pattern != _NEVER)
+            since = _SINCE.get(name)
+            newer = (
+                f" from redis-py {since[0]}.{since[1]} on (this is {redis.__version__})"
+                if since is not None and not secret
+                else ""
+            )
             raise ConfigError(
-                f"invalid Redis URL: unknown query option{shown}; {scheme}:// URLs take "
-                f"{', '.join(taken)} (a '?' or '#' in a password is written %3F, %23)"
+                f"invalid Redis URL: unknown query option{shown}{newer}; {scheme}:// URLs "
+                f"take {', '.join(taken)} (a '?' or '#' in a password is written %3F, %23)"
             )
         if not _usable(rules[name], name, value):
             raise ConfigError(f"invalid Redis URL: query option {name} must be {rules[name].words}")
