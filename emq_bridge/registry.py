@@ -1358,9 +1358,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `seed` (an importer's cut-over, `emq_bridge.migrate`) resumes it where the scheduler
         it replaces would fire next, `seed.resume_ms`, instead of the slot it was paused
         at (that scheduler kept running it meanwhile, from its own last runs), with that
-        scheduler's run count and last run. A slot of it already passed is treated as one
-        passed while paused: that scheduler may have sent it without its store saying so yet
-        (django-celery-beat saves its last runs every few minutes).
+        scheduler's run count and last run. A slot of it already passed is not fired: that
+        scheduler may have sent it without its store saying so yet (django-celery-beat saves
+        its last runs every few minutes); it is counted in `missed`, with one WARNING.
         """
         return self._resume(queue, name, catchup, now_ms, seed, None)
 
@@ -1397,7 +1397,12 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 next_ms = parked
             else:
                 next_ms, _ = advance(cadence, parked, now, "coalesce")
-            dropped = 0 if catchup or seed is not None else _missed_before_pause(registration, now)
+            if catchup:
+                dropped = 0
+            elif seed is not None:
+                dropped = _missed_at_cut_over(registration, parked, now)
+            else:
+                dropped = _missed_before_pause(registration, now)
             last = registration.last_due_ms
             if last is not None and next_ms <= last:
                 # Parked at or before the last fired slot: resume after it instead.
@@ -1421,6 +1426,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             if result != -2:  # -2: the record changed since it was read
                 if result == 1 and dropped and told is not None:
                     told.append((name, dropped))  # resume_all says them in a few lines
+                elif result == 1 and dropped and seed is not None:
+                    log.warning(
+                        "%s/%s: %d slot(s) passed since the scheduler it replaces last ran it; "
+                        "not fired at the cut-over (that scheduler may have sent them), counted "
+                        "in missed",
+                        queue,
+                        name,
+                        dropped,
+                    )
                 elif result == 1 and dropped:
                     log.warning(
                         "%s/%s: %d slot(s) passed before it was paused, with no pump to send "
@@ -2293,6 +2307,22 @@ def _missed_before_pause(registration: Registration, now_ms: int) -> int:
         return 0
     end_ms = registration.definition.bounds.end_ms
     return catch_up(cadence, parked, min(paused_ms, now_ms), "latest", end_ms=end_ms).passed
+
+
+def _missed_at_cut_over(registration: Registration, resume_ms: int | None, now_ms: int) -> int:
+    """The slots an importer's cut-over (`Repeat.resume(seed=...)`) does not fire: those
+    from the slot the scheduler it replaces would fire next (`Seed.resume_ms`) to now. That
+    scheduler may have sent them before it stopped without its store saying so yet, so they
+    are dropped, but counted in `missed`, as every slot not fired is. 0 for a Celery-decided
+    cadence (no slot of it is ever counted missed)."""
+    cadence = registration.definition.cadence
+    if resume_ms is None or resume_ms > now_ms or hasattr(cadence, "check"):
+        return 0
+    last = registration.last_due_ms
+    if last is not None and resume_ms <= last:
+        return 0
+    end_ms = registration.definition.bounds.end_ms
+    return catch_up(cadence, resume_ms, now_ms, "latest", end_ms=end_ms).passed
 
 
 def _flatten(fields: Mapping[str, str]) -> list[str]:
