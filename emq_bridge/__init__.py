@@ -22,6 +22,7 @@ from .calendars import Calendar
 from .definition import Declaration, Definition, Schedule, define
 from .dispatch import Dispatcher, ListPushDispatcher
 from .errors import (
+    BrokerUnreachable,
     ConfigError,
     CorruptRecord,
     DispatchError,
@@ -51,6 +52,7 @@ __all__ = [
     "At",
     "Backfill",
     "Bounds",
+    "BrokerUnreachable",
     "Cadence",
     "Calendar",
     "CatchUp",

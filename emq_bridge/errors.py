@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BrokerUnreachable",
     "ConfigError",
     "CorruptRecord",
     "DispatchError",
@@ -89,6 +90,13 @@ class CorruptRecord(RegistryError):
 
 class DispatchError(EmqError):
     """A dispatcher could not hand an occurrence to its broker."""
+
+
+class BrokerUnreachable(DispatchError):
+    """The broker could not be reached (refused, reset, or no answer in time): not this
+    occurrence's fault, and the next send would fail the same way. A pump sending a batch one
+    occurrence at a time does not try the rest of it: they fail with this error, their leases
+    kept, and are sent again when the leases expire, as any failed send is."""
 
 
 class PermanentDispatchError(DispatchError):

@@ -22,6 +22,7 @@ from .cadence import Cadence, CatchUp, Misfire, catch_up, now_arg
 from .definition import DEFINITION_FIELDS, Definition
 from .dispatch import BatchDispatcher, Dispatcher, batch_failure
 from .errors import (
+    BrokerUnreachable,
     ConfigError,
     DispatchError,
     PermanentDispatchError,
@@ -1178,6 +1179,13 @@ class Pump:
                 self.sending = True
                 try:
                     self.dispatcher.dispatch(occurrence)
+                except BrokerUnreachable as exc:
+                    # The next send would wait out the same timeout: the rest fail untried,
+                    # their leases kept (sent again when they expire).
+                    untried = BrokerUnreachable(f"not tried, the broker unreachable: {exc}")
+                    outcomes.append(exc)
+                    outcomes.extend([untried] * (len(batch) - index - 1))
+                    return
                 except Exception as exc:
                     outcomes.append(exc)
                 else:

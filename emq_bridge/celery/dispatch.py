@@ -21,10 +21,12 @@ from typing import Any
 from celery import Celery, Task
 from celery.app.routes import MapRoute
 from celery.exceptions import QueueNotFound
+from kombu.exceptions import OperationalError
 
 from ..dispatch import batch_failure
-from ..errors import DispatchError, PermanentDispatchError, ScheduleError
+from ..errors import BrokerUnreachable, DispatchError, PermanentDispatchError, ScheduleError
 from ..occurrence import Occurrence
+from ..outcome import error_text
 from ..template import TaskTemplate, thaw
 from .expiry import expires_in_ms, server_expiry, task_expires
 from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
@@ -71,6 +73,12 @@ GUARDED_HEADER = "emq_guarded"
 # the attempt it replaces, whose occurrence the replacement then runs and reports
 # (`reporting`). Not one of `occurrence_headers`: a pump never sends it.
 REPLACES_HEADER = "emq_replaces"
+# A publish to RabbitMQ waits at most this long for the socket, and as long again for the
+# broker's confirm (`confirm_publish`): a broker that hangs (frozen, or a network that drops
+# everything) fails the send, which is retried when its lease expires, instead of holding the
+# beat in one send for as long as it hangs. kombu's publish retry policy may try a few times.
+# Under the lease (60 s), so a send that fails is not one that went out after its lease.
+AMQP_SEND_TIMEOUT_S = 5.0
 
 
 def occurrence_headers(occurrence: Occurrence) -> dict[str, Any]:
@@ -136,6 +144,14 @@ class CeleryDispatcher:
         self._batch_at_once: bool | None = None
         # (queue, task) pairs whose task this app lacks, warned of once (`note_unknown_task`).
         self._unknown_told: set[tuple[str, str]] = set()
+        self._amqp, self._unreachable = _transport_of(app)
+        if self._amqp and not (app.conf.broker_transport_options or {}).get("confirm_publish"):
+            log.warning(
+                "the Celery app's broker is RabbitMQ without broker_transport_options="
+                "{'confirm_publish': True}: an occurrence counts as sent once written to the "
+                "connection, before RabbitMQ takes it (one it refuses or loses is still counted "
+                "sent); set it for at-least-once delivery"
+            )
 
     def expiry_ms(self, template: Mapping[str, Any]) -> int | None:
         """How long after its send a task of `template` may still be started: its `expires`
@@ -333,6 +349,9 @@ class CeleryDispatcher:
             options["queue"] = occurrence.queue
         if producer is not None:
             options["producer"] = producer
+        elif self._amqp:  # bounded: see AMQP_SEND_TIMEOUT_S (a template's own win)
+            options.setdefault("timeout", AMQP_SEND_TIMEOUT_S)
+            options.setdefault("confirm_timeout", AMQP_SEND_TIMEOUT_S)
         args = thaw(template.args)
         kwargs = thaw(template.kwargs)
         if task is None:  # rare: a known task pays this one test only
@@ -351,7 +370,7 @@ class CeleryDispatcher:
                     _ran_eagerly(occurrence, task_id, exc)
                     return
             where = f"{occurrence.queue}/{occurrence.name}"
-            raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
+            raise DispatchError(f"{where}: sending {name!r} failed: {error_text(exc)}") from exc
         except Exception as exc:
             if task is not None and self.app.conf.task_always_eager:
                 _ran_eagerly(occurrence, task_id, exc)
@@ -362,7 +381,13 @@ class CeleryDispatcher:
                 # slot, all sent at once after a fix): parked, as a refused argument is.
                 raise PermanentDispatchError(f"its queue cannot be sent to: {exc}") from exc
             where = f"{occurrence.queue}/{occurrence.name}"
-            raise DispatchError(f"{where}: sending {name!r} failed: {exc}") from exc
+            root = _root_cause(exc)
+            text = error_text(exc) if root is exc else f"{error_text(exc)} ({error_text(root)})"
+            unreachable = isinstance(root, self._unreachable) or (
+                root is exc and isinstance(exc, OperationalError)
+            )
+            failure = BrokerUnreachable if unreachable else DispatchError
+            raise failure(f"{where}: sending {name!r} failed: {text}") from exc
 
     def _routed_to(self, queue: str, template: TaskTemplate) -> bool:
         """True when Celery's own routing of `template`'s task (`resolve_queue`, what a
@@ -517,6 +542,29 @@ class _RedisPublishBatch:
                 )
                 error.__cause__ = reply
                 errors[index] = error
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first error of `exc`'s chain: kombu raises an `OperationalError` for what its
+    publish retry gave up on, a refused message (`MessageNacked`) as well as a lost broker."""
+    seen = {id(exc)}
+    while (cause := exc.__cause__ or exc.__context__) is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        exc = cause
+    return exc
+
+
+def _transport_of(app: Celery) -> tuple[bool, tuple[type[BaseException], ...]]:
+    """Whether `app`'s broker speaks AMQP (RabbitMQ), and the errors that, first in a failed
+    send's chain, say the broker was not reached (its transport's connection errors, the
+    socket's): read without connecting."""
+    unreachable: tuple[type[BaseException], ...] = (OSError,)
+    try:
+        with app.connection_for_write() as connection:
+            amqp = connection.transport.driver_type == "amqp"
+            return amqp, unreachable + tuple(connection.connection_errors)
+    except Exception:  # a broker URL kombu cannot read fails the first send, said there
+        return False, unreachable
 
 
 def _takes_publish_batch(channel: Any) -> bool:

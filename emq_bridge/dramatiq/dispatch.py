@@ -18,7 +18,13 @@ from typing import Any, NamedTuple
 import dramatiq
 
 from ..dispatch import batch_failure
-from ..errors import ConfigError, DispatchError, PermanentDispatchError, ScheduleError
+from ..errors import (
+    BrokerUnreachable,
+    ConfigError,
+    DispatchError,
+    PermanentDispatchError,
+    ScheduleError,
+)
 from ..occurrence import Occurrence
 from ..template import TaskTemplate
 from .batch_enqueue import (
@@ -231,10 +237,19 @@ class DramatiqDispatcher:
         try:
             self.broker.enqueue(message)
         except Exception as exc:
-            raise DispatchError(
+            unreachable = isinstance(exc, _BROKER_UNREACHABLE)
+            raise (BrokerUnreachable if unreachable else DispatchError)(
                 f"{occurrence.queue}/{occurrence.name}: the broker did not take occurrence "
                 f"{occurrence.id}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+# What a broker's enqueue raises when it cannot reach its server (Dramatiq's name for it since
+# 2.x, `ConnectionError` before, which now warns when read), and the socket's own errors.
+_BROKER_UNREACHABLE: tuple[type[BaseException], ...] = (
+    getattr(dramatiq.errors, "BrokerConnectionError", None) or dramatiq.errors.ConnectionError,
+    OSError,
+)
 
 
 class PipelinedDramatiqDispatcher(DramatiqDispatcher):
