@@ -24,7 +24,7 @@ import redis
 from click.core import ParameterSource
 
 from ..cadence import Cron
-from ..errors import InvalidName
+from ..errors import ConfigError, InvalidName
 from ..keys import validate_name
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
 from ..migrate.plan import ImportPlan, apply_import, queues_note, result_lines
@@ -34,6 +34,7 @@ from .context import (
     Settings,
     SubcommandGroup,
     UrlError,
+    given_as,
     pass_settings,
     refused_authentication,
     utf8_option,
@@ -299,7 +300,8 @@ def import_django(
     if database_url is not None:
         standalone.setup(database_url, timezone, stored_timezone)
     elif os.environ.get("DJANGO_SETTINGS_MODULE"):
-        importlib.import_module("django").setup()
+        _set_up_project(os.environ["DJANGO_SETTINGS_MODULE"])
+        settings = _project_settings(settings)
     else:
         raise click.UsageError("give --database-url, or set DJANGO_SETTINGS_MODULE")
     reader = _celery_side("emq_bridge.celery.importers.django.reader")
@@ -307,6 +309,35 @@ def import_django(
         now_ms=settings.repeat().server_time_ms(), queue=queue, source=source
     )
     _apply(settings, plan, dry_run, strict, as_json, paused, resume)
+
+
+def _set_up_project(module: str) -> None:
+    """Set up the Django project of `DJANGO_SETTINGS_MODULE`, found from the current
+    directory as `manage.py` and `celery -A` find it; `ConfigError` if it cannot be."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module("django").setup()
+    except ImportError as exc:
+        raise ConfigError(
+            f"DJANGO_SETTINGS_MODULE={module!r} cannot be imported ({exc}): run this from the "
+            "project's directory (where manage.py is), or add it to PYTHONPATH"
+        ) from exc
+
+
+def _project_settings(settings: Settings) -> Settings:
+    """`settings` for an import from a Django project: the registry the project's Celery app
+    names, as `manage.py emq_import` and its beat read it, where --redis-url, $REDIS_URL or
+    --prefix do not name one; said on stderr, as `emq_import` says it."""
+    url = settings.redis_url if given_as("redis_url") is not None else None
+    prefix = settings.prefix if given_as("prefix") is not None else None
+    if url is not None and prefix is not None:
+        return settings
+    project = _celery_side("emq_bridge.celery.importers.django.project")
+    url, prefix = project.project_registry(url, prefix)
+    chosen = Settings(redis_url=url, prefix=prefix, verbosity=settings.verbosity)
+    click.echo(f"registry: {chosen.where}", err=True)
+    return chosen
 
 
 @click.command("export")

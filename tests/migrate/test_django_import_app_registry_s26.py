@@ -78,3 +78,46 @@ def test_without_url_or_prefix_it_imports_into_the_apps_registry(
     assert "1 created" in done.stderr
     imported = repeat.get("celery", "refresh")
     assert imported is not None and imported.definition.template["task"] == "djproj.refresh"
+
+
+def test_the_cli_from_the_project_directory_imports_into_the_apps_registry_too(
+    tmp_path: Path, repeat: Repeat, redis_url: str
+) -> None:
+    # Session 33 (a probe of a Django project's switch): `DJANGO_SETTINGS_MODULE=proj.settings
+    # emq-bridge import django-celery-beat`, run from the project's directory as its help
+    # shows, died with a raw `ModuleNotFoundError` (the console script does not put the
+    # directory on sys.path, as `manage.py` and `celery -A` do); given PYTHONPATH, it wrote
+    # into $REDIS_URL or 127.0.0.1:6379 under `emq`, where the app's beat never looks.
+    package = tmp_path / "djproj"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .celery import app as celery_app\n")
+    (package / "celery.py").write_text(CELERY)
+    settings = SETTINGS.format(db=str(tmp_path / "db.sqlite3"), url=redis_url, prefix=repeat.prefix)
+    (package / "settings.py").write_text(textwrap.dedent(settings))
+    (tmp_path / "seed.py").write_text(SEED)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "djproj.settings"}
+    env.pop("REDIS_URL", None)
+    env.pop("PYTHONPATH", None)
+    cli = str(Path(sys.executable).with_name("emq-bridge"))
+
+    def run(*argv: str, where: Path = tmp_path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), env=env, cwd=where, capture_output=True, text=True, timeout=120
+        )
+
+    assert run(sys.executable, "-m", "django", "migrate", "--verbosity=0").returncode == 0
+    assert run(sys.executable, "seed.py").returncode == 0
+    done = run(cli, "import", "django-celery-beat")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0].startswith("registry: ")
+    assert f"(prefix {repeat.prefix!r})" in done.stderr.splitlines()[0]
+    assert "1 created" in done.stderr
+    imported = repeat.get("celery", "refresh")
+    assert imported is not None and imported.definition.template["task"] == "djproj.refresh"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lost = run(cli, "import", "django-celery-beat", where=elsewhere)
+    assert lost.returncode == 1 and "Traceback" not in lost.stderr
+    assert "DJANGO_SETTINGS_MODULE='djproj.settings' cannot be imported" in lost.stderr
+    assert len(lost.stderr.strip().splitlines()) == 1

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from celery import Celery, current_app
 from django.core.management.base import BaseCommand, CommandError  # type: ignore[import-untyped]
 
-from emq_bridge.celery.declare import registry_prefix, registry_url
+from emq_bridge.celery.importers.django.project import project_registry
 from emq_bridge.celery.importers.django.reader import DEFAULT_SOURCE, read_periodic_tasks
-from emq_bridge.errors import ConfigError, EmqError
-from emq_bridge.keys import DEFAULT_PREFIX
+from emq_bridge.errors import EmqError
 from emq_bridge.migrate.plan import apply_import, queues_note, result_lines
 from emq_bridge.registry import Repeat
 from emq_bridge.urls import redact_url
@@ -49,7 +47,7 @@ class Command(BaseCommand):  # type: ignore[misc]
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            url, prefix = _registry(options["redis_url"], options["prefix"])
+            url, prefix = project_registry(options["redis_url"], options["prefix"])
             if options["redis_url"] is None or options["prefix"] is None:  # the app's: say so
                 self.stderr.write(f"registry: {redact_url(url)} (prefix {prefix!r})")
             with Repeat.from_url(url, prefix) as repeat:
@@ -75,18 +73,3 @@ class Command(BaseCommand):  # type: ignore[misc]
         if note is not None:
             self.stderr.write(note)
         self.stderr.write(result.summary())
-
-
-def _registry(url: str | None, prefix: str | None) -> tuple[str, str]:
-    """The registry to import into: what the options name, else the project's Celery app's
-    (`current_app`: the app its `celery.py` made), as its beat and pumps read it, so that
-    what is imported is what they pump. `ConfigError` when neither names a Redis."""
-    app = current_app._get_current_object()
-    if url is None:
-        try:
-            url = registry_url(app)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc}; or give --redis-url") from None
-    if prefix is None:
-        prefix = registry_prefix(app) if isinstance(app, Celery) else DEFAULT_PREFIX
-    return url, prefix
