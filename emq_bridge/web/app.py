@@ -102,10 +102,10 @@ class _View:
         )
         self.templates = Jinja2Templates(env=env)
 
-    def render(
+    async def render(
         self, request: Request, name: str, context: dict[str, Any], status_code: int = 200
     ) -> Response:
-        may_write = self.guard.may_write(request)
+        may_write = await self.guard.may_write(request)
         page = {
             "title": self.title,
             "prefix": self.repeat.prefix,
@@ -238,7 +238,7 @@ def app(
 
     async def index(request: Request) -> Response:
         filters, page, now_ms, queues, pumped = await run_in_threadpool(table_data, request)
-        return view.render(
+        return await view.render(
             request,
             "index.html",
             {
@@ -282,7 +282,7 @@ def app(
         data = await run_in_threadpool(schedule_data, request)
         registration, now_ms = data["registration"], data["now_ms"]
         zone = zone_of(registration.definition.cadence)
-        return view.render(
+        return await view.render(
             request,
             "schedule.html",
             {
@@ -360,8 +360,8 @@ def app(
             ) from exc
         return result
 
-    def refuse_write(request: Request, csrf: str | None, *, csrf_later: bool = False) -> None:
-        if not view.guard.may_write(request):
+    async def refuse_write(request: Request, csrf: str | None, *, csrf_later: bool = False) -> None:
+        if not await view.guard.may_write(request):
             raise HTTPException(
                 403, "read-only: writes need the token or the host app's permission"
             )
@@ -374,12 +374,12 @@ def app(
             raise HTTPException(403, refusal)
 
     async def action(request: Request) -> Response:
-        refuse_write(request, None, csrf_later=True)  # before the body is read
+        await refuse_write(request, None, csrf_later=True)  # before the body is read
         form = await _small_form(request)
         fields = {
             key: str(form.get(key) or "") for key in ("queue", "name", "action", "csrf", "confirm")
         }
-        refuse_write(request, fields["csrf"] or None)
+        await refuse_write(request, fields["csrf"] or None)
         if fields["action"] == "remove" and fields["confirm"] != "yes":
             raise BadQuery("tick the box to confirm the removal")
         result = await run_in_threadpool(act, fields["action"], fields["queue"], fields["name"])
@@ -396,7 +396,7 @@ def app(
         return RedirectResponse(target, status_code=303)
 
     async def api_action(request: Request) -> Response:
-        refuse_write(request, None)  # before the body is read: a refused caller costs nothing
+        await refuse_write(request, None)  # before the body is read: a refused caller costs nothing
         body: dict[str, Any] = {}
         if request.headers.get("content-type", "").startswith("application/json"):
             try:
@@ -441,7 +441,7 @@ def app(
 
     async def pumps_page(request: Request) -> Response:
         rows, alone, now_ms = await run_in_threadpool(pump_rows)
-        return view.render(
+        return await view.render(
             request,
             "pumps.html",
             {
@@ -465,7 +465,9 @@ def app(
         root = str(request.scope.get("root_path") or "")
         if request.url.path.removeprefix(root).startswith("/api/"):
             return _api_json({"error": reason}, status_code=status)
-        return view.render(request, "error.html", {"status": status, "reason": reason}, status)
+        return await view.render(
+            request, "error.html", {"status": status, "reason": reason}, status
+        )
 
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: error,

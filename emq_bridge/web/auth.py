@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 __all__ = ["CSRF_COOKIE", "UNLOCK_MAX_AGE_S", "WRITE_COOKIE", "Guard", "WriteCheck"]
 
-WriteCheck = Callable[[Request], bool]
-"""The host application's say on writes: True lets this request change schedules."""
+WriteCheck = Callable[[Request], bool | Awaitable[bool]]
+"""The host application's say on writes: True lets this request change schedules. A plain
+function runs in a worker thread (it may block: a Django session read through the ORM); an
+`async def` (or what returns an awaitable, `asgiref.sync.sync_to_async`) is awaited."""
 
 CSRF_COOKIE = "emq_bridge_csrf"
 WRITE_COOKIE = "emq_bridge_write"
@@ -40,6 +44,20 @@ UNLOCK_MAX_AGE_S = 12 * 3600
 
 def _now() -> float:
     return time.time()
+
+
+async def _host_allows(check: WriteCheck, request: Request) -> bool:
+    """What the host's `can_write` says of `request`: an `async def` awaited, a plain function
+    run in a worker thread (Django refuses its ORM on the event loop:
+    `SynchronousOnlyOperation`, which failed every page), and what it returns awaited when
+    it is awaitable (an unawaited coroutine is true: every caller could write)."""
+    if inspect.iscoroutinefunction(check):
+        said: object = await check(request)
+    else:
+        said = await run_in_threadpool(check, request)
+    if inspect.isawaitable(said):
+        said = await said
+    return bool(said)
 
 
 class Guard:
@@ -86,14 +104,14 @@ class Guard:
             and hmac.compare_digest(given.strip().encode(), self._token.encode())
         )
 
-    def may_write(self, request: Request) -> bool:
+    async def may_write(self, request: Request) -> bool:
         """Whether this request may change schedules (token, unlock cookie or host's auth)."""
         if self.bearer(request):
             return True
         cookie = request.cookies.get(WRITE_COOKIE)
         if cookie is not None and self._unlock_valid(cookie):
             return True
-        return self._can_write is not None and bool(self._can_write(request))
+        return self._can_write is not None and await _host_allows(self._can_write, request)
 
     def check_token(self, given: str) -> bool:
         """Whether `given` is the write token (the unlock form), surrounding whitespace

@@ -4,8 +4,10 @@ every refusal leaves the registry exactly as it was."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Awaitable
 
 import pytest
 from registry_state import snapshot
@@ -17,7 +19,7 @@ from web_client import TOKEN, Client
 
 from emq_bridge import Repeat
 from emq_bridge.web import app, auth
-from emq_bridge.web.auth import CSRF_COOKIE, WRITE_COOKIE
+from emq_bridge.web.auth import CSRF_COOKIE, WRITE_COOKIE, WriteCheck
 
 PAGE = "/schedule?queue=reports&name=digest"
 TWELVE_HOURS_S = 12 * 3600
@@ -182,6 +184,46 @@ def test_the_host_apps_auth_decides_writes_and_csrf_still_applies(seeded: Repeat
         assert 'id="actions"' not in page
         form = {"queue": "reports", "name": "digest", "action": "resume", "csrf": csrf_of(page)}
         assert outsider.post("/admin/emq/schedule", data=form).status_code == 403
+    assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+
+def _writes(seeded: Repeat, can_write: WriteCheck, headers: dict[str, str]) -> int:
+    """The status of a pause posted through a host app with `can_write` (CSRF given)."""
+    host = Starlette(routes=[Mount("/admin/emq", app=app(seeded, can_write=can_write))])
+    with TestClient(host, headers=headers) as client:
+        page = client.get("/admin/emq/schedule?queue=reports&name=digest")
+        assert page.status_code == 200, page.text
+        form = {"queue": "reports", "name": "digest", "action": "pause", "csrf": csrf_of(page.text)}
+        return client.post("/admin/emq/schedule", data=form, follow_redirects=False).status_code
+
+
+def test_an_async_or_blocking_host_check_is_awaited_or_run_off_the_event_loop(
+    seeded: Repeat,
+) -> None:
+    # Session 33 (a probe of the view mounted beside Django): an `async def can_write` was
+    # called and not awaited, and its coroutine read as true, so any caller could write; a
+    # plain one ran on the event loop, where Django refuses its ORM (a session read):
+    # every page failed with a 500.
+    async def staff(request: Request) -> bool:
+        return request.headers.get("x-staff") == "yes"
+
+    assert _writes(seeded, staff, {}) == 403
+    assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+    def wrapped(request: Request) -> Awaitable[bool]:  # what asgiref's sync_to_async gives
+        return staff(request)
+
+    assert _writes(seeded, wrapped, {}) == 403
+    assert not seeded.get("reports", "digest").paused  # type: ignore[union-attr]
+
+    def blocking(request: Request) -> bool:  # as Django's ORM, refused on a running loop
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return request.headers.get("x-staff") == "yes"
+        raise RuntimeError("You cannot call this from an async context")
+
+    assert _writes(seeded, blocking, {"x-staff": "yes"}) == 303
     assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
 
 
