@@ -47,6 +47,7 @@ from .entries import (
     zone_name,
 )
 from .fingerprint import app_fingerprint
+from .setting_names import setting_name
 
 __all__ = [
     "AppSchedule",
@@ -94,7 +95,10 @@ def flag_setting(app: Celery, name: str, default: bool) -> bool:
         word = value.strip().lower()
         if word in _TRUE or word in _FALSE:
             return word in _TRUE
-    raise ConfigError(f"{name} must be True or False, got {value!r}")
+    raise ConfigError(
+        f"{setting_name(app, name)} must be True or False (or one of the strings true/false, "
+        f"1/0, yes/no, on/off), got {value!r}"
+    )
 
 
 def registry_url(app: Celery) -> str:

@@ -145,13 +145,10 @@ class CeleryDispatcher:
         # (queue, task) pairs whose task this app lacks, warned of once (`note_unknown_task`).
         self._unknown_told: set[tuple[str, str]] = set()
         self._amqp, self._unreachable = _transport_of(app)
-        if self._amqp and not (app.conf.broker_transport_options or {}).get("confirm_publish"):
-            log.warning(
-                "the Celery app's broker is RabbitMQ without broker_transport_options="
-                "{'confirm_publish': True}: an occurrence counts as sent once written to the "
-                "connection, before RabbitMQ takes it (one it refuses or loses is still counted "
-                "sent); set it for at-least-once delivery"
-            )
+        # Told at the first send, once: RabbitMQ without publisher confirms.
+        self._unconfirmed = self._amqp and not (app.conf.broker_transport_options or {}).get(
+            "confirm_publish"
+        )
 
     def expiry_ms(self, template: Mapping[str, Any]) -> int | None:
         """How long after its send a task of `template` may still be started: its `expires`
@@ -350,6 +347,14 @@ class CeleryDispatcher:
         if producer is not None:
             options["producer"] = producer
         elif self._amqp:  # bounded: see AMQP_SEND_TIMEOUT_S (a template's own win)
+            if self._unconfirmed:
+                self._unconfirmed = False
+                log.warning(
+                    "the Celery app's broker is RabbitMQ without broker_transport_options="
+                    "{'confirm_publish': True}: an occurrence counts as sent once written to "
+                    "the connection, before RabbitMQ takes it (one it refuses or loses is still "
+                    "counted sent); set it for at-least-once delivery"
+                )
             options.setdefault("timeout", AMQP_SEND_TIMEOUT_S)
             options.setdefault("confirm_timeout", AMQP_SEND_TIMEOUT_S)
         args = thaw(template.args)

@@ -53,6 +53,7 @@ from ..template import TaskTemplate, check_task_name
 from .dispatch import routing_option_error
 from .kombu_entities import ENTITY_OPTIONS, entity_json
 from .routing import resolve_queue
+from .setting_names import setting_name
 
 __all__ = [
     "PLACEHOLDER",
@@ -810,7 +811,7 @@ def convert_entry(
         raise ConfigError(
             f"{label}: unknown task {task!r}; import the module that defines it "
             "(app.conf.imports / include / autodiscover_tasks), or set "
-            "app.conf.emq_bridge_check_tasks = False to send it by name"
+            f"{setting_name(app, 'emq_bridge_check_tasks')} = False to send it by name"
         )
     args, kwargs, given = _call_parts(entry.args, entry.kwargs, entry.options, label)
     _lazy_free([*args, *kwargs.values()], label)

@@ -157,3 +157,21 @@ def test_a_bad_recurring_is_one_line_naming_where_it_is_declared(
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "invalid cron '61 25 * * *'" in line and line.endswith("(at s26bad.py:8)"), line
+
+
+def test_a_bad_flag_of_a_namespaced_app_names_the_setting_as_its_settings_module_does() -> None:
+    # Session 33 (a probe of a Django project): `CELERY_EMQ_BRIDGE_CHECK_TASKS = "maybe"` was
+    # refused as `emq_bridge_check_tasks must be True or False`, a name the project does not
+    # have, and "True or False" when the strings "false" and "0" are taken too.
+    class Settings:
+        CELERY_EMQ_BRIDGE_CHECK_TASKS = "maybe"
+
+    app = Celery("s33ns")
+    app.config_from_object(Settings, namespace="CELERY")
+    with pytest.raises(ConfigError) as refused:
+        flag_setting(app, "emq_bridge_check_tasks", True)
+    message = str(refused.value)
+    assert message.startswith(
+        "emq_bridge_check_tasks (CELERY_EMQ_BRIDGE_CHECK_TASKS in the settings) must be"
+    )
+    assert "true/false" in message and "'maybe'" in message
