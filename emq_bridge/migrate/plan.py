@@ -16,6 +16,7 @@ a last run stored as 9999-12-31 puts the next in year 10000) is refused too, unw
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field, replace
 
 from ..cadence import LATEST_MS
@@ -294,6 +295,13 @@ def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:
             continue
         when = "no next run" if live.next_run_ms is None else f"next {_utc(live.next_run_ms)}"
         state = f"paused ({when}, as stored)" if live.paused else f"{when} (as stored)"
+        if entry.seed.paused and not live.paused:  # disabled there since it was imported
+            d = entry.declaration
+            pause = shlex.join(["emq-bridge", "pause", d.queue, d.name])
+            state += (
+                "; disabled in the old scheduler but active here (an import leaves a "
+                f"registration's pause as it is): {pause}"
+            )
         out.append(replace(entry, stored=state))
     return out
 

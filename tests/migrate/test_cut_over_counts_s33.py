@@ -46,3 +46,31 @@ def test_the_slots_a_cut_over_does_not_fire_are_counted_and_said(
     assert digest.missed >= 1  # but counted (two if the minute turned since `now`)
     line = next(x for x in cut.stderr.splitlines() if "not fired at the cut-over" in x)
     assert "celery/digest" in line and "counted in missed" in line
+
+
+def test_an_entry_disabled_after_its_import_is_said_active_here_on_the_next_import(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    # The same probe: a periodic task disabled in the admin after the switch kept running,
+    # and the import run again said only `= ... unchanged`. An import leaves pauses to the
+    # operator (migration.md), so it says which to pause, with the command.
+    entry = RedBeatSchedulerEntry("expiring", "rbt.expiring", crontab(minute="0"), app=redbeat_app)
+    entry.save()
+    args = (
+        "import",
+        "redbeat",
+        "--from",
+        redis_url,
+        "--prefix",
+        redbeat_app.redbeat_conf.key_prefix,
+    )
+    assert run(*args).exit_code == 0
+    entry.enabled = False
+    entry.save()
+    again = run(*args)
+    assert again.exit_code == 0, again.output
+    [line] = [x for x in again.output.splitlines() if "celery/expiring" in x]
+    assert line.startswith("= ") and "disabled in the old scheduler but active here" in line
+    assert "is): emq-bridge pause celery expiring  <- redbeat" in line
+    expiring = repeat.get("celery", "expiring")
+    assert expiring is not None and not expiring.paused  # left as it is

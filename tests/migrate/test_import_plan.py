@@ -39,9 +39,12 @@ def test_a_seed_applies_on_create_and_an_update_keeps_the_live_state(repeat: Rep
     after = repeat.get("q", "a")
     assert after is not None and not after.paused  # the new seed is not applied
     assert (after.next_run_ms, after.fired) == (live.next_run_ms, 41)
-    # Its line says what the registry keeps, not the seed's "paused (next ...)".
+    # Its line says what the registry keeps, not the seed's "paused (next ...)", and that
+    # the old scheduler has it disabled (session 33), with the command that pauses it here.
     assert updated.line().endswith(
-        f"  next {_utc(after.next_run_ms)} (as stored)  <- old a"  # type: ignore[arg-type]
+        f"  next {_utc(after.next_run_ms)} (as stored); disabled in the old scheduler but "  # type: ignore[arg-type]
+        "active here (an import leaves a registration's pause as it is): emq-bridge pause q a"
+        "  <- old a"
     )
     assert after.definition.template["task"] == "app.renamed"
 
