@@ -18,6 +18,10 @@ from redbeat import RedBeatSchedulerEntry
 from emq_bridge import Repeat
 
 
+def import_args(redis_url: str, app: Celery) -> tuple[str, ...]:
+    return ("import", "redbeat", "--from", redis_url, "--prefix", app.redbeat_conf.key_prefix)
+
+
 def test_the_slots_a_cut_over_does_not_fire_are_counted_and_said(
     run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
 ) -> None:
@@ -28,14 +32,7 @@ def test_the_slots_a_cut_over_does_not_fire_are_counted_and_said(
     RedBeatSchedulerEntry(
         "digest", "rbt.digest", crontab(), app=redbeat_app, last_run_at=last_run
     ).save()
-    args = (
-        "import",
-        "redbeat",
-        "--from",
-        redis_url,
-        "--prefix",
-        redbeat_app.redbeat_conf.key_prefix,
-    )
+    args = import_args(redis_url, redbeat_app)
     assert run(*args, "--paused").exit_code == 0
     cut = run(*args, "--resume")
     assert cut.exit_code == 0 and "1 resumed" in cut.stderr, cut.output
@@ -56,14 +53,7 @@ def test_an_entry_disabled_after_its_import_is_said_active_here_on_the_next_impo
     # operator (migration.md), so it says which to pause, with the command.
     entry = RedBeatSchedulerEntry("expiring", "rbt.expiring", crontab(minute="0"), app=redbeat_app)
     entry.save()
-    args = (
-        "import",
-        "redbeat",
-        "--from",
-        redis_url,
-        "--prefix",
-        redbeat_app.redbeat_conf.key_prefix,
-    )
+    args = import_args(redis_url, redbeat_app)
     assert run(*args).exit_code == 0
     entry.enabled = False
     entry.save()

@@ -47,16 +47,22 @@ PeriodicTask.objects.create(name="refresh", task="djproj.refresh", interval=ever
 """
 
 
-def test_without_url_or_prefix_it_imports_into_the_apps_registry(
-    tmp_path: Path, repeat: Repeat, redis_url: str
-) -> None:
+def write_project(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """A Django project `djproj` in `tmp_path` whose Celery app names the registry
+    (`redis_url`, `prefix`) in Django's settings, and a `seed.py` making one periodic task."""
     package = tmp_path / "djproj"
     package.mkdir()
     (package / "__init__.py").write_text("from .celery import app as celery_app\n")
     (package / "celery.py").write_text(CELERY)
-    settings = SETTINGS.format(db=str(tmp_path / "db.sqlite3"), url=redis_url, prefix=repeat.prefix)
+    settings = SETTINGS.format(db=str(tmp_path / "db.sqlite3"), url=redis_url, prefix=prefix)
     (package / "settings.py").write_text(textwrap.dedent(settings))
     (tmp_path / "seed.py").write_text(SEED)
+
+
+def test_without_url_or_prefix_it_imports_into_the_apps_registry(
+    tmp_path: Path, repeat: Repeat, redis_url: str
+) -> None:
+    write_project(tmp_path, redis_url, repeat.prefix)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "djproj.settings", "PYTHONPATH": str(tmp_path)}
     env.pop("REDIS_URL", None)
 
@@ -88,13 +94,7 @@ def test_the_cli_from_the_project_directory_imports_into_the_apps_registry_too(
     # shows, died with a raw `ModuleNotFoundError` (the console script does not put the
     # directory on sys.path, as `manage.py` and `celery -A` do); given PYTHONPATH, it wrote
     # into $REDIS_URL or 127.0.0.1:6379 under `emq`, where the app's beat never looks.
-    package = tmp_path / "djproj"
-    package.mkdir()
-    (package / "__init__.py").write_text("from .celery import app as celery_app\n")
-    (package / "celery.py").write_text(CELERY)
-    settings = SETTINGS.format(db=str(tmp_path / "db.sqlite3"), url=redis_url, prefix=repeat.prefix)
-    (package / "settings.py").write_text(textwrap.dedent(settings))
-    (tmp_path / "seed.py").write_text(SEED)
+    write_project(tmp_path, redis_url, repeat.prefix)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "djproj.settings"}
     env.pop("REDIS_URL", None)
     env.pop("PYTHONPATH", None)
