@@ -346,7 +346,7 @@ class CeleryDispatcher:
             options["queue"] = occurrence.queue
         if producer is not None:
             options["producer"] = producer
-        elif self._amqp:  # bounded: see AMQP_SEND_TIMEOUT_S (a template's own win)
+        elif self._amqp and not self.app.conf.task_always_eager:  # see AMQP_SEND_TIMEOUT_S
             if self._unconfirmed:
                 self._unconfirmed = False
                 log.warning(
@@ -355,7 +355,7 @@ class CeleryDispatcher:
                     "the connection, before RabbitMQ takes it (one it refuses or loses is still "
                     "counted sent); set it for at-least-once delivery"
                 )
-            options.setdefault("timeout", AMQP_SEND_TIMEOUT_S)
+            options.setdefault("timeout", AMQP_SEND_TIMEOUT_S)  # a template's own win
             options.setdefault("confirm_timeout", AMQP_SEND_TIMEOUT_S)
         args = thaw(template.args)
         kwargs = thaw(template.kwargs)

@@ -47,7 +47,8 @@
 -- 6 not written: its cadence digest changes while its next run is overdue, or while it is
 -- paused and its parked next run passed (`paused_next_ms`: the paused window): the caller
 -- sends it again with the resumed slot (item 10; for a paused record, the new definition's
--- first slot at or after the parked one, and the parked slot read in place of the score), 7 not written: its record key is of another
+-- first slot at or after the parked one, and the parked slot read in place of the score),
+-- 7 not written: its record key is of another
 -- type than a hash (edited by hand), so neither a create nor an update can write it (the
 -- caller names it), 8 unchanged, but its registry member was missing (evicted, or removed
 -- by hand) and is put back: at +inf for a paused (or parked) or completed record, which is
