@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bounds import Instant, epoch_ms
-from .cadence import LATEST_MS, Cadence, now_arg
+from .cadence import LATEST_MS, Cadence, Every, now_arg
 from .definition import Definition
 from .errors import CorruptRecord, RegistryError, ScheduleError, UnknownRegistration
-from .jitter import Jittered, nominal_slot
+from .jitter import Jittered, base_cadence, nominal_slot
 from .keys import QueueKeys, validate_name
 from .replies import redis_errors, text
 
@@ -109,13 +109,27 @@ def check_rate(rate: object) -> float:
     return float(rate)
 
 
-def backfill_slots(cadence: Cadence, start_ms: int, end_ms: int) -> list[int]:
+def backfill_slots(
+    cadence: Cadence, start_ms: int, end_ms: int, phase_ms: int | None = None
+) -> list[int]:
     """Return the nominal slots of `cadence` in `[start_ms, end_ms]`, oldest first.
 
-    Raises `ScheduleError` past `MAX_BACKFILL_SLOTS`.
+    An interval on `anchor="schedule"` has its slots on its own phase, not the epoch's: the
+    slots `phase_ms + k * every` (`phase_ms` one of them, its next run or last fired slot).
+    Raises `ScheduleError` past `MAX_BACKFILL_SLOTS`, and for an interval whose slots no
+    phase places (`anchor="release"`, or `"schedule"` with no `phase_ms`).
     """
     if isinstance(cadence, Jittered):
         cadence = cadence.inner
+    base = base_cadence(cadence)
+    if isinstance(base, Every) and base.anchor != "grid":
+        if base.anchor == "release":
+            raise ScheduleError(_NO_SLOTS["release"])
+        if base is not cadence:  # under exclusions
+            raise ScheduleError(_NO_SLOTS["schedule"])
+        if phase_ms is None:
+            raise ScheduleError(_NO_SLOTS["unrun"])
+        cadence = Every(base.every_ms, "grid", phase_ms % base.every_ms)
     slots: list[int] = []
     at = cadence.next_after(start_ms - 1)
     while at <= end_ms:
@@ -126,6 +140,16 @@ def backfill_slots(cadence: Cadence, start_ms: int, end_ms: int) -> list[int]:
         slots.append(at)
         at = cadence.next_after(at)
     return slots
+
+
+# Why an interval not on the epoch's grid has no slots a backfill can place.
+_NO_SLOTS = {
+    "release": "it runs an interval after each release (anchor='release'): it has no slots "
+    "of its own to backfill",
+    "schedule": "its exclusions on an interval of its own phase (anchor='schedule') leave no "
+    "slots a backfill can place; move it onto the grid (anchor='grid')",
+    "unrun": "it has no run yet to take its phase from (anchor='schedule'): nothing to backfill",
+}
 
 
 class BackfillMoves:
@@ -204,9 +228,15 @@ class BackfillMoves:
                 raise ScheduleError(
                     f"{queue}/{name} is decided at each check (is_due): it has no slots to backfill"
                 )
-            slots = backfill_slots(cadence, start_ms, end_ms)
             parked = fields.get("paused_next_ms", "")
             frontier = _frontier(cadence, score, parked if fields.get("paused") == "1" else "")
+            phase = frontier or fields.get("last_due_ms", "")
+            try:
+                slots = backfill_slots(
+                    cadence, start_ms, end_ms, int(phase) if phase.isdigit() else None
+                )
+            except ScheduleError as exc:
+                raise ScheduleError(f"{queue}/{name}: {exc}") from None
             score_text = "" if score is None else _score_text(score)
             read = (score_text, parked, fields.get("cadence_digest", ""))
             result = self._queue_slots(keys, name, slots, read, frontier, now, spacing, dry_run)
