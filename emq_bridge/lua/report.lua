@@ -149,7 +149,7 @@ for i, report in ipairs(reports) do
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
   -- occurrence in flight, whether there is a failure streak to clear, and the overlap policy.
   local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures',
-                          'overlap', 'inflight_also')
+                          'overlap', 'inflight_also', 'last_success_ms')
   if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
       -- (A member held out is gone: XX leaves it out.)
@@ -286,8 +286,12 @@ for i, report in ipairs(reports) do
               redis.pcall('HINCRBY', record, 'skipped', 1)
             end
           elseif status == 'succeeded' then
-            set('last_success_ms', at)
-            set('last_success_due_ms', due)
+            -- The latest success, whatever order two workers' reports arrive in.
+            local known = tonumber(cur[7])
+            if not known or tonumber(at) >= known then
+              set('last_success_ms', at)
+              set('last_success_due_ms', due)
+            end
             if cur[4] then
               nd = nd + 1
               drop[nd] = 'failures'
