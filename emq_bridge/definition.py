@@ -45,6 +45,7 @@ from .shown import shown
 from .template import (
     MAX_TEMPLATE_BYTES,
     TaskTemplate,
+    check_task_name,
     decode_frozen,
     encode_template,
     freeze,
@@ -533,6 +534,12 @@ def define(
         limit,
         immediately,
     )
+    task = template.get("task") if isinstance(template, Mapping) else None
+    if isinstance(task, str):  # as a file, the CLI and a beat_schedule check it
+        try:
+            check_task_name(task)
+        except ScheduleError as exc:
+            raise ScheduleError(f"template's task: {exc}") from None
     return Definition(
         cadence,
         template if template is not None else {},
