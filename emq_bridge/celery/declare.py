@@ -23,13 +23,14 @@ from celery import Celery, Task
 from celery.local import Proxy
 from celery.schedules import crontab
 from celery.signals import celeryd_after_setup
+from kombu.entity import Exchange, Queue
 
 from ..bounds import Instant
 from ..bulk import without_gc
 from ..cadence import Anchor, Cadence, Misfire
 from ..calendars import ExcludeItem
 from ..definition import Declaration, Offset, Overlap, Schedule, naming_schedule
-from ..errors import ConfigError, EmqError
+from ..errors import ConfigError, EmqError, ScheduleError
 from ..file_stamp import FileStamp, file_fingerprint, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
@@ -292,6 +293,11 @@ def recurring(
     """
     with naming_schedule(name):
         args, kwargs, options = _call_parts(args, kwargs, options)
+        if any(isinstance(value, Queue | Exchange) for value in options.values()):
+            try:  # described as a beat_schedule entry's are (the template is JSON)
+                options = json_options(options, "options")
+            except ConfigError as exc:
+                raise ScheduleError(str(exc)) from None
         schedule = Schedule(
             every=every,
             cron=cron,
