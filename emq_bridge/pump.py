@@ -625,23 +625,31 @@ class Pump:
         self, candidates: Sequence[tuple[Any, ...]], firings: Mapping[str, _Firing]
     ) -> list[int | None]:
         """Per candidate, how long a guarded occurrence stays in flight before a worker starts
-        it, when its message expires sooner than `start_timeout_ms` (the dispatcher's
-        `expiry_ms`: a broker may drop it unseen, as RabbitMQ drops a Celery task past its
-        `expires`, and nothing would report it); None for the default. Empty when the
-        dispatcher knows no expiry (the common case: nothing is computed)."""
+        it, when that is not `start_timeout_ms`; None for the default. Empty when the
+        dispatcher knows neither expiry nor delay (the common case: nothing is computed).
+
+        Its message may expire sooner (the dispatcher's `expiry_ms`: a broker may drop it
+        unseen, as RabbitMQ drops a Celery task past its `expires`, and nothing would report
+        it): the expiry bounds it. Or the task waits before a worker may start it (the
+        dispatcher's `delay_ms`: a Celery `countdown` or `eta`): the wait is added, so a task
+        waiting out its countdown is not lost, nor its next slot sent beside it."""
         expiry_of = getattr(self.dispatcher, "expiry_ms", None)
-        if expiry_of is None:
+        delay_of = getattr(self.dispatcher, "delay_ms", None)
+        if expiry_of is None and delay_of is None:
             return []
         bounds: list[int | None] = []
         for candidate in candidates:
-            expiry = None
+            bound = None
             if candidate[4] in GUARDED_MODES and (firing := firings.get(candidate[0])):
-                expiry = expiry_of(firing.template)
-            if expiry is None or expiry + EXPIRY_MARGIN_MS >= self.start_timeout_ms:
-                bounds.append(None)
-            else:
-                bounds.append(max(0, expiry) + EXPIRY_MARGIN_MS)
-        return bounds
+                delay = delay_of(firing.template) if delay_of is not None else None
+                expiry = expiry_of(firing.template) if expiry_of is not None else None
+                longest = self.start_timeout_ms + (delay or 0)
+                if expiry is not None and expiry + EXPIRY_MARGIN_MS < longest:
+                    bound = max(0, expiry) + EXPIRY_MARGIN_MS
+                elif delay:
+                    bound = longest
+            bounds.append(bound)
+        return bounds if any(b is not None for b in bounds) else []
 
     def _send_claimed(
         self,

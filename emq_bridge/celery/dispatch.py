@@ -28,7 +28,7 @@ from ..errors import BrokerUnreachable, DispatchError, PermanentDispatchError, S
 from ..occurrence import Occurrence
 from ..outcome import error_text
 from ..template import TaskTemplate, thaw
-from .expiry import expires_in_ms, server_expiry, task_expires
+from .expiry import delay_in_ms, expires_in_ms, server_expiry, task_expires
 from .kombu_entities import ENTITY_OPTIONS, KOMBU_TAG, entity_from_json, routing_entities
 from .routing import resolve_queue
 
@@ -157,6 +157,13 @@ class CeleryDispatcher:
         (`send`): RabbitMQ drops an expired task unseen, and nothing reports it."""
         task = self.app.tasks.get(template.get("task"))
         return expires_in_ms(template, task_default=getattr(task, "expires", None))
+
+    def delay_ms(self, template: Mapping[str, Any]) -> int | None:
+        """How long after its send a task of `template` waits before a worker may start it:
+        its `countdown` or `eta` (`expiry.delay_in_ms`), or None. The pump lengthens a guarded
+        occurrence's start timeout by it, so a task waiting out its countdown is in flight,
+        not lost (and its next slot skipped, not sent beside it)."""
+        return delay_in_ms(template)
 
     def headers(self, occurrence: Occurrence) -> dict[str, Any]:
         """Return the headers of `occurrence`'s task: `occurrence_headers` and `extra_headers`'."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-__all__ = ["Expiry", "expires_in_ms", "server_expiry", "task_expires"]
+__all__ = ["Expiry", "delay_in_ms", "expires_in_ms", "server_expiry", "task_expires"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -66,6 +66,25 @@ def expires_in_ms(
     if when is None:
         return None
     return round((when - (now or datetime.now(timezone.utc))).total_seconds() * 1000)
+
+
+def delay_in_ms(template: Mapping[str, Any], now: datetime | None = None) -> int | None:
+    """Return how long after its send the task of `template` waits before a worker runs it:
+    its options' `countdown` (seconds), or the time left to its `eta` (an ISO 8601 instant, a
+    naive one in UTC); None without either. A guarded occurrence is in flight through that
+    wait, so the pump lengthens its start timeout by it (`Pump._start_timeouts`)."""
+    options = template.get("options")
+    if not isinstance(options, Mapping):
+        return None
+    countdown = options.get("countdown")
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        waited = _relative_ms(countdown)
+        return waited if waited is not None and waited > 0 else None
+    when = _instant(options.get("eta"))
+    if when is None:
+        return None
+    left = round((when - (now or datetime.now(timezone.utc))).total_seconds() * 1000)
+    return left if left > 0 else None
 
 
 def server_expiry(expires: Any, released_ms: int) -> Expiry | None:

@@ -31,3 +31,21 @@ def test_recurring_takes_kombu_entities_in_options_as_beat_schedule_does() -> No
     assert entry.queue == decorated.queue
     assert decorated.definition.template["options"] == entry.definition.template["options"]
     assert decorated.definition.template["options"]["queue"]["name"] == "reports"
+
+
+def test_the_dispatcher_reads_a_countdown_or_an_eta_as_the_wait_before_a_start() -> None:
+    # Session 33 (a probe of Celery's send options): what the pump adds to a guarded
+    # occurrence's start timeout (tests/core/test_countdown_start_timeout_s33.py).
+    from datetime import datetime, timezone
+
+    from emq_bridge.celery import CeleryDispatcher
+
+    dispatcher = CeleryDispatcher(Celery("s33delay", broker="redis://127.0.0.1:6399/0"))
+    assert dispatcher.delay_ms({"task": "t", "options": {"countdown": 660}}) == 660_000
+    assert dispatcher.delay_ms({"task": "t", "options": {"countdown": 0}}) is None
+    assert dispatcher.delay_ms({"task": "t"}) is None
+    later = datetime.now(timezone.utc).timestamp() + 600
+    eta = datetime.fromtimestamp(later, timezone.utc).isoformat()
+    waited = dispatcher.delay_ms({"task": "t", "options": {"eta": eta}})
+    assert waited is not None and 590_000 < waited <= 600_000
+    assert dispatcher.delay_ms({"task": "t", "options": {"eta": "2000-01-01T00:00:00"}}) is None
