@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import json.encoder
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -587,9 +588,16 @@ def offset_ms(offset: Offset | None, every_ms: int) -> int:
     the grid passes through (its epoch ms modulo the interval)."""
     if offset is None:
         return 0
-    if isinstance(offset, datetime):
+    # An ISO 8601 instant as text too: what a JSON file or the command line can hold of the
+    # datetime a TOML file or Python gives (a span never starts with a date).
+    if isinstance(offset, datetime) or (
+        isinstance(offset, str) and _DATE_FIRST.match(offset.strip())
+    ):
         return epoch_ms(offset, "offset") % every_ms
     return parse_span(offset, "offset")
+
+
+_DATE_FIRST = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]")
 
 
 @dataclass(frozen=True, slots=True)
