@@ -44,3 +44,13 @@ def test_a_json_file_and_the_command_line_take_it(
     offsets = {n: repeat.get("q", n).definition.cadence for n in ("file", "cli")}  # type: ignore[union-attr]
     expected = define(every="15m", offset=datetime(2026, 1, 1, 0, 7, tzinfo=timezone.utc)).cadence
     assert offsets == {"file": expected, "cli": expected}
+
+
+def test_a_bare_number_of_seconds_is_rounded_to_the_nearest_ms_a_unit_must_be_whole() -> None:
+    # The same probe: `every=1.0005` became 1 s where `"1.0005s"` is refused; both are as
+    # schedules-and-cli.md says now (Celery intervals are float seconds: 1/3 s is 333 ms).
+    from emq_bridge.cadence import parse_every
+
+    assert [parse_every(v) for v in (1.0005, "1.0005", 1 / 3, 2.5)] == [1000, 1000, 333, 2500]
+    with pytest.raises(ScheduleError, match="whole number of ms"):
+        parse_every("1.0005s")
