@@ -162,6 +162,9 @@ def test_reports_queued_during_an_outage_reach_the_registry_after_it_in_order(
 
     expected = {item.id: item.kind for item in finals}
     wait_until(lambda: _statuses(repeat) == expected, 10, "the kept reports in the history")
+    # The reporter's thread notes its call once `report` returns, just after the server
+    # applied it (what the history read above can see first).
+    wait_until(lambda: len(repeat.applied()) > 1, 5, "the kept reports' call noted")
     assert repeat.applied() == [long_run, *finals]  # in the order they were queued
     assert repeat.failed_calls() == 1
     # The heartbeats due during the outage waited as one round at most, not one a beat.
