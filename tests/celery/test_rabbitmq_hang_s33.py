@@ -75,7 +75,8 @@ def test_a_hung_rabbitmq_fails_the_send_in_bounded_time_and_the_rest_untried(
         ]
         assert len(lines) == 3 and sum("not tried, the broker unreachable" in x for x in lines) == 2
         assert len(repeat.leases(queue)) == 3  # kept: sent again when they expire
-        app.connection_for_write().close()
+    with rabbit_app(rabbitmq_url).connection_for_write() as connection:  # not through the proxy
+        Queue(queue).bind(connection.default_channel).delete()
 
 
 def test_a_refused_publish_names_the_error_and_an_unconfirmed_broker_warns(
