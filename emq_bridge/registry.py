@@ -2293,36 +2293,36 @@ def _missed_before_pause(registration: Registration, now_ms: int) -> int:
     park is the claim's, at a slot it handled) or a Celery-decided cadence (no slot of it is
     ever counted missed), and for a pause older records do not date."""
     parked, paused_ms = registration.next_run_ms, registration.paused_ms
-    cadence = registration.definition.cadence
     if (
         parked is None
         or paused_ms is None
         or parked > paused_ms
         or registration.parked_reason is not None
-        or hasattr(cadence, "check")
     ):
         return 0
-    last = registration.last_due_ms
-    if last is not None and parked <= last:
-        return 0
-    end_ms = registration.definition.bounds.end_ms
-    return catch_up(cadence, parked, min(paused_ms, now_ms), "latest", end_ms=end_ms).passed
+    return _unfired_slots(registration, parked, min(paused_ms, now_ms))
 
 
 def _missed_at_cut_over(registration: Registration, resume_ms: int | None, now_ms: int) -> int:
     """The slots an importer's cut-over (`Repeat.resume(seed=...)`) does not fire: those
     from the slot the scheduler it replaces would fire next (`Seed.resume_ms`) to now. That
     scheduler may have sent them before it stopped without its store saying so yet, so they
-    are dropped, but counted in `missed`, as every slot not fired is. 0 for a Celery-decided
-    cadence (no slot of it is ever counted missed)."""
-    cadence = registration.definition.cadence
-    if resume_ms is None or resume_ms > now_ms or hasattr(cadence, "check"):
+    are dropped, but counted in `missed`, as every slot not fired is."""
+    if resume_ms is None or resume_ms > now_ms:
         return 0
+    return _unfired_slots(registration, resume_ms, now_ms)
+
+
+def _unfired_slots(registration: Registration, from_ms: int, to_ms: int) -> int:
+    """How many slots of `registration` lie from `from_ms` (one of them) to `to_ms`, none at
+    or before its last fired slot; 0 for a Celery-decided cadence (no slot of it is ever
+    counted missed)."""
+    cadence = registration.definition.cadence
     last = registration.last_due_ms
-    if last is not None and resume_ms <= last:
+    if hasattr(cadence, "check") or (last is not None and from_ms <= last):
         return 0
     end_ms = registration.definition.bounds.end_ms
-    return catch_up(cadence, resume_ms, now_ms, "latest", end_ms=end_ms).passed
+    return catch_up(cadence, from_ms, to_ms, "latest", end_ms=end_ms).passed
 
 
 def _flatten(fields: Mapping[str, str]) -> list[str]:
