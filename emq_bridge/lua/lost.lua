@@ -14,7 +14,7 @@
 -- A member is marked only if it is still in `running` and its deadline passed, so two pumps
 -- never mark one twice. Its history entry becomes `lost` (created if the worker never
 -- reported), the record counts `lost` and says `last_status` lost unless a later occurrence
--- was reported since;
+-- was reported since or a backfill sent it (out of band, as in report.lua);
 -- if it was the registration's `inflight` occurrence, a `buffered` slot is released
 -- (report.lua). A later report (a final one, or the start of a redelivery) still replaces
 -- `lost` (report.lua's ranks).
@@ -37,7 +37,7 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
     if redis.call('EXISTS', record) == 1 then
       local name = string.match(member, '^(%S+)')
       local prefix = '["' .. id .. '"'
-      local found = false
+      local found, backfilled = false, false
       for index, raw in ipairs(redis.call('LRANGE', history, 0, -1)) do
         if string.sub(raw, 1, #prefix) == prefix then
           local entry = cjson.decode(raw)
@@ -45,7 +45,7 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
             entry[6] = 'lost'
             redis.call('LSET', history, index - 1, cjson.encode(entry))
           end
-          found = true
+          found, backfilled = true, entry[11] == 1
           break
         end
       end
@@ -62,8 +62,9 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       end
       local result = redis.pcall('HINCRBY', record, 'lost', 1)
       if type(result) == 'table' and result.err then redis.call('HSET', record, 'lost', 1) end
+      -- A backfilled run is out of band (report.lua): counted, but not the live last run.
       local last = tonumber(redis.call('HGET', record, 'last_due'))
-      if not last or tonumber(due) >= last then
+      if not backfilled and (not last or tonumber(due) >= last) then
         redis.call('HSET', record, 'last_status', 'lost', 'last_id', id, 'last_due', due)
       end
       -- The occurrences in flight beside it (report.lua's `inflight_also`): it leaves them,
