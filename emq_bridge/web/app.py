@@ -38,7 +38,6 @@ from ..cli.render import (
 )
 from ..errors import EmqError, RegistryError, RegistryUnavailable, UnknownRegistration
 from ..health import served, unserved
-from ..keys import validate_name
 from ..registry import Registration, Repeat
 from .auth import Guard, WriteCheck
 from .pages import (
@@ -110,7 +109,10 @@ class _View:
             "title": self.title,
             "prefix": self.repeat.prefix,
             "may_write": may_write,
-            "can_unlock": self.guard.writable and not may_write,
+            # Unlock only where a token can (a `can_write` hook alone has no form to fill),
+            # lock only what an unlock opened (the hook's say is not the page's to undo).
+            "can_unlock": self.guard.has_token and not may_write,
+            "can_lock": self.guard.unlocked(request),
             "csrf": self.guard.csrf_token(request),
             "link": lambda route, **query: _link(request, route, query),
             "done": None,
@@ -249,7 +251,7 @@ def app(
                 "queues": queues,
                 "states": STATES,
                 "page_size": page.limit,
-                "done": _notice(request),
+                "done": _notice(request, view.guard),
             },
         )
 
@@ -306,7 +308,7 @@ def app(
                     }
                     for entry in data["history"]
                 ],
-                "done": _notice(request),
+                "done": _notice(request, view.guard),
             },
         )
 
@@ -386,7 +388,9 @@ def app(
         verb = fields["action"]
         done = _DONE[verb] if result["changed"] else _UNCHANGED.get(verb, _DONE[verb])
         if verb == "remove":
-            target = _link(request, "index", {"done": f"{fields['queue']}/{fields['name']} {done}"})
+            notice = f"{fields['queue']}/{fields['name']} {done}"
+            signed = {"done": notice, "sig": view.guard.sign_notice(notice)}
+            target = _link(request, "index", signed)
         else:
             target = _link(
                 request,
@@ -399,6 +403,7 @@ def app(
         await refuse_write(request, None)  # before the body is read: a refused caller costs nothing
         body: dict[str, Any] = {}
         if request.headers.get("content-type", "").startswith("application/json"):
+            _check_length(request, "a JSON body")
             try:
                 loaded = await request.json()
             except (ValueError, RecursionError):  # (nested past the parser's depth)
@@ -505,29 +510,29 @@ def _status_of(exc: Exception) -> tuple[int, str]:
 async def _small_form(request: Request) -> Any:
     """The request's form, refused (413, or 411 without a length) past `FORM_MAX_BYTES`
     before a byte of it is read."""
-    length = request.headers.get("content-length")
-    if length is None or not length.isdigit():
-        raise HTTPException(411, "a form needs its Content-Length")
-    if int(length) > FORM_MAX_BYTES:
-        raise HTTPException(413, f"a form of this app is at most {FORM_MAX_BYTES} bytes")
+    _check_length(request, "a form")
     return await request.form(max_files=0, max_fields=16, max_part_size=FORM_MAX_BYTES)
 
 
-def _notice(request: Request) -> str | None:
-    """The outcome a change redirected with (`?done=`): one of this app's own texts (a
-    removal's is "<queue>/<name> removed"), never text a link brought."""
+def _check_length(request: Request, what: str) -> None:
+    """Refuse a body past `FORM_MAX_BYTES` (413), or of no stated length (411), before a
+    byte of it is read."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isascii() or not length.isdigit():
+        raise HTTPException(411, f"{what} needs its Content-Length")
+    if int(length) > FORM_MAX_BYTES:
+        raise HTTPException(413, f"{what} of this app is at most {FORM_MAX_BYTES} bytes")
+
+
+def _notice(request: Request, guard: Guard) -> str | None:
+    """The outcome a change redirected with (`?done=`): one of this app's own texts, or a
+    removal's "<queue>/<name> removed" signed by this app (`sig`): a link cannot bring text
+    of its own (names may hold letters that read as spaces)."""
     done = request.query_params.get("done")
     if done is None or done in _NOTICES:
         return done
-    target, _, verb = done.rpartition(" ")
-    queue, _, name = target.partition("/")
-    try:
-        if verb == _DONE["remove"]:
-            validate_name(queue, "queue")
-            validate_name(name, "registration name")
-            return done
-    except EmqError:
-        pass
+    if guard.notice_signed(done, request.query_params.get("sig") or ""):
+        return done
     return None
 
 

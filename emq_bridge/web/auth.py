@@ -11,7 +11,17 @@ Read-only unless writes are allowed, one of two ways:
 Every change made with a cookie (the unlock cookie, or the host's session) must carry the
 CSRF token: the value of a signed random cookie, echoed in the form (`csrf`) or in the
 `X-CSRF-Token` header (double submit). A bearer call needs none: browsers never add that
-header by themselves. A request whose `Origin` names another host is refused too.
+header by themselves. A change a browser did not make from the view's own origin is refused
+too, as Go's `http.CrossOriginProtection` does: by its `Sec-Fetch-Site` (anything but
+`same-origin` or `none`), or, from a browser that does not send it, by an `Origin` that names
+another host or is `null` (what a browser sends after a cross-origin redirect). The double
+submit alone cannot stop a page on another port of the same host (the same *site*, so a
+`SameSite=Strict` cookie goes with its requests): cookies are not kept apart by port, so it
+can plant a CSRF pair of its own in the browser.
+
+Cookie names carry the port the request names (`emq_bridge_csrf_8001`), so views served on
+two ports of one host (two SSH tunnels) keep their own cookies; a view mounted in a host app
+keeps its own by its path.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import inspect
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -27,15 +38,26 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["CSRF_COOKIE", "UNLOCK_MAX_AGE_S", "WRITE_COOKIE", "Guard", "WriteCheck"]
+__all__ = [
+    "CSRF_COOKIE",
+    "UNLOCK_MAX_AGE_S",
+    "WRITE_COOKIE",
+    "Guard",
+    "WriteCheck",
+    "cookie_name",
+]
 
 WriteCheck = Callable[[Request], bool | Awaitable[bool]]
 """The host application's say on writes: True lets this request change schedules. A plain
 function runs in a worker thread (it may block: a Django session read through the ORM); an
 `async def` (or what returns an awaitable, `asgiref.sync.sync_to_async`) is awaited."""
 
+log = logging.getLogger("emq_bridge.web")
+
 CSRF_COOKIE = "emq_bridge_csrf"
 WRITE_COOKIE = "emq_bridge_write"
+# `Sec-Fetch-Site` values of a request the view's own page made (or the user typed).
+SAME_ORIGIN_FETCH = frozenset({"same-origin", "none"})
 CSRF_HEADER = "x-csrf-token"
 # How long an unlock lasts: the cookie expires then, and a copy of it (a stolen cookie, or one
 # kept past *Lock*) is refused after that too, since the time it was issued is signed in it.
@@ -78,6 +100,11 @@ class Guard:
         """Whether any request could ever write (a token or a hook is configured)."""
         return self._token is not None or self._can_write is not None
 
+    @property
+    def has_token(self) -> bool:
+        """Whether a write token is configured (the page's unlock form can work)."""
+        return self._token is not None
+
     def _sign(self, value: str) -> str:
         return hmac.new(self._secret, value.encode(), hashlib.sha256).hexdigest()
 
@@ -104,14 +131,23 @@ class Guard:
             and hmac.compare_digest(given.strip().encode(), self._token.encode())
         )
 
+    def unlocked(self, request: Request) -> bool:
+        """Whether the request carries a valid unlock cookie (the page's *Lock* undoes it)."""
+        cookie = request.cookies.get(cookie_name(request, WRITE_COOKIE))
+        return cookie is not None and self._unlock_valid(cookie)
+
     async def may_write(self, request: Request) -> bool:
-        """Whether this request may change schedules (token, unlock cookie or host's auth)."""
-        if self.bearer(request):
+        """Whether this request may change schedules (token, unlock cookie or host's auth).
+        A host's `can_write` that raises says no (logged): pages stay readable."""
+        if self.bearer(request) or self.unlocked(request):
             return True
-        cookie = request.cookies.get(WRITE_COOKIE)
-        if cookie is not None and self._unlock_valid(cookie):
-            return True
-        return self._can_write is not None and await _host_allows(self._can_write, request)
+        if self._can_write is None:
+            return False
+        try:
+            return await _host_allows(self._can_write, request)
+        except Exception as exc:  # the host's hook: read-only, never a failed page
+            log.warning("emq-bridge web: can_write raised, read-only for this request: %r", exc)
+            return False
 
     def check_token(self, given: str) -> bool:
         """Whether `given` is the write token (the unlock form), surrounding whitespace
@@ -126,7 +162,15 @@ class Guard:
             _set_cookie(request, response, WRITE_COOKIE, value, max_age=UNLOCK_MAX_AGE_S)
 
     def lock(self, request: Request, response: Response) -> None:
-        response.delete_cookie(WRITE_COOKIE, path=_path(request))
+        response.delete_cookie(cookie_name(request, WRITE_COOKIE), path=_path(request))
+
+    def sign_notice(self, text: str) -> str:
+        """The signature of a notice this app redirects with (`notice_signed` checks it)."""
+        return self._sign("notice:" + text)[:32]
+
+    def notice_signed(self, text: str, signature: str) -> bool:
+        """Whether `signature` is this app's own for the notice `text`."""
+        return _same(signature, self.sign_notice(text))
 
     # -- CSRF (double submit, the cookie signed) -------------------------------------------
 
@@ -135,7 +179,7 @@ class Guard:
 
         A new one is kept in `request.state` for `remember_csrf` to set on the response.
         """
-        cookie = request.cookies.get(CSRF_COOKIE)
+        cookie = request.cookies.get(cookie_name(request, CSRF_COOKIE))
         if cookie is not None and self._valid_csrf(cookie):
             return cookie
         fresh = getattr(request.state, "csrf_token", None)
@@ -156,14 +200,12 @@ class Guard:
         return bool(nonce) and _same(signature, self._sign("csrf:" + nonce))
 
     def csrf_refusal(self, request: Request, submitted: str | None) -> str | None:
-        """Why a change is refused: it comes from another site (`Origin`), or it lacks this
-        browser's CSRF token; None when it may go on."""
-        origin = request.headers.get("origin")
-        if origin is not None and origin != "null":
-            host = request.headers.get("host", "")
-            if origin.split("://", 1)[-1] != host:
-                return f"a change from another site ({origin}) is refused"
-        cookie = request.cookies.get(CSRF_COOKIE)
+        """Why a change is refused: a browser made it from another origin (`Sec-Fetch-Site`,
+        else `Origin`), or it lacks this browser's CSRF token; None when it may go on."""
+        refusal = _cross_origin(request)
+        if refusal is not None:
+            return refusal
+        cookie = request.cookies.get(cookie_name(request, CSRF_COOKIE))
         given = submitted or request.headers.get(CSRF_HEADER)
         if (
             cookie is not None
@@ -173,6 +215,32 @@ class Guard:
         ):
             return None
         return "the CSRF token is missing or wrong: reload the page"
+
+
+def _cross_origin(request: Request) -> str | None:
+    """Why the browser that sent `request` did not send it from this view's own origin, or
+    None. `Sec-Fetch-Site` is the browser's own verdict (right behind a proxy that rewrites
+    `Host`, too); a browser without it is judged by `Origin` against `Host`, where `null` (a
+    cross-origin redirect, a sandboxed frame) is refused. A client that sends neither (curl,
+    a script) is no browser a page could drive."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        if site.strip().lower() in SAME_ORIGIN_FETCH:
+            return None
+        return f"a change from another origin (Sec-Fetch-Site: {site}) is refused"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    if origin == "null" or origin.split("://", 1)[-1] != request.headers.get("host", ""):
+        return f"a change from another origin ({origin}) is refused"
+    return None
+
+
+def cookie_name(request: Request, base: str) -> str:
+    """`base`, with the port the request's `Host` names (`emq_bridge_csrf_8001`): browsers
+    keep cookies by host, not by port, so two views on one host would overwrite each other's."""
+    port = request.url.port
+    return base if port is None else f"{base}_{port}"
 
 
 def _same(a: str, b: str) -> bool:
@@ -193,7 +261,7 @@ def _set_cookie(
     request: Request, response: Response, name: str, value: str, *, max_age: int | None = None
 ) -> None:
     response.set_cookie(
-        name,
+        cookie_name(request, name),
         value,
         max_age=max_age,
         path=_path(request),

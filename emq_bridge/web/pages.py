@@ -10,6 +10,7 @@ one, paused last), so a filtered page's next page starts where it stopped readin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,18 +73,18 @@ def label_pairs(given: Iterable[object]) -> list[str]:
     """The `KEY=VALUE` items of `label` parameters, each a comma-separated list. A piece
     without `=` continues the value before it (a label value may hold commas: `k=a,b` is the
     one label `k` = `a,b`); a first piece without one is left to be refused."""
-    pairs: list[str] = []
-    for raw in given:
+    pairs: list[list[str]] = []  # each label's pieces, joined at the end (not re-joined
+    for raw in given:  # for each piece: a long value of many commas stays linear)
         first = True
         for piece in str(raw).split(","):
             if not piece.strip():  # `a=b,` or `a=b,,c=d`: nothing there
                 pass
             elif "=" not in piece and not first and pairs:
-                pairs[-1] += "," + piece
+                pairs[-1].append(piece)
             else:
-                pairs.append(piece.strip())
+                pairs.append([piece.strip()])
             first = False
-    return pairs
+    return [",".join(pieces) for pieces in pairs]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +188,18 @@ class QueueList:
         self.repeat, self.ttl_s, self.clock = repeat, ttl_s, clock
         self._queues: list[str] = []
         self._read_at: float | None = None
+        self._lock = threading.Lock()
 
     def __call__(self) -> list[str]:
-        now = self.clock()
-        if self._read_at is None or now - self._read_at >= self.ttl_s:
-            self._queues, self._read_at = self.repeat.queues(), now
-        return self._queues
+        read_at = self._read_at
+        if read_at is not None and self.clock() - read_at < self.ttl_s:
+            return self._queues
+        # One request reads (others wait for it rather than each walking the keyspace).
+        with self._lock:
+            now = self.clock()
+            if self._read_at is None or now - self._read_at >= self.ttl_s:
+                self._queues, self._read_at = self.repeat.queues(), now
+            return self._queues
 
     def forget(self) -> None:
         """Read the queues again on next use (after a removal emptied one, say)."""
@@ -420,13 +427,27 @@ class TimelineCache:
         self.repeat, self.queues, self.ttl_s, self.clock = repeat, queues, ttl_s, clock
         self._timeline: Timeline | None = None
         self._read_at = 0.0
+        self._lock = threading.Lock()
 
     def __call__(self) -> Timeline:
-        now = self.clock()
-        if self._timeline is None or now - self._read_at >= self.ttl_s:
-            self._timeline = read_timeline(self.repeat, self.queues(), self.repeat.server_time_ms())
-            self._read_at = now
-        return self._timeline
+        timeline = self._timeline
+        if timeline is not None and self.clock() - self._read_at < self.ttl_s:
+            return timeline
+        # One request reads it afresh; the others meanwhile get the picture before (or, with
+        # none yet, wait for that one): many requests at its expiry read it once, not each.
+        if not self._lock.acquire(blocking=timeline is None):
+            assert timeline is not None
+            return timeline
+        try:
+            now = self.clock()
+            if self._timeline is None or now - self._read_at >= self.ttl_s:
+                self._timeline = read_timeline(
+                    self.repeat, self.queues(), self.repeat.server_time_ms()
+                )
+                self._read_at = now
+            return self._timeline
+        finally:
+            self._lock.release()
 
 
 def schedule_json(

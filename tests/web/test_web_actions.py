@@ -94,7 +94,9 @@ def test_with_the_token_unlocked_each_action_goes_through_the_registrys_moves(
     assert refused.status_code == 400  # type: ignore[attr-defined]
     assert seeded.get("reports", "digest") is not None
     reply = act(client, "remove", confirm="yes")
-    assert "done=reports%2Fdigest+removed" in reply.headers["location"]  # type: ignore[attr-defined]
+    location = reply.headers["location"]  # type: ignore[attr-defined]
+    assert "done=reports%2Fdigest+removed" in location
+    assert 'id="notice">reports/digest removed<' in client.get(location).text  # signed: shown
     assert seeded.get("reports", "digest") is None and seeded.names("reports") == ["other"]
     assert act(client, "pause", name="gone").status_code == 404  # type: ignore[attr-defined]
 
@@ -118,7 +120,7 @@ def test_a_change_without_this_browsers_csrf_token_or_from_another_site_is_refus
         "/schedule", data={**form, "csrf": csrf}, headers={"origin": "https://evil.example"}
     )
     assert evil.status_code == 403
-    assert "another site (https://evil.example)" in evil.text  # it says why, not "CSRF"
+    assert "another origin (https://evil.example)" in evil.text  # it says why, not "CSRF"
     assert "CSRF" not in evil.text
     assert client.post("/api/schedule/pause", json=form).status_code == 403  # cookie, no header
     assert snapshot(seeded) == before
@@ -171,6 +173,9 @@ def test_the_host_apps_auth_decides_writes_and_csrf_still_applies(seeded: Repeat
     with TestClient(host, headers={"x-staff": "yes"}) as client:
         page = client.get("/admin/emq/schedule?queue=reports&name=digest").text
         assert 'id="actions"' in page and "Unlock" not in page
+        # Session 34 (web security probe): a Lock button that could not lock (the hook's
+        # say, not an unlock cookie: the page still said "writes allowed" after it).
+        assert ">Lock<" not in page
         csrf = csrf_of(page)
         form = {"queue": "reports", "name": "digest", "action": "pause"}
         assert client.post("/admin/emq/schedule", data=form).status_code == 403
@@ -182,7 +187,11 @@ def test_the_host_apps_auth_decides_writes_and_csrf_still_applies(seeded: Repeat
     with TestClient(host) as outsider:
         page = outsider.get("/admin/emq/schedule?queue=reports&name=digest").text
         assert 'id="actions"' not in page
-        form = {"queue": "reports", "name": "digest", "action": "resume", "csrf": csrf_of(page)}
+        # Session 34: no unlock form where no token is configured (it could only say "wrong
+        # token"), so no form at all; a CSRF pair is anyone's for the asking.
+        assert "Unlock" not in page and 'name="csrf"' not in page
+        csrf = outsider.get("/admin/emq/api/csrf").json()["csrf"]
+        form = {"queue": "reports", "name": "digest", "action": "resume", "csrf": csrf}
         assert outsider.post("/admin/emq/schedule", data=form).status_code == 403
     assert seeded.get("reports", "digest").paused  # type: ignore[union-attr]
 
@@ -193,7 +202,8 @@ def _writes(seeded: Repeat, can_write: WriteCheck, headers: dict[str, str]) -> i
     with TestClient(host, headers=headers) as client:
         page = client.get("/admin/emq/schedule?queue=reports&name=digest")
         assert page.status_code == 200, page.text
-        form = {"queue": "reports", "name": "digest", "action": "pause", "csrf": csrf_of(page.text)}
+        csrf = client.get("/admin/emq/api/csrf").json()["csrf"]
+        form = {"queue": "reports", "name": "digest", "action": "pause", "csrf": csrf}
         return client.post("/admin/emq/schedule", data=form, follow_redirects=False).status_code
 
 
@@ -276,7 +286,7 @@ def test_api_bodies_nested_too_deep_or_with_non_string_names_are_refused_with_40
     # `queue` was looked up as the text "None" or "['reports']".
     client = web(token=TOKEN)
     before = snapshot(seeded)
-    deep = "[" * 100_000 + "]" * 100_000
+    deep = "[" * 8_000 + "]" * 8_000  # within the body's 16 KiB, past the parser's depth
     anonymous = client.post(
         "/api/schedule/pause", content=deep, headers={"content-type": "application/json"}
     )
@@ -284,6 +294,11 @@ def test_api_bodies_nested_too_deep_or_with_non_string_names_are_refused_with_40
     bearer = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
     reply = client.post("/api/schedule/pause", content=deep, headers=bearer)
     assert reply.status_code == 400 and "not JSON" in reply.json()["error"]
+    # Before: a body of any size was read (30 MB with the token: 200); now one past 16 KiB
+    # is refused before it is read, as a form is.
+    huge = json.dumps({"queue": "reports", "name": "digest", "pad": "x" * 20_000})
+    reply = client.post("/api/schedule/pause", content=huge, headers=bearer)
+    assert reply.status_code == 413 and "16384 bytes" in reply.json()["error"]
     for queue in (None, ["reports"], 5):
         body = {"queue": queue, "name": "digest"}
         refused = client.post("/api/schedule/pause", json=body, headers=bearer)

@@ -12,6 +12,7 @@ Set `EMQ_BRIDGE_SCREENSHOTS=docs` to write the table's and the schedule page's s
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
@@ -329,3 +330,67 @@ def test_a_200_character_name_wraps_and_leaves_every_column_on_screen(
         )
     finally:
         browser.set_window_size(1280, 1000)
+
+
+class _SameHostAttacker(http.server.BaseHTTPRequestHandler):
+    """A page on another port of the view's host (the same *site*): it plants a CSRF pair it
+    fetched from the view, as anyone can, in the browser (cookies are kept by host, not by
+    port), then makes the browser post a pause with that pair, straight to the view or bounced
+    through its own 307 (which makes the post's `Origin` `null`)."""
+
+    view = ""  # the view's base URL, set by the test
+
+    def do_GET(self) -> None:
+        with urllib.request.urlopen(self.view + "/api/csrf", timeout=5) as reply:
+            pair = reply.headers["set-cookie"].split(";")[0]  # emq_bridge_csrf_<port>=<pair>
+        target = "/bounce" if self.path.startswith("/bounce") else self.view + "/schedule"
+        page = (
+            f'<form id="f" method="post" action="{target}">'
+            '<input name="queue" value="reports"><input name="name" value="tick">'
+            '<input name="action" value="pause">'
+            f'<input name="csrf" value="{pair.split("=", 1)[1]}"></form>'
+            "<script>document.getElementById('f').submit()</script>"
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Set-Cookie", f"{pair}; Path=/; SameSite=Lax")
+        self.end_headers()
+        self.wfile.write(page.encode())
+
+    def do_POST(self) -> None:
+        self.send_response(307)
+        self.send_header("Location", self.view + "/schedule")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_page_on_another_port_of_the_host_cannot_change_a_schedule_through_an_unlocked_browser(
+    browser: WebDriver, served: str, repeat: Repeat
+) -> None:
+    # Session 34 (web security probe): the double submit alone let such a page pause or
+    # remove schedules (a planted pair; `Origin: null` after its 307 was waved through).
+    browser.get(served + "/")
+    browser.find_element(By.NAME, "token").send_keys(TOKEN)
+    click(browser, By.XPATH, "//button[text()='Unlock']")
+    assert text_of(browser, "#mode") == "writes allowed"
+    handler = type("Attacker", (_SameHostAttacker,), {"view": served})
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    try:
+        for path in ("/direct", "/bounce"):
+            browser.get(f"http://127.0.0.1:{attacker.server_address[1]}{path}")
+            wait_for(
+                lambda: "is refused" in browser.page_source or "done=" in browser.current_url,
+                f"the view's answer ({path})",
+            )
+            assert not repeat.get("reports", "tick").paused, path  # type: ignore[union-attr]
+            assert "a change from another origin" in browser.page_source
+    finally:
+        attacker.shutdown()
+        attacker.server_close()
+    browser.get(served + "/schedule?queue=reports&name=tick")  # the view's own form still works
+    click(browser, By.ID, "action-pause")
+    wait_for(lambda: repeat.get("reports", "tick").paused, "the view's own pause")  # type: ignore[union-attr]

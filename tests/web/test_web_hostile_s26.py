@@ -71,8 +71,12 @@ def test_the_notice_shows_only_the_apps_own_texts(seeded: Repeat, web: Client) -
     assert "x.example" not in spoof.text
     own = client.get("/schedule", params={"queue": "reports", "name": "digest", "done": "paused"})
     assert 'id="notice">paused<' in own.text
-    removed = client.get("/", params={"done": "reports/other removed"})
-    assert 'id="notice">reports/other removed<' in removed.text
+    # Session 34 (web security probe): "<queue>/<name> removed" was shown for any valid names,
+    # and names may hold letters that read as spaces (U+3164): a link wrote its own sentence.
+    # A removal's notice now carries this app's signature (the redirect of a real removal).
+    forged = "Session\u3164expired.\u3164Re-enter\u3164your\u3164token\u3164at/https:x removed"
+    assert "expired" not in client.get("/", params={"done": forged}).text
+    assert 'id="notice"' not in client.get("/", params={"done": "reports/other removed"}).text
 
 
 @pytest.mark.parametrize("path", ["/api/csrf", "/api/schedules", "/api/nothing-here"])
