@@ -13,6 +13,7 @@ __all__ = [
     "InvalidName",
     "PermanentDispatchError",
     "RegistryError",
+    "RegistryOutOfMemory",
     "RegistryRedirected",
     "RegistryRestarted",
     "RegistryUnavailable",
@@ -46,6 +47,13 @@ class RegistryError(EmqError):
 class RegistryUnavailable(RegistryError):
     """Redis could not be reached, answered with a connection-level error, or cannot serve
     the request while a failover is under way (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, READONLY)."""
+
+
+class RegistryOutOfMemory(RegistryUnavailable):
+    """Redis refused a write: it is out of memory (`maxmemory` reached under `noeviction`,
+    or a policy that found nothing to evict). A passing state, as an outage is: a pump retries
+    with backoff and marks nothing lost meanwhile, workers keep their reports until Redis takes
+    them again."""
 
 
 class RegistryRedirected(RegistryError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from .cadence import NEVER_MS, CatchUp
-from .errors import RegistryRedirected
+from .errors import RegistryOutOfMemory, RegistryRedirected
 from .occurrence import Occurrence
 from .outcome import Report
 
@@ -432,6 +432,13 @@ class LoggingEvents(PumpEvents):
     def on_outage_begin(self, error: BaseException) -> None:
         if self._shown:  # the tick that failed ends here: it gets no `on_tick`
             self._summarize()
+        if isinstance(error, RegistryOutOfMemory):
+            log.error(
+                "Redis is out of memory and refuses writes; retrying with backoff until it "
+                "takes them again (nothing is marked lost meanwhile): %s",
+                error,
+            )
+            return
         log.error("Redis is unreachable; retrying with backoff until it is back: %s", error)
 
     def on_outage_end(self, seconds: float) -> None:

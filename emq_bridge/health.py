@@ -67,6 +67,9 @@ class Health:
     # evicts any key can drop schedules, which the line then says (never the cause of a
     # failed check).
     eviction_policy: str | None = None
+    # Whether the server has used its maxmemory (read only when the check failed): it then
+    # refuses writes, the pumps' heartbeats among them, which is why none looks live.
+    out_of_memory: bool = False
 
 
 def check(
@@ -93,7 +96,9 @@ def check(
     for the server's `maxmemory-policy` (two where CONFIG is refused: `INFO memory` then):
     one that evicts any key (`allkeys-*`) is named in the line, healthy or not, without
     failing the check (a restarted pod would not fix it; an evicted registry is often why
-    a queue has none). Raises `RegistryUnavailable`/`RegistryError` when Redis fails (the
+    a queue has none). An unhealthy check reads `INFO memory` once more: a server that has
+    used its `maxmemory` refuses the pumps' heartbeats, and the line says so first
+    (`out_of_memory`). Raises `RegistryUnavailable`/`RegistryError` when Redis fails (the
     first failing queue's error; a key of the wrong type is named; a plain client on a Redis
     Cluster node, which would see part of the queues).
     """
@@ -102,12 +107,18 @@ def check(
     found = _check(repeat, queues, max_lag_ms, host)
     policy = repeat.eviction_policy()
     reason = found.reason
+    full = not found.ok and bool(repeat.out_of_memory())
+    if full:
+        reason = (
+            "Redis is out of memory (used_memory has reached maxmemory): it refuses writes, "
+            f"the pumps' heartbeats and sends among them; free memory or raise maxmemory ({reason})"
+        )
     if policy in EVICTING_POLICIES:
         reason += (
             f" (warning: maxmemory-policy is {policy}: Redis may evict schedules; "
             "set it to noeviction)"
         )
-    return replace(found, reason=reason, eviction_policy=policy)
+    return replace(found, reason=reason, eviction_policy=policy, out_of_memory=full)
 
 
 def _check(

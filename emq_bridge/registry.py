@@ -713,6 +713,25 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             raise RegistryError("INFO memory: the server does not report its maxmemory_policy")
         return [text(node["maxmemory_policy"]) for node in nodes]
 
+    def out_of_memory(self) -> bool | None:
+        """Whether the server (on a cluster, any primary) has used its `maxmemory`, so that it
+        refuses writes that may grow memory: a pump's heartbeat and moves, the workers'
+        reports. One `INFO memory`; None when it cannot be read (an ACL refusing INFO)."""
+        try:
+            with redis_errors("INFO memory"):
+                reply = self.client.info("memory", **self._primaries())
+        except RegistryError:
+            return None
+        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
+        nodes = builtins.list(reply.values()) if per_node else [reply]
+        try:
+            return any(
+                0 < int(node.get("maxmemory", 0)) <= int(node.get("used_memory", 0))
+                for node in nodes
+            )
+        except (TypeError, ValueError):
+            return None
+
     def any_exist(self, groups: Sequence[Sequence[str]], what: str) -> builtins.list[bool]:
         """Return, for each group of keys, whether any of them exists: one pipeline of one
         `EXISTS` per group (the keys of a group share a slot: one queue's, or one key).

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from .errors import RegistryError, RegistryRedirected, RegistryUnavailable
+from .errors import RegistryError, RegistryOutOfMemory, RegistryRedirected, RegistryUnavailable
 
 __all__ = ["CLUSTER_NODE", "redis_errors", "text"]
 
@@ -90,6 +90,7 @@ _CODES: dict[str, type[redis.RedisError]] = {
     "CLUSTERDOWN": redis.exceptions.ClusterDownError,
     "MASTERDOWN": redis.exceptions.MasterDownError,
     "TRYAGAIN": redis.exceptions.TryAgainError,
+    "OOM": redis.exceptions.OutOfMemoryError,
 }
 
 
@@ -154,6 +155,12 @@ def redis_errors(action: str) -> Iterator[None]:
         # Its reason tells a refused connection from a TLS certificate refused or a CA file
         # not found, which a pump or a beat logs no other way.
         raise RegistryUnavailable(f"{action}: Redis is unreachable ({_reason(exc)})") from exc
+    except redis.exceptions.OutOfMemoryError as exc:  # a ResponseError to redis-py
+        # Writes refused until memory frees (reads still served): workers' heartbeats and
+        # reports too, so it is an outage for the moves, not a broken registry.
+        raise RegistryOutOfMemory(
+            f"{action}: Redis is out of memory and refuses writes ({_reason(exc)})"
+        ) from exc
     except redis.exceptions.AskError as exc:  # and MovedError
         # A RedisCluster follows redirections itself (and says "TTL exhausted" when they run
         # out): this client is a plain one, on one node of a cluster.

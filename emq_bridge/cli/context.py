@@ -20,6 +20,7 @@ from ..errors import (
     CorruptRecord,
     EmqError,
     RegistryError,
+    RegistryOutOfMemory,
     RegistryRestarted,
     RegistryUnavailable,
     UnknownRegistration,
@@ -206,6 +207,8 @@ def emq_errors(ctx: click.Context) -> Iterator[None]:
         cause = exc.__cause__ if isinstance(exc, RegistryUnavailable) else exc
         if isinstance(cause, redis.AuthenticationError):  # a ConnectionError to redis-py
             raise ServerError(_clean(refused_authentication(where, cause), settings)) from exc
+        if isinstance(exc, RegistryOutOfMemory):  # reachable: it refuses writes
+            raise ServerError(_clean(f"Redis at {where} refused: {exc}", settings)) from exc
         if isinstance(exc, RegistryRestarted):
             raise ServerError(_clean(f"Redis at {where} {exc}", settings)) from exc
         if isinstance(exc, (RegistryUnavailable, redis.ConnectionError, redis.TimeoutError)):

@@ -12,7 +12,7 @@ from ..cadence import parse_every
 from ..errors import ScheduleError
 from ..health import Health, check, unserved
 from ..registry import Registration
-from .context import Settings, pass_settings
+from .context import ServerError, Settings, pass_settings
 from .render import relative, table, to_json
 
 __all__ = ["COMMANDS", "EXIT_UNHEALTHY", "UNSERVED", "UNSERVED_TEXT", "flagged_state"]
@@ -112,7 +112,8 @@ def health_command(
     paused one) is unhealthy too. One line tells the result: on stdout when healthy, on
     stderr when not. Exit codes: 0 healthy, 4 unhealthy, 1 bad input (a bad queue name),
     2 bad usage, 3 Redis unreachable or refusing a read (a key of the wrong type, named),
-    or no answer within 5 s (a hung server). Made for a Kubernetes exec probe (a
+    out of memory (refusing writes: the pumps' heartbeats), or no answer within 5 s (a
+    hung server). Made for a Kubernetes exec probe (a
     timeoutSeconds of 10 covers it). With --this-host only the pumps of the host the command
     runs on count: where several pumps serve a queue, another's heartbeat would keep the
     probe of a stuck one passing.
@@ -129,6 +130,8 @@ def health_command(
     found = check(repeat, list(queues) if queues else None, max_lag_ms=max_lag, host=host)
     if as_json:
         click.echo(to_json(_health_json(found)))
+    if not found.ok and found.out_of_memory:
+        raise ServerError(found.reason)  # Redis refusing writes: exit 3, as refusing a read
     if not found.ok:
         raise Unhealthy(found.reason)
     if not as_json:
@@ -142,6 +145,7 @@ def _health_json(found: Health) -> dict[str, Any]:
         "now_ms": found.now_ms,
         "max_lag_ms": found.max_lag_ms,
         "eviction_policy": found.eviction_policy,
+        "out_of_memory": found.out_of_memory,
         "queues": [
             {
                 "queue": item.queue,

@@ -26,6 +26,12 @@ local leases, running = KEYS[1], KEYS[2]
 
 -- #include running
 
+-- Redis refuses a script's writes for lack of memory only until its first write: a write
+-- that may grow memory goes first (a no-op: XX never adds), so a server out of memory
+-- refuses this move whole (OOM). It must: the workers' heartbeats and reports are refused
+-- meanwhile, so no deadline passed here says a worker stopped.
+redis.call('ZADD', running, 'XX', 0, '')
+
 local marked = {}
 for i, item in ipairs(cjson.decode(ARGV[5])) do
   local member, id, due = unpack(item)

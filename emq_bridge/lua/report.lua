@@ -229,6 +229,12 @@ for i, report in ipairs(reports) do
         -- A history key of another type (written by hand) refuses this report alone, before
         -- anything of it is written: the other reports of the batch are applied.
         local refused = type(wrote) == 'table' and wrote.err ~= nil
+        -- A server out of memory refuses a script's writes only until its first: this is
+        -- that first, so nothing is written yet. The whole call fails (OOM), and the
+        -- reporter keeps the batch until Redis takes it, rather than it being lost.
+        if refused and string.sub(wrote.err, 1, 4) == 'OOM ' then
+          return redis.error_reply(wrote.err)
+        end
         if refused then applied = applied - 1 end
         local inflight = cur[3]
         if refused then
