@@ -186,7 +186,8 @@ class RegistryWatch(PumpEvents):
         lost = {plan.source: _put_back(plan) for plan in plans if _put_back(plan)}
         if lost:
             log.warning(
-                "emq-bridge: the registry lost %d schedule(s) of %s (Redis restarted empty?): "
+                "emq-bridge: the registry lost %d schedule(s) of %s (Redis restarted empty, or "
+                "evicted them: its maxmemory-policy must be noeviction): "
                 "synced again",
                 sum(lost.values()),
                 ", ".join(lost)

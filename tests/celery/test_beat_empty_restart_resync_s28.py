@@ -137,6 +137,7 @@ def test_a_beat_whose_registry_restarts_empty_syncs_its_schedules_again_and_fire
     assert "WARNING" in lost[0], lost
     assert lost[0].endswith(
         "the registry lost 2 schedule(s) of celery.emptyreg (1), celery.emptyreg.recurring (1) "
-        "(Redis restarted empty?): synced again"
+        "(Redis restarted empty, or evicted them: its maxmemory-policy must be noeviction): "
+        "synced again"
     ), lost
     assert took_s < 30, took_s

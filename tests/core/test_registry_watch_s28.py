@@ -63,7 +63,8 @@ def test_a_registry_emptied_without_an_outage_is_synced_again_at_the_next_check(
     (line,) = lost_lines(caplog)
     assert line.levelno == logging.WARNING
     assert line.getMessage() == (
-        "emq-bridge: the registry lost 3 schedule(s) of app (Redis restarted empty?): synced again"
+        "emq-bridge: the registry lost 3 schedule(s) of app (Redis restarted empty, or "
+        "evicted them: its maxmemory-policy must be noeviction): synced again"
     )
 
 
