@@ -23,7 +23,12 @@ Celery signals; they act only on tasks that carry emq-bridge's headers (`emq_due
 * `task_unknown` (in the main process: a task this worker does not know, which Celery
   rejects and records failed): `failed`, with `NotRegistered`, as an occurrence whose task
   never ran (`Report.task_ran`: an old worker meets a new task's message in a rolling
-  deploy), which neither counts toward `pause_after_failures` nor ends a failure streak.
+  deploy), which neither counts toward `pause_after_failures` nor ends a failure streak;
+* `task_rejected` with an error (in the main process: a message Celery refused before it
+  became a task, a content type not in `accept_content`, `ContentDisallowed`): the same.
+  A body Celery cannot decode (`on_decode_error`: a signed message whose certificate the
+  worker does not trust) sends no signal: nothing is reported, and a guarded occurrence
+  holds its schedule until its start timeout.
 
 A guarded occurrence (`emq_guarded`: overlap skip, buffer_one or replace) is checked when
 the worker's main process receives it (`task_received`, before it waits for a pool
@@ -468,24 +473,42 @@ def _on_unknown(
     Celery rejects for good and records failed (`NotRegistered`): `failed`, so that a guarded
     schedule is not held until its start timeout; its task never ran (`task_ran=False`), so
     it is no failure toward `pause_after_failures`."""
+    _report_unrun(sender, message, id, f"NotRegistered: {name!r} is not a task of this worker")
+
+
+def _on_rejected(sender: Any = None, message: Any = None, exc: Any = None, **_: Any) -> None:
+    """`task_rejected`, in the worker's main process: a message Celery refused before it
+    became a task (`on_invalid_task`: a content type the worker does not accept,
+    `ContentDisallowed`, as after a `task_serializer` changed on the beat's host before the
+    workers'; a malformed message), rejected for good: `failed`, its task never ran, as
+    `_on_unknown` reports, so that a guarded schedule is not held until its start timeout."""
+    if exc is None:  # `on_unknown_message`: no task named, so no occurrence of ours either
+        return
+    headers = getattr(message, "headers", None)
+    ident = headers.get("id") if isinstance(headers, dict) else None
+    _report_unrun(sender, message, ident, error_text(exc))
+
+
+def _report_unrun(sender: Any, message: Any, ident: Any, error: str) -> None:
+    """Report `failed`, its task never run (`task_ran=False`), the occurrence of the message
+    Celery's consumer `sender` refused (its headers, protocol 2's, read as a request's)."""
     try:
         headers = getattr(message, "headers", None)
         app = getattr(sender, "app", None)
-        if not isinstance(headers, dict) or not isinstance(app, Celery) or not id:
+        if not isinstance(headers, dict) or not isinstance(app, Celery) or not ident:
             return
         reporter = reporter_for(app)
         if reporter is None:
             return
-        occurrence = occurrence_of(SimpleNamespace(**{**headers, "id": id}), app)
+        occurrence = occurrence_of(SimpleNamespace(**{**headers, "id": ident}), app)
         if occurrence is None:
             return
         attempt = _attempt(headers.get("retries"), headers.get(REPLACES_HEADER))
-        error = f"NotRegistered: {name!r} is not a task of this worker"
         _process.used.add(builtins.id(reporter))
         item = report_of("failed", occurrence, attempt=attempt, error=error)
         reporter.report(replace(item, task_ran=False))
     except Exception as exc:  # never into the worker
-        log.warning("emq-bridge: the report of unknown task %s was not sent: %s", id, exc)
+        log.warning("emq-bridge: the report of refused task %s was not sent: %s", ident, exc)
 
 
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
@@ -648,6 +671,7 @@ _RECEIVERS = (
     (signals.worker_init, _on_worker_init),
     (signals.task_received, _on_received),
     (signals.task_unknown, _on_unknown),
+    (signals.task_rejected, _on_rejected),
     (signals.task_prerun, _on_prerun),
     (signals.task_failure, _on_failure),
     (signals.task_internal_error, _on_internal_error),
