@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import dramatiq
+import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
@@ -86,6 +87,28 @@ def _address(client: Any) -> str:
     if options.get("path"):
         return f"unix://{options['path']}"
     return f"{options.get('host', '?')}:{options.get('port', '?')}/{options.get('db', 0)}"
+
+
+# The registry client's timeouts when the middleware makes it (a URL, or the RedisBroker's
+# connection settings): redis-py before 8 has none, and a partition then holds the pump
+# thread, the reports and a guarded actor's start check for as long as TCP retries (minutes).
+REGISTRY_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 5.0}
+
+
+def _with_timeouts(client: redis.Redis) -> redis.Redis:
+    """`client` (the RedisBroker's), or, where its connections have no timeouts, a client of
+    the same connection settings with `REGISTRY_TIMEOUTS` (the broker's own is left as the
+    user made it). A pool of another kind (Sentinel's) is used as it is."""
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    missing = {k: v for k, v in REGISTRY_TIMEOUTS.items() if kwargs.get(k) is None}
+    if not missing or type(pool) is not redis.ConnectionPool:
+        return client
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, **{**kwargs, **missing}
+        )
+    )
 
 
 class RecurringMiddleware(Middleware):
@@ -353,7 +376,8 @@ class RecurringMiddleware(Middleware):
         if self.repeat is None:
             spec = self._registry_spec
             if spec is None and isinstance(broker, RedisBroker):
-                spec = broker.client
+                self.repeat = Repeat(_with_timeouts(broker.client), self.prefix)
+                return self.repeat
             if spec is None:
                 spec = os.environ.get("REDIS_URL")
             if spec is None:
@@ -361,8 +385,8 @@ class RecurringMiddleware(Middleware):
                     f"RecurringMiddleware on a {type(broker).__name__} needs a registry: pass "
                     "repeat= (a Repeat, a Redis client or a redis:// URL) or set REDIS_URL"
                 )
-            if isinstance(spec, str):
-                self.repeat = Repeat.from_url(spec, self.prefix)  # its errors hold no password
+            if isinstance(spec, str):  # its errors hold no password; the URL's options win
+                self.repeat = Repeat.from_url(spec, self.prefix, **REGISTRY_TIMEOUTS)
             else:
                 self.repeat = Repeat(spec, self.prefix)
         return self.repeat

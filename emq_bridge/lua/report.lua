@@ -195,6 +195,7 @@ for i, report in ipairs(reports) do
         local take_start = fresh or attempt > old_attempt or old_rank < RANK.running or restarted
         local folded = started_at and started_at ~= '' and take_start
         local was = fresh and '' or entry[6]
+        local was_lost = was == 'lost'
         if folded then was = 'running' end  -- as after its start, sent alone
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end
@@ -234,6 +235,12 @@ for i, report in ipairs(reports) do
         -- reporter keeps the batch until Redis takes it, rather than it being lost.
         if refused and string.sub(wrote.err, 1, 4) == 'OOM ' then
           return redis.error_reply(wrote.err)
+        end
+        if was_lost and not refused then
+          -- Heard from after a pump marked it lost (its worker was cut off, not gone): it
+          -- counts as lost no more, as its entry says (`lost` counts those still lost).
+          local lost = tonumber(redis.pcall('HGET', record, 'lost'))
+          if lost and lost > 0 then redis.call('HINCRBY', record, 'lost', -1) end
         end
         if refused then applied = applied - 1 end
         local inflight = cur[3]
