@@ -30,7 +30,7 @@ from ..file_stamp import FileStamp, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
 from ..lifecycle import check_history_size
 from ..outcome import HISTORY_SIZE
-from ..pump import Pump
+from ..pump import STOP_DEADLINE_S, Pump
 from ..pump_options import check_pump_options
 from ..registry import Repeat, generation_arg
 from ..reporting import HEARTBEAT_S, Reporter
@@ -58,9 +58,16 @@ log = logging.getLogger(__name__)
 DEFAULT_SOURCE = "dramatiq"
 # After an unexpected pump failure the thread waits this long, then pumps again.
 PUMP_RESTART_S = 1.0
-PUMP_JOIN_S = 10.0
+# How long a stopping worker waits for its pump thread to settle the batch in hand: what
+# `emq-bridge pump` and `celery beat -S emq` wait (`STOP_DEADLINE_S`). A thread still held
+# then (a registry that stopped answering) is left: its leases expire as after a crash.
+PUMP_JOIN_S = STOP_DEADLINE_S
 # At shutdown the reports queued so far are sent within this long (then dropped).
 REPORT_FLUSH_S = 5.0
+# ... or within this long when Redis is known not to take them (the pump's outage, or a
+# flush that timed out already): a worker stopping within Kubernetes' grace period (30 s)
+# must not spend it on reports that cannot go.
+REPORT_FLUSH_STUCK_S = 0.5
 # A copy of a running occurrence comes back this long after its first copy's heartbeats
 # would have lapsed (a pump marks it lost at its next scan past that deadline).
 REDELIVER_MARGIN_MS = 1000
@@ -236,6 +243,7 @@ class RecurringMiddleware(Middleware):
         self.synced_ms: int | None = None
         self.declarations: tuple[Declaration, ...] = ()
         self.pump: Pump | None = None
+        self._reports_stuck = False  # the shutdown's flush timed out: the close waits less
         # Syncs the declarations again should the registry lose them (`start_pump`).
         self.watch: RegistryWatch | None = None
         self._pump_thread: threading.Thread | None = None
@@ -342,12 +350,14 @@ class RecurringMiddleware(Middleware):
             self.start_pump(broker)
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        outage = self.pump is not None and self.pump.in_outage
         self.stop_pump()
-        self.outcomes.flush(REPORT_FLUSH_S)
+        flushed = self.outcomes.flush(REPORT_FLUSH_STUCK_S if outage else REPORT_FLUSH_S)
+        self._reports_stuck = not flushed
 
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         # The actors that ended while the worker stopped reported after the flush above.
-        self.outcomes.close(REPORT_FLUSH_S)
+        self.outcomes.close(REPORT_FLUSH_STUCK_S if self._reports_stuck else REPORT_FLUSH_S)
 
     def flush_reports(self, timeout_s: float = 5.0) -> bool:
         """Wait until the outcome reports this worker process queued so far (started,
