@@ -17,7 +17,9 @@
 -- expired is. (Pumps of an older version read the pending member as they always did.)
 -- The same call sent again (redis-py resends a command whose reply timed out, though the
 -- server ran it) writes nothing and answers the first one's instant, so the caller gets that
--- trigger's id: the record keeps the last trigger's nonce and instant (`trigger_call`).
+-- trigger's id: the record keeps the recent calls' nonces and instants (`trigger_call`, a
+-- line each: those of the last `KEPT_MS`, at most `KEPT`), since another caller's trigger
+-- may land between a call and its resend.
 -- Returns {1, the trigger's instant}, or {0} if there is no such registration. A key of another type (edited by hand)
 -- fails the call and writes nothing: a pending member for a record that is not a hash
 -- would only be dropped by the pump. (The caller refuses a hash that is not a valid
@@ -29,14 +31,20 @@ for i, wanted in ipairs({'hash', 'zset'}) do
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
-local call = redis.call('HGET', KEYS[1], 'trigger_call')
-local nonce, made = string.match(call or '', '^(%S+) (%d+)$')
-if nonce and nonce == ARGV[4] then return {1, made} end
+-- A resend comes within the client's retries of timed-out replies: seconds, not a minute.
+local KEPT_MS, KEPT = 60000, 64
 local at = tonumber(ARGV[2])
+local kept = {}
+for nonce, made in string.gmatch(redis.call('HGET', KEYS[1], 'trigger_call') or '', '(%S+) (%d+)') do
+  if nonce == ARGV[4] then return {1, made} end
+  if tonumber(made) > at - KEPT_MS then kept[#kept + 1] = nonce .. ' ' .. made end
+end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_trigger_ms'))
 if last and at <= last then at = last + 1 end
 local instant = string.format('%d', at)
-redis.call('HSET', KEYS[1], 'last_trigger_ms', instant, 'trigger_call', ARGV[4] .. ' ' .. instant)
+if #kept >= KEPT then table.remove(kept, 1) end
+kept[#kept + 1] = ARGV[4] .. ' ' .. instant
+redis.call('HSET', KEYS[1], 'last_trigger_ms', instant, 'trigger_call', table.concat(kept, '\n'))
 redis.call('ZADD', KEYS[2], 0, ARGV[1] .. ' ' .. instant .. ' manual')
 redis.pcall('PUBLISH', ARGV[3], ARGV[1])
 return {1, instant}

@@ -168,3 +168,32 @@ def test_trigger_lua_called_again_with_the_same_nonce_writes_nothing_and_answers
     assert any_repeat.client.zrange(keys.leases, 0, -1) == [f"nightly {T0} manual".encode()]
     assert call("second", T0) == [1, T0 + 1]  # another call: a trigger of its own
     assert any_repeat.client.zcard(keys.leases) == 2
+
+
+def test_a_resent_trigger_is_recognised_after_another_callers_trigger(any_repeat: Repeat) -> None:
+    # Session 34 (a probe of the API from web apps): the record kept only the last call's
+    # nonce, so a resend that came after another caller's trigger wrote a trigger of its
+    # own: two calls, three or four triggers, ids no caller got.
+    any_repeat.register("q", "nightly", cron="0 3 * * *", template=TEMPLATE, now_ms=T0)
+    keys = any_repeat.keys("q")
+
+    def call(nonce: str, now_ms: int) -> list[int]:
+        reply = any_repeat.scripts.trigger(
+            keys=[keys.record("nightly"), keys.leases],
+            args=["nightly", now_ms, keys.wake_channel, nonce],
+        )
+        return [int(part) for part in reply]
+
+    assert call("a", T0) == [1, T0]
+    assert call("b", T0) == [1, T0 + 1]  # another caller, between a's call and its resend
+    assert call("a", T0 + 500) == [1, T0]  # a's resend: its own trigger, nothing written
+    assert call("b", T0 + 600) == [1, T0 + 1]
+    assert any_repeat.client.zcard(keys.leases) == 2
+    for i in range(70):  # the calls kept are bounded: the newest 64, of the last minute
+        call(f"n{i}", T0 + 1_000 + i)
+    assert call("n69", T0 + 2_000) == [1, T0 + 1_069]
+    assert call("a", T0 + 2_000)[1] > T0 + 1_069  # pushed out: a call of its own now
+    later = T0 + 120_000
+    call("late", later)
+    field = any_repeat.client.hget(keys.record("nightly"), "trigger_call")
+    assert field == f"late {later}".encode()  # a minute on, the others are gone
