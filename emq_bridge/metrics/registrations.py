@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -63,6 +64,7 @@ class RegistrationsCollector:
         self._failing = False
         self.read_timeout_s = READ_TIMEOUT_S
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="emq-bridge-metrics")
+        self._reader_pid = os.getpid()
         self._pending: Future[dict[str, dict[str, int]]] | None = None
         self._lock = threading.Lock()
         self.add(repeat, queues, weak=weak)
@@ -114,6 +116,13 @@ class RegistrationsCollector:
     def _read(self) -> dict[str, dict[str, int]]:
         """The counts, read on the collector's thread within `read_timeout_s`; EmqError or
         TimeoutError when they cannot be had in time."""
+        if self._reader_pid != os.getpid():
+            # A forked child (a preloading server's worker): the executor's thread and the
+            # lock's holder, if any, were the parent's; a read would wait for them forever.
+            # A scrape is rare: one getpid each is nothing.
+            self._lock = threading.Lock()
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="emq-bridge-metrics")
+            self._reader_pid, self._pending = os.getpid(), None
         with self._lock:  # a read still waiting (it timed out, or a scrape beside this one)
             pending = self._pending  # is waited for again, not doubled
             if pending is None or pending.done():
