@@ -1081,8 +1081,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     log.log(
                         logging.WARNING if overdue <= OVERDUE_SHOWN else logging.DEBUG,
                         "%s/%s: its cadence changed while its next run was overdue (no pump "
-                        "claimed it); the old cadence's passed slots are dropped, counted "
-                        "in missed",
+                        "had claimed it yet: none running, or its next tick a moment away); "
+                        "the old cadence's passed slots are dropped, counted in missed",
                         queue,
                         items[i][1],
                     )
@@ -1456,9 +1456,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     )
                 elif result == 1 and dropped:
                     log.warning(
-                        "%s/%s: %d slot(s) passed before it was paused, with no pump to send "
-                        "them; dropped at its resume, counted in missed (resume with catch-up "
-                        "hands them to the misfire policy)",
+                        "%s/%s: %d slot(s) passed before it was paused and no pump sent them "
+                        "(none ran, or its next tick was a moment away); dropped at its "
+                        "resume, counted in missed (resume with catch-up hands them to the "
+                        "misfire policy)",
                         queue,
                         name,
                         dropped,
