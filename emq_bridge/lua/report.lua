@@ -230,10 +230,13 @@ for i, report in ipairs(reports) do
         -- A history key of another type (written by hand) refuses this report alone, before
         -- anything of it is written: the other reports of the batch are applied.
         local refused = type(wrote) == 'table' and wrote.err ~= nil
-        -- A server out of memory refuses a script's writes only until its first: this is
-        -- that first, so nothing is written yet. The whole call fails (OOM), and the
-        -- reporter keeps the batch until Redis takes it, rather than it being lost.
-        if refused and string.sub(wrote.err, 1, 4) == 'OOM ' then
+        -- Any other refusal is the server's, not this key's: out of memory (a server refuses
+        -- a script's writes for memory only until its first), a read-only replica (a
+        -- client still on a demoted master, or pointed at a replica). This is the call's
+        -- first write, so nothing is written yet: the whole call fails with the server's
+        -- error (an outage to the reporter, which keeps the batch), rather than the
+        -- reports being skipped as applied by no one.
+        if refused and string.sub(wrote.err, 1, 10) ~= 'WRONGTYPE ' then
           return redis.error_reply(wrote.err)
         end
         if was_lost and not refused then
