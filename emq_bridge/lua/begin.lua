@@ -17,7 +17,7 @@
 -- occurrence, started while another one runs, is refused, and the worker skips it. One that
 -- may run becomes the registration's `inflight` one, live in `running` (server clock).
 -- A copy of an occurrence whose attempt already ended (its history entry says succeeded,
--- failed or revoked at that attempt or a later one) is refused too: a message the broker
+-- failed, revoked or skipped at that attempt or a later one) is refused too: a message the broker
 -- delivered twice (a send that outlasted its lease, an ack lost with its worker) whose first
 -- copy ran. Marking it in flight would hold the registration with no report to end it (the
 -- copy's reports outrank nothing), until the pump marked it lost. So is a copy of an attempt
@@ -46,8 +46,11 @@ local function entry_of(id)
   return nil
 end
 -- An attempt that failed and waits for its retry (`retrying`) ended too: its retry comes as
--- the next attempt, so a message of that attempt or an earlier one is a copy.
-local ENDED = {succeeded = true, failed = true, revoked = true, retrying = true}
+-- the next attempt, so a message of that attempt or an earlier one is a copy. So did one a
+-- worker skipped (the overlap check, an `Ignore`, an age limit): a copy delivered again is
+-- skipped for good, not run with reports that `skipped` outranks (it would be held in
+-- flight until marked lost).
+local ENDED = {succeeded = true, failed = true, revoked = true, retrying = true, skipped = true}
 local newest = tonumber(cur[3])
 local entry = newest and tonumber(ARGV[6]) <= newest and entry_of(ARGV[4])
 if entry and ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return -2 end

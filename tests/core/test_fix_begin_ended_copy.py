@@ -116,3 +116,20 @@ def test_the_verdict_tells_another_occurrence_in_flight_from_a_copy(repeat: Repe
     assert repeat.begin_verdict(later, mark=False) == "skip"
     assert repeat.finished(occurrence, ok=True)
     assert repeat.begin_verdict(occurrence) == "copy"  # it ended: a copy still
+
+
+def test_a_copy_of_a_skipped_occurrence_is_refused_and_holds_nothing(repeat: Repeat) -> None:
+    # Session 34 (a probe of moving the registry): `begin` let a copy of an occurrence a worker
+    # had skipped run, marked in flight; its started and succeeded reports then changed
+    # nothing (`skipped` outranks them), so the registration was held until the pump marked
+    # the run lost, though it had succeeded.
+    occurrence, pump, sent = first_slot(repeat)
+    assert repeat.report([report_of("skipped", occurrence)]) == 1  # the worker skipped it
+    running = repeat.keys("q").running
+    assert not repeat.begin(occurrence)  # delivered again: refused, nothing marked
+    assert repeat.client.zcard(running) == 0
+    (entry,) = repeat.history("q", "job")
+    assert entry.status == "skipped"
+    pump.run_once(occurrence.due_ms + HOUR_MS)
+    (following,) = sent.clear()
+    assert repeat.begin(following)  # the next slot is not held by it
