@@ -131,10 +131,16 @@ def _owners_note(owners: set[str | None]) -> str:
     shown = ", ".join(names[:_OWNERS_NAMED])
     if len(names) > _OWNERS_NAMED:
         shown += f" and {len(names) - _OWNERS_NAMED} more"
+    unowned = (
+        "; those of no owner (added at run time: the CLI, the API) are in no --source export: "
+        "a file always declares an owner, so they come back owned by the file's"
+        if None in owners
+        else ""
+    )
     return (
         f"note: these schedules have {len(names)} owners ({shown}) and the file declares none: "
         "a sync of it takes every one over to the file's source (file:<its name>); "
-        "export each owner with --source to keep them apart"
+        f"export each owner with --source to keep them apart{unowned}"
     )
 
 

@@ -56,3 +56,20 @@ def test_an_export_of_one_owner_or_with_source_has_no_owners_note(
         assert one.exit_code == 0, one.output
         assert not any(line.startswith("note:") for line in one.stderr.splitlines())
         assert (tmp_path / f"{owner}.toml").read_text().startswith(f'source = "{owner}"')
+
+
+def test_the_note_says_schedules_of_no_owner_are_in_no_source_export(
+    run: Run, repeat: Repeat, tmp_path: Path
+) -> None:
+    # Session 34 (a probe of moving the registry): following the note, each owner exported
+    # with --source, left the schedules added at run time (no owner) out, without a word.
+    repeat.upsert("celery", "a1", every="1m", template=TASK, source="app-a")
+    repeat.upsert("celery", "added", every="1m", template=TASK)  # the CLI, the API
+    exported = run("export", "-o", str(tmp_path / "all.toml"))
+    assert exported.exit_code == 0, exported.output
+    [note] = [line for line in exported.stderr.splitlines() if line.startswith("note:")]
+    assert note.startswith("note: these schedules have 2 owners ('app-a', none)")
+    assert note.endswith(
+        "those of no owner (added at run time: the CLI, the API) are in no --source export: "
+        "a file always declares an owner, so they come back owned by the file's"
+    )
