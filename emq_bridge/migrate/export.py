@@ -114,6 +114,12 @@ def export_registry(
         except _Refused as exc:
             out.refused.append((registration.queue, registration.name, str(exc)))
     out.refused.extend(corrupt)
+    paused = sum(1 for r in registrations if r.paused)
+    if paused:  # a file holds definitions: a sync into another registry makes them active
+        out.notes.append(
+            f"note: {paused} paused schedule(s) are written as definitions only: synced into "
+            "a registry that does not hold them, they are active"
+        )
     for queue in sorted(set(queues or ())):
         if not any(r.queue == queue for r in registrations):
             out.notes.append(f"note: queue {queue!r} has no schedule to export")

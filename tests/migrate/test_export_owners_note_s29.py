@@ -73,3 +73,18 @@ def test_the_note_says_schedules_of_no_owner_are_in_no_source_export(
         "those of no owner (added at run time: the CLI, the API) are in no --source export: "
         "a file always declares an owner, so they come back owned by the file's"
     )
+
+
+def test_an_export_notes_the_paused_schedules_it_writes_as_definitions(
+    run: Run, repeat: Repeat, tmp_path: Path
+) -> None:
+    repeat.upsert("celery", "a1", every="1m", template=TASK, source="app-a")
+    repeat.upsert("celery", "a2", every="1m", template=TASK, source="app-a")
+    repeat.pause("celery", "a2", note="until the migration")
+    exported = run("export", "--source", "app-a", "-o", str(tmp_path / "a.toml"))
+    assert exported.exit_code == 0, exported.output
+    assert exported.stderr.splitlines() == [
+        "note: 1 paused schedule(s) are written as definitions only: synced into a registry "
+        "that does not hold them, they are active",
+        "exported 2 schedule(s), 0 left out",
+    ]
