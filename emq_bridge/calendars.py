@@ -339,7 +339,11 @@ class Excluding:
                     "9999: the schedule would never run (use end_at to end a schedule)"
                 )
             slot = self.inner.next_after(max(slot, end - 1))
-        raise ScheduleError(f"the exclusions skip more than {MAX_SKIPS} runs in a row")
+        raise ScheduleError(
+            f"the exclusions skip more than {MAX_SKIPS} runs in a row from {_iso(first)}: "
+            "the schedule would run rarely if ever (a rule that matches every run it has, "
+            "such as the cadence's own cron, excludes them all)"
+        )
 
     def _repeats_from(self, first_ms: int) -> int | None:
         """Where the excluded slots start to repeat every 400 years, if they do: a cron in

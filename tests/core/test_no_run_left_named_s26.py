@@ -66,3 +66,22 @@ def test_the_registrys_refusal_names_the_schedule(any_repeat: Repeat, immediatel
     with pytest.raises(ScheduleError, match=r"^q/never: the exclusions cover every run"):
         sync(any_repeat, declared, "s")
     assert any_repeat.list("q", limit=5) == []
+
+
+def test_a_cadence_excluded_by_its_own_cron_in_a_zone_is_refused_saying_why(
+    any_repeat: Repeat,
+) -> None:
+    # Session 34 (a DST probe): a cron excluded by itself outside UTC (no 400-year cycle
+    # check there) was refused as "the exclusions skip more than 20000 runs in a row",
+    # which said neither from when nor that the schedule would never run.
+    never = define(
+        cron="30 1 * * *",
+        tz="America/New_York",
+        template={"task": "t"},
+        exclude=["cron:30 1 * * *"],
+    )
+    with pytest.raises(ScheduleError) as refused:
+        any_repeat.upsert("q", "own-cron", definition=never)
+    message = str(refused.value)
+    assert "skip more than 20000 runs in a row from " in message
+    assert "would run rarely if ever" in message and "the cadence's own cron" in message
