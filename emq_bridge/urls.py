@@ -624,6 +624,16 @@ def redact_url(url: str) -> str:
     return f"{head}{user}:***@{shown}" if has_password else f"{head}***@{shown}"
 
 
+def url_has_password(url: str) -> bool:
+    """Whether `url` holds a password: in its user info (`user:password@`, `:password@`)
+    or as a `password` query option."""
+    _, userinfo, rest = split_userinfo(url)
+    if userinfo is not None and userinfo.partition(":")[2]:
+        return True
+    query = rest.partition("?")[2].partition("#")[0]
+    return any(item.partition("=")[0] == "password" for item in query.split("&"))
+
+
 def split_userinfo(url: str) -> tuple[str, str | None, str]:
     """Split `url` into `scheme://`, the user info (None if there is none) and the rest.
 

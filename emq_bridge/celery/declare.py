@@ -36,7 +36,7 @@ from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
 from ..sync import Stamp, SyncPlan, check_one_source, moves_of, queues_of, stamped, sync
 from ..template import TaskTemplate
-from ..urls import check_tls_options, redact_url, tls_url
+from ..urls import check_tls_options, redact_url, tls_url, url_has_password
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -212,8 +212,33 @@ def repeat_for(app: Celery, **options: Any) -> Repeat:
     """
     url, tls = _tls_client(registry_url(app), registry_tls(app))
     # Timeouts, so a Redis that hangs surfaces as RegistryUnavailable instead of a stuck beat.
-    options = {"socket_connect_timeout": 10, "socket_timeout": 30, **tls, **options}
+    options = {
+        "socket_connect_timeout": 10,
+        "socket_timeout": 30,
+        **registry_password(app, url),
+        **tls,
+        **options,
+    }
     return Repeat.from_url(url, registry_prefix(app), **options)
+
+
+def registry_password(app: Celery, url: str) -> dict[str, str]:
+    """`{"password": emq_bridge_redis_password}` when it is set, else `{}`. Celery hides a
+    setting whose name holds PASS from `celery report`, `inspect conf` and Flower, not
+    `emq_bridge_redis_url` (its name matches none of its patterns): the password kept here,
+    out of the URL, is shown masked. `ConfigError` if it is not a non-empty string, or if
+    the URL holds a password too (the URL's would win, silently)."""
+    password = app.conf.get("emq_bridge_redis_password")
+    if password is None:
+        return {}
+    if not isinstance(password, str) or not password:
+        raise ConfigError("emq_bridge_redis_password must be a non-empty string")
+    if url_has_password(url):
+        raise ConfigError(
+            "emq_bridge_redis_password is set and the registry URL holds a password too: "
+            "keep it in one place (emq_bridge_redis_password, which celery report masks)"
+        )
+    return {"password": password}
 
 
 def _source(app: Celery) -> str:
