@@ -496,3 +496,28 @@ def test_a_one_off_django_celery_beat_ran_is_refused_by_both_imports(
         )
     finally:
         db.all().delete()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:Pg5ecret@127.0.0.1:notaport/db",
+        "postgresql://u:Pg5ecret@[::1/db",
+        "postgresql://u:Pg5/ecret@127.0.0.1/db",
+    ],
+    ids=["port", "ipv6", "slash-in-password"],
+)
+def test_a_database_url_whose_host_or_port_cannot_be_read_is_a_one_line_error(
+    redis_url: str, prefix: str, url: str
+) -> None:
+    # Session 34 (a probe of secrets): a raw ValueError traceback, exit 1; with a '/' in the
+    # password, urllib takes a piece of it for the port and quotes it in its message.
+    command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
+    command += ["import", "django-celery-beat", "--database-url", url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: --database-url is not a valid URL: its host or port cannot be read (escape the "
+        "password's special characters as %XX)"
+    ]
+    assert "ecret" not in result.stderr

@@ -33,7 +33,14 @@ _ENGINES = {
 
 def database_settings(url: str) -> dict[str, Any]:
     """Return Django's `DATABASES["default"]` for `url`; `ConfigError` if it is not one."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a port that is not a number raises here, not at connect
+    except ValueError:  # not its text: it quotes what it took for the port, a password's piece
+        raise ConfigError(
+            "--database-url is not a valid URL: its host or port cannot be read (escape the "
+            "password's special characters as %XX)"
+        ) from None
     engine = _ENGINES.get(parts.scheme)
     if engine is None:
         raise ConfigError(
@@ -57,7 +64,7 @@ def database_settings(url: str) -> dict[str, Any]:
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
-        "PORT": str(parts.port or ""),
+        "PORT": str(port or ""),
     }
 
 
@@ -76,6 +83,7 @@ def setup(url: str, timezone: str = "UTC", stored_timezone: str = "UTC") -> None
     try:
         import django  # type: ignore[import-untyped]
         from django.conf import settings  # type: ignore[import-untyped]
+        from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
     except ImportError as exc:
         raise ConfigError(
             "importing from django-celery-beat needs Django and django-celery-beat installed"
@@ -94,3 +102,5 @@ def setup(url: str, timezone: str = "UTC", stored_timezone: str = "UTC") -> None
             f"importing from django-celery-beat needs it installed ({exc}): "
             "pip install django-celery-beat"
         ) from exc
+    except ImproperlyConfigured as exc:  # the database's driver missing (mysqlclient)
+        raise ConfigError(f"--database-url: {' '.join(str(exc).split())}") from None
