@@ -569,6 +569,13 @@ def _clock_name(clock: object) -> str:
     return f"a {type(clock).__name__}"
 
 
+def _per_primary(reply: Any) -> list[dict[str, Any]]:
+    """A server-wide command's reply as one dict per server: a cluster's, sent to every
+    primary, is a dict by node; a plain client's is the one server's dict."""
+    per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
+    return list(reply.values()) if per_node else [reply]
+
+
 def _call_nonce() -> str:
     """Return a nonce for one call of a move its script must not run twice (trigger):
     redis-py resends a command whose reply timed out, though the server may have run it,
@@ -698,17 +705,17 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         """Return each primary's `maxmemory-policy` as `CONFIG GET` answers it (at least one)."""
         with redis_errors("CONFIG GET maxmemory-policy"):
             reply = self.client.config_get("maxmemory-policy", **self._primaries())
-        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
-        nodes = reply.values() if per_node else [reply]
-        return [str(next(iter(node.values()), "")) if node else "" for node in nodes]
+        return [str(next(iter(node.values()), "")) if node else "" for node in _per_primary(reply)]
+
+    def _memory_info(self) -> builtins.list[dict[str, Any]]:
+        """Each primary's `INFO memory` (at least one). Raises `RegistryError`."""
+        with redis_errors("INFO memory"):
+            return _per_primary(self.client.info("memory", **self._primaries()))
 
     def _reported_policies(self) -> builtins.list[str]:
         """Return each primary's `maxmemory_policy` as `INFO memory` reports it (at least
         one); `RegistryError` if a server's INFO does not name it."""
-        with redis_errors("INFO memory"):
-            reply = self.client.info("memory", **self._primaries())
-        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
-        nodes = builtins.list(reply.values()) if per_node else [reply]
+        nodes = self._memory_info()
         if not all("maxmemory_policy" in node for node in nodes):
             raise RegistryError("INFO memory: the server does not report its maxmemory_policy")
         return [text(node["maxmemory_policy"]) for node in nodes]
@@ -718,12 +725,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         refuses writes that may grow memory: a pump's heartbeat and moves, the workers'
         reports. One `INFO memory`; None when it cannot be read (an ACL refusing INFO)."""
         try:
-            with redis_errors("INFO memory"):
-                reply = self.client.info("memory", **self._primaries())
+            nodes = self._memory_info()
         except RegistryError:
             return None
-        per_node = bool(reply) and all(isinstance(v, dict) for v in reply.values())
-        nodes = builtins.list(reply.values()) if per_node else [reply]
         try:
             return any(
                 0 < int(node.get("maxmemory", 0)) <= int(node.get("used_memory", 0))

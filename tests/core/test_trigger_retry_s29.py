@@ -20,6 +20,7 @@ option and always takes DEBUG).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import warnings
@@ -150,18 +151,22 @@ def test_a_trigger_redis_py_sends_twice_fires_once_with_the_id_the_caller_got(
 # -- the scripts, called twice with one nonce (on the server and on fakeredis) --------------
 
 
+def _trigger_lua(repeat: Repeat, nonce: str, now_ms: int) -> list[int]:
+    """Call trigger.lua for q/nightly with `nonce` at `now_ms`, as `Repeat.trigger` does."""
+    keys = repeat.keys("q")
+    reply = repeat.scripts.trigger(
+        keys=[keys.record("nightly"), keys.leases],
+        args=["nightly", now_ms, keys.wake_channel, nonce],
+    )
+    return [int(part) for part in reply]
+
+
 def test_trigger_lua_called_again_with_the_same_nonce_writes_nothing_and_answers_the_same(
     any_repeat: Repeat,
 ) -> None:
     any_repeat.register("q", "nightly", cron="0 3 * * *", template=TEMPLATE, now_ms=T0)
     keys = any_repeat.keys("q")
-
-    def call(nonce: str, now_ms: int) -> list[int]:
-        reply = any_repeat.scripts.trigger(
-            keys=[keys.record("nightly"), keys.leases],
-            args=["nightly", now_ms, keys.wake_channel, nonce],
-        )
-        return [int(part) for part in reply]
+    call = functools.partial(_trigger_lua, any_repeat)
 
     assert call("first", T0) == [1, T0]
     assert call("first", T0 + 5) == [1, T0]  # the resent call: nothing written
@@ -176,13 +181,7 @@ def test_a_resent_trigger_is_recognised_after_another_callers_trigger(any_repeat
     # own: two calls, three or four triggers, ids no caller got.
     any_repeat.register("q", "nightly", cron="0 3 * * *", template=TEMPLATE, now_ms=T0)
     keys = any_repeat.keys("q")
-
-    def call(nonce: str, now_ms: int) -> list[int]:
-        reply = any_repeat.scripts.trigger(
-            keys=[keys.record("nightly"), keys.leases],
-            args=["nightly", now_ms, keys.wake_channel, nonce],
-        )
-        return [int(part) for part in reply]
+    call = functools.partial(_trigger_lua, any_repeat)
 
     assert call("a", T0) == [1, T0]
     assert call("b", T0) == [1, T0 + 1]  # another caller, between a's call and its resend
