@@ -152,3 +152,32 @@ def test_the_command_line_reads_a_database_url_in_the_zone_it_is_told(
     assert done.returncode == 0, done.stderr
     assert "3 created, 0 updated, 0 unchanged, 0 refused" in done.stderr
     _check(repeat, json.loads(project["due"]))
+
+
+def test_a_reimport_by_the_project_of_what_the_command_line_imported_changes_nothing(
+    project: dict[str, str], repeat: Repeat, redis_url: str
+) -> None:
+    # Session 35 (a probe of a Django project's switch): the task's `expires` option, the
+    # row's `expires`, was written as read: `+00:00` from PostgreSQL's instants, `-05:00`
+    # from the project's naive wall times, so the same rows imported again from the project
+    # (USE_TZ = False) were an update. Both now write the instant in UTC.
+    first = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url]
+    first += ["--prefix", repeat.prefix, "import", "django-celery-beat"]
+    first += ["--database-url", project["url"]]
+    if project["backend"] == "sqlite":
+        first += ["--stored-timezone", ZONE]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(first, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    later = repeat.get("celery", "later")
+    assert later is not None
+    assert later.definition.template["options"]["expires"].endswith("+00:00")
+
+    again = [sys.executable, "-m", "django", "emq_import", "--redis-url", redis_url]
+    again += ["--prefix", repeat.prefix]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "naive_settings", "PYTHONPATH": project["dir"]}
+    done = subprocess.run(
+        again, env=env, cwd=project["dir"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "0 created, 0 updated, 3 unchanged, 0 refused" in done.stderr

@@ -216,7 +216,9 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
     if row.expire_seconds:
         raw_options["expires"] = row.expire_seconds
     elif expires is not None:  # ModelEntry sends it as the task's expiry too
-        raw_options["expires"] = expires.isoformat()
+        # In UTC: the same instant read under `USE_TZ = False` (the project's zone) would
+        # otherwise be another text, and a re-import an update.
+        raw_options["expires"] = expires.astimezone(timezone.utc).isoformat()
     raw_options["headers"] = {**headers, "periodic_task_name": row.name}
     options = json_options(raw_options, label)
     first_run_ms, rhythm_ms, start_ms = carried.first_run_ms, carried.rhythm_ms, None
