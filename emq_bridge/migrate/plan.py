@@ -295,15 +295,28 @@ def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:
             continue
         when = "no next run" if live.next_run_ms is None else f"next {_utc(live.next_run_ms)}"
         state = f"paused ({when}, as stored)" if live.paused else f"{when} (as stored)"
+        d = entry.declaration
         if entry.seed.paused and not live.paused:  # disabled there since it was imported
-            d = entry.declaration
             pause = shlex.join(["emq-bridge", "pause", d.queue, d.name])
             state += (
                 "; disabled in the old scheduler but active here (an import leaves a "
                 f"registration's pause as it is): {pause}"
             )
+        elif live.paused and not entry.seed.paused and not _staged(live.paused_by):
+            # Enabled there again (django-celery-beat's admin): an import's `--paused`
+            # staging is lifted by `--resume` at the cut-over, not named here.
+            resume = shlex.join(["emq-bridge", "resume", d.queue, d.name])
+            state += (
+                "; enabled in the old scheduler but paused here (an import leaves a "
+                f"registration's pause as it is): {resume}"
+            )
         out.append(replace(entry, stored=state))
     return out
+
+
+def _staged(paused_by: str | None) -> bool:
+    """Whether a pause is an import's own `--paused` staging (`paused_by` its source)."""
+    return paused_by is not None and paused_by.startswith(IMPORT_SOURCE_PREFIX)
 
 
 def _owners(repeat: Repeat, existing: list[Declaration]) -> dict[tuple[str, str], str | None]:

@@ -430,6 +430,44 @@ def test_a_reimport_once_a_start_time_passed_changes_nothing(
         PeriodicTask.objects.using("default").all().delete()
 
 
+def test_a_task_enabled_again_in_django_celery_beat_gets_the_resume_command_on_reimport(
+    databases: dict[str, str], repeat: Repeat, redis_url: str
+) -> None:
+    # Session 35 (a probe of a Django project's switch): a task disabled when it was imported
+    # (created paused here) and enabled again in the admin, django-celery-beat's usual way,
+    # was listed as unchanged and paused with no word on why (an import leaves a pause as it
+    # is); the opposite case named `emq-bridge pause`. An import's own `--paused` staging is
+    # lifted by `--resume`, and gets no such line.
+    from django.core.management import call_command
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    hour = IntervalSchedule.objects.using("default").create(every=1, period="hours")
+    tasks = PeriodicTask.objects.using("default")
+    tasks.create(name="off-then-on", task="proj.tasks.run", interval=hour, enabled=False)
+    tasks.create(name="staged", task="proj.tasks.run", interval=hour)
+    options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": "default"}
+    try:
+        call_command("emq_import", stdout=io.StringIO(), stderr=io.StringIO(), **options)
+        repeat.cancel("celery", "staged")
+        call_command(
+            "emq_import", stdout=io.StringIO(), stderr=io.StringIO(), paused=True, **options
+        )
+        tasks.filter(name="off-then-on").update(enabled=True)
+        out, err = io.StringIO(), io.StringIO()
+        call_command("emq_import", stdout=out, stderr=err, **options)
+        lines = (out.getvalue() + err.getvalue()).splitlines()
+        hint = "enabled in the old scheduler but paused here"
+        again = [line for line in lines if "celery/off-then-on" in line]
+        assert len(again) == 1 and hint in again[0], lines
+        assert "): emq-bridge resume celery off-then-on  <- periodic task" in again[0]
+        staged = [line for line in lines if "celery/staged" in line]
+        assert len(staged) == 1 and hint not in staged[0], lines
+        registration = repeat.get("celery", "off-then-on")
+        assert registration is not None and registration.paused  # the hint only
+    finally:
+        PeriodicTask.objects.using("default").all().delete()
+
+
 def test_a_one_off_django_celery_beat_ran_is_refused_by_both_imports(
     databases: dict[str, str], repeat: Repeat, redis_url: str
 ) -> None:
