@@ -139,6 +139,7 @@ class BeatMonitors:
         # Each entry's monitor config, built at its first beat: an entry Sentry Crons cannot
         # monitor is logged once, not at every beat (sentry-sdk logs it only with debug on).
         self._configs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._failed = False  # a check-in failed: said once
 
     @property
     def entries(self) -> dict[tuple[str, str], tuple[str, Any]]:
@@ -153,7 +154,26 @@ class BeatMonitors:
 
         With sentry-sdk's Celery integration active, each task the beat sends, monitored or
         not, starts a new trace, as sentry-sdk's patched apply_entry starts one per entry
-        (else a task would join the trace of the last check-in)."""
+        (else a task would join the trace of the last check-in).
+
+        Monitoring never stops a send: a check-in that fails (a sentry-sdk whose API differs)
+        is logged, once per beat, and the task goes without it."""
+        try:
+            return self._headers(occurrence)
+        except Exception as exc:
+            if not self._failed:
+                self._failed = True
+                log.warning(
+                    "Sentry Crons: no check-in for %s/%s, sent without one (and so may later "
+                    "ones be, unlogged): %s: %s",
+                    occurrence.queue,
+                    occurrence.name,
+                    type(exc).__name__,
+                    exc,
+                )
+            return None
+
+    def _headers(self, occurrence: Occurrence) -> dict[str, Any] | None:
         integration = _celery_integration()
         if integration is None:
             return None

@@ -63,3 +63,19 @@ def test_the_readme_names_the_floors_pyproject_declares() -> None:
     for name, floor in floors.items():  # what the suite runs on meets them
         installed = tuple(int(p) for p in re.findall(r"\d+", version(name))[:2])
         assert installed >= tuple(int(p) for p in floor.split(".")[:2]), name
+
+
+def test_the_sentry_floor_has_the_api_the_beats_check_ins_use() -> None:
+    # Session 35 (a probe of the built wheel): the floor was sentry-sdk 2.0, and with 2.0 to
+    # 2.11 (no `sentry_sdk.get_isolation_scope`) every dispatch of a monitoring beat raised.
+    import tomllib
+    from pathlib import Path
+
+    import sentry_sdk
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["sentry"] == ["sentry-sdk>=2.12"]
+    assert callable(sentry_sdk.get_isolation_scope)
+    build = tomllib.loads((root / "pyproject.toml").read_text())["build-system"]
+    assert build["requires"] == ["setuptools>=77"]  # the first to read `license = "MIT"`

@@ -70,6 +70,11 @@ def test_the_beats_monitors_build_sentry_sdks_config_and_check_in_once_per_occur
     }
     assert out["redelivered"] == out["scheduled"]  # a re-send reopens the same check-in
     assert out["triggered"] is None and out["unknown"] is None
+    # Session 35 (a probe of the built wheel): with sentry-sdk 2.0 to 2.11, which the floor
+    # allowed, every dispatch of the beat raised AttributeError and no task was sent; the
+    # floor is now 2.12, and a check-in that fails is logged once and skipped.
+    assert out["broken"] == [None, None]
+    assert stderr.count("Sentry Crons: no check-in for") == 1
     assert out["traces"] == 5  # each task the beat sends starts a trace, monitored or not
     sent = [json.loads(line) for line in (tmp_path / "on.jsonl").read_text().splitlines()]
     assert [(s["payload"]["check_in_id"], s["payload"]["status"]) for s in sent] == [
