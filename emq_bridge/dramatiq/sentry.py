@@ -91,6 +91,12 @@ class SentryCrons(Middleware):
     def __init__(
         self, *, slug: Callable[[str, str], str] | None = None, max_runtime: int | None = None
     ) -> None:
+        try:
+            import sentry_sdk  # noqa: F401  # here, not at each message's check-in
+        except ImportError:
+            raise ImportError(
+                "SentryCrons needs sentry-sdk: pip install 'emq-bridge[sentry]'"
+            ) from None
         if max_runtime is not None and (type(max_runtime) is not int or max_runtime <= 0):
             raise ConfigError(
                 f"SentryCrons(max_runtime=...) must be a positive whole number of minutes, "

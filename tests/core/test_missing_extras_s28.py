@@ -36,6 +36,13 @@ else:
         ("emq_bridge.web", {"jinja2"}, "pip install 'emq-bridge[web]'"),
         ("emq_bridge.web", {"starlette"}, "pip install 'emq-bridge[web]'"),
         ("emq_bridge.metrics", {"prometheus_client"}, "pip install 'emq-bridge[metrics]'"),
+        # Session 35 (a probe of the built wheel): without python-multipart the pages served
+        # and every action form (unlock, pause, resume) was a 500 with a traceback.
+        (
+            "emq_bridge.web",
+            {"python_multipart", "multipart"},
+            "needs Starlette, Jinja2 and python-multipart: pip install 'emq-bridge[web]'",
+        ),
     ],
 )
 def test_a_missing_extra_is_named_at_import(module: str, blocked: set[str], said: str) -> None:
@@ -64,3 +71,17 @@ def test_the_demo_without_dramatiq_says_which_extra_in_one_line() -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the demo runs a Dramatiq worker"), lines
     assert "pip install 'emq-bridge[dramatiq]'" in lines[0]
+
+
+def test_sentry_crons_without_sentry_sdk_says_which_extra_when_it_is_made() -> None:
+    # Session 35 (a probe of the built wheel): `SentryCrons()` was made without sentry-sdk,
+    # then each monitored message logged a CRITICAL traceback (`No module named
+    # 'sentry_sdk'`) and no check-in was sent.
+    code = BLOCK.format(module="emq_bridge.dramatiq.sentry", blocked={"sentry_sdk"}).replace(
+        'print("imported")',
+        "from emq_bridge.dramatiq.sentry import SentryCrons\n"
+        "try:\n    SentryCrons()\nexcept ImportError as exc:\n    print(exc)",
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "SentryCrons needs sentry-sdk: pip install 'emq-bridge[sentry]'"
