@@ -8,7 +8,7 @@ import click
 
 from ..pump import Pump
 
-__all__ = ["metrics_options", "serve_pump_metrics"]
+__all__ = ["metrics_options", "require_metrics", "serve_pump_metrics"]
 
 
 def metrics_options(command: Any) -> Any:
@@ -27,16 +27,22 @@ def metrics_options(command: Any) -> Any:
     )(command)
 
 
-def serve_pump_metrics(pump: Pump, host: str, port: int) -> str:
-    """Count `pump`'s events (`emq_bridge.metrics.install`) and serve them; return the URL.
-
-    A missing prometheus_client or an address that cannot be bound is an error (exit 1)."""
+def require_metrics() -> None:
+    """Exit 1, saying which extra to install, when prometheus_client is missing: checked
+    before the pump loads its app or syncs anything."""
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise click.ClickException(
             "--metrics-port needs prometheus_client: pip install 'emq-bridge[metrics]'"
         ) from None
+
+
+def serve_pump_metrics(pump: Pump, host: str, port: int) -> str:
+    """Count `pump`'s events (`emq_bridge.metrics.install`) and serve them; return the URL.
+
+    A missing prometheus_client or an address that cannot be bound is an error (exit 1)."""
+    require_metrics()
     from ..metrics import RegistrationsCollector, exposition_registry, install, serve
     from ..metrics.families import multiprocess_dir
 

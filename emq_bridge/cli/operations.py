@@ -39,7 +39,7 @@ from .context import (
     utf8_option,
 )
 from .frameworks import framework_options, given_frameworks, load_target
-from .metrics import metrics_options, serve_pump_metrics
+from .metrics import metrics_options, require_metrics, serve_pump_metrics
 from .render import to_json
 from .stopping import STOP_DEADLINE_S, StopOverdue, stop_on_signals
 
@@ -401,6 +401,8 @@ def pump_command(
         )
     if pipelined and list_key:
         raise click.UsageError("--pipelined applies to --dramatiq and --celery only")
+    if metrics_port is not None:
+        require_metrics()
     if settings.verbosity == 0:  # a long-running pump logs its syncs and outages by default
         logging.getLogger("emq_bridge").setLevel(logging.INFO)
     schedule_files = [load_schedule_file(f) for f in files]  # validate every file before writing
@@ -442,6 +444,8 @@ def pump_command(
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--heartbeat-ttl'") from exc
+    if metrics_port is not None:  # an address that cannot be bound: before anything is written
+        click.echo(f"metrics on {serve_pump_metrics(pump, metrics_host, metrics_port)}", err=True)
     watch = None
     if do_sync:  # once every option is known good: a refused command writes nothing
         plans = _sync_sources(repeat, target, schedule_files)
@@ -456,8 +460,6 @@ def pump_command(
     # A record the target's source rewrites after this is newer code's: not parked here.
     synced_ms = repeat.server_time_ms()
     pump.code_synced_ms = synced_ms if pump.code is not None else None
-    if metrics_port is not None:
-        click.echo(f"metrics on {serve_pump_metrics(pump, metrics_host, metrics_port)}", err=True)
     if once:
         pump.check_eviction_policy()
         dispatched, failed = _fire_due_now(pump, synced_ms)

@@ -76,9 +76,16 @@ def test_a_scrape_during_a_1000_schedule_run_counts_every_dispatch_and_registrat
     assert sample(samples, "emq_bridge_pump_ticks_total") >= 2
 
 
+# A schedule file the pump would sync: a refused --metrics-port must leave it unsynced
+# (session 35, a probe of the built wheel: the pump synced, then said the port was unusable).
+SCHEDULE_FILE = 'queue = "mq"\n[[schedule]]\nname = "tick"\ntask = "app.tick"\nevery = "1m"\n'
+
+
 def test_a_metrics_port_in_use_is_one_line_and_exit_1(
-    script: str, redis_url: str, prefix: str
+    script: str, redis_url: str, prefix: str, repeat: Repeat, tmp_path: Path
 ) -> None:
+    schedules = tmp_path / "schedules.toml"
+    schedules.write_text(SCHEDULE_FILE)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -97,6 +104,8 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_1(
                 "--once",
                 "--metrics-port",
                 str(port),
+                "-f",
+                str(schedules),
             ],
             capture_output=True,
             text=True,
@@ -107,11 +116,14 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_1(
     assert done.stderr.strip().splitlines() == [
         f"Error: cannot serve metrics on 127.0.0.1:{port}: [Errno 98] Address already in use"
     ]
+    assert repeat.get("mq", "tick") is None  # refused before anything was written
 
 
 def test_a_metrics_port_without_prometheus_client_says_what_to_install(
-    redis_url: str, prefix: str
+    redis_url: str, prefix: str, repeat: Repeat, tmp_path: Path
 ) -> None:
+    schedules = tmp_path / "schedules.toml"
+    schedules.write_text(SCHEDULE_FILE)
     code = (
         "import importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
@@ -121,7 +133,8 @@ def test_a_metrics_port_without_prometheus_client_says_what_to_install(
         "sys.meta_path.insert(0, Block())\n"
         "from emq_bridge.cli import main\n"
         f"main(['--redis-url', {redis_url!r}, '--prefix', {prefix!r}, 'pump', 'mq',\n"
-        "      '--list-key', 'out', '--once', '--metrics-port', '0'])\n"
+        "      '--list-key', 'out', '--once', '--metrics-port', '0',\n"
+        f"      '-f', {str(schedules)!r}])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
@@ -130,6 +143,7 @@ def test_a_metrics_port_without_prometheus_client_says_what_to_install(
     assert done.stderr.strip().splitlines() == [
         "Error: --metrics-port needs prometheus_client: pip install 'emq-bridge[metrics]'"
     ]
+    assert repeat.get("mq", "tick") is None  # refused before anything was written
 
 
 def test_an_ipv6_host_is_bracketed_in_the_url_said() -> None:
