@@ -48,13 +48,14 @@ from .entries import (
     zone_name,
 )
 from .fingerprint import app_fingerprint
-from .setting_names import setting_name
+from .setting_names import setting_hint, setting_name, warn_unread_settings
 
 __all__ = [
     "AppSchedule",
     "app_schedule",
     "boot_schedule",
     "boot_sources",
+    "number_text",
     "recurring",
     "registry_prefix",
     "registry_tls",
@@ -102,6 +103,21 @@ def flag_setting(app: Celery, name: str, default: bool) -> bool:
     )
 
 
+def number_text(value: Any) -> Any:
+    """A number given as text, as a settings module read from the environment holds it
+    (`"10"`, `"2.5"`), as that number; anything else as it is, for the caller's check to
+    name. So `CELERY_EMQ_BRIDGE_GENERATION = os.environ["BUILD"]` is the build's number."""
+    if not isinstance(value, str) or not value.isascii():
+        return value
+    text = value.strip()
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return value
+
+
 def registry_url(app: Celery) -> str:
     """Return the registry's Redis URL: `emq_bridge_redis_url`, else a Redis broker URL."""
     url = _setting(app, "emq_bridge_redis_url")
@@ -120,12 +136,15 @@ def registry_url(app: Celery) -> str:
         if scheme.lower() == "sentinel":
             raise ConfigError(
                 "emq-bridge does not take its registry from a sentinel:// broker URL (its "
-                "master is named in broker_transport_options): set "
-                "app.conf.emq_bridge_redis_url = 'redis+sentinel://host:26379/MASTER_NAME/0'"
+                "master is named in broker_transport_options): "
+                + setting_hint(
+                    app, "emq_bridge_redis_url", "'redis+sentinel://host:26379/MASTER_NAME/0'"
+                )
             )
     raise ConfigError(
-        "emq-bridge needs a Redis for its registry: set app.conf.emq_bridge_redis_url = "
-        "'redis://host:6379/0' (it defaults to the broker URL only when the broker is Redis)"
+        "emq-bridge needs a Redis for its registry: "
+        + setting_hint(app, "emq_bridge_redis_url", "'redis://host:6379/0'")
+        + " (it defaults to the broker URL only when the broker is Redis)"
     )
 
 
@@ -210,6 +229,7 @@ def repeat_for(app: Celery, **options: Any) -> Repeat:
     `options` go to the client (`Repeat.from_url`), over the TLS options and the default
     timeouts.
     """
+    warn_unread_settings(app)  # a misspelt setting would otherwise pass unseen
     url, tls = _tls_client(registry_url(app), registry_tls(app))
     # Timeouts, so a Redis that hangs surfaces as RegistryUnavailable instead of a stuck beat.
     options = {
@@ -232,11 +252,14 @@ def registry_password(app: Celery, url: str) -> dict[str, str]:
     if password is None:
         return {}
     if not isinstance(password, str) or not password:
-        raise ConfigError("emq_bridge_redis_password must be a non-empty string")
-    if url_has_password(url):
         raise ConfigError(
-            "emq_bridge_redis_password is set and the registry URL holds a password too: "
-            "keep it in one place (emq_bridge_redis_password, which celery report masks)"
+            f"{setting_name(app, 'emq_bridge_redis_password')} must be a non-empty string"
+        )
+    if url_has_password(url):
+        name = setting_name(app, "emq_bridge_redis_password")
+        raise ConfigError(
+            f"{name} is set and the registry URL holds a password too: "
+            f"keep it in one place ({name}, which celery report masks)"
         )
     return {"password": password}
 
@@ -247,7 +270,10 @@ def _source(app: Celery) -> str:
         validate_name(tasks_source(source), "source")  # the longer of the two
         return validate_name(source, "source")
     except EmqError as exc:
-        raise ConfigError(f"emq_bridge_source: {exc}; set app.conf.emq_bridge_source") from exc
+        raise ConfigError(
+            f"{setting_name(app, 'emq_bridge_source')}: {exc}; "
+            + setting_hint(app, "emq_bridge_source", "'<a valid source name>'")
+        ) from exc
 
 
 def tasks_source(source: str) -> str:
@@ -258,11 +284,11 @@ def tasks_source(source: str) -> str:
 
 def _generation(app: Celery) -> int | None:
     """Return `emq_bridge_generation`: the declarations' generation, raised by each deploy."""
-    value = app.conf.get("emq_bridge_generation")
+    value = number_text(app.conf.get("emq_bridge_generation"))
     try:
         generation_arg(value, "emq_bridge_source")  # any source: only the value is checked
     except ConfigError as exc:
-        raise ConfigError(f"emq_bridge_generation: {exc}") from exc
+        raise ConfigError(f"{setting_name(app, 'emq_bridge_generation')}: {exc}") from exc
     return None if value is None else int(value)
 
 
@@ -473,13 +499,14 @@ def _extra_queues(app: Celery) -> tuple[str, ...]:
     raw = _setting(app, "emq_bridge_queues", ())
     if isinstance(raw, str | bytes) or not isinstance(raw, list | tuple | set | frozenset):
         raise ConfigError(
-            f"emq_bridge_queues must be a list of queue names, got {type(raw).__name__}"
+            f"{setting_name(app, 'emq_bridge_queues')} must be a list of queue names, got "
+            + type(raw).__name__
             + (f" {raw!r:.80}" if isinstance(raw, str) else "")
         )
     try:
         return tuple(validate_name(q, "queue") for q in raw)
     except EmqError as exc:
-        raise ConfigError(f"emq_bridge_queues: {exc}") from None
+        raise ConfigError(f"{setting_name(app, 'emq_bridge_queues')}: {exc}") from None
 
 
 def _file_queues(extra: Sequence[tuple[str, tuple[Declaration, ...]]]) -> set[str]:

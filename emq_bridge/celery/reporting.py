@@ -84,7 +84,8 @@ from ..occurrence import occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
 from ..reporting import HEARTBEAT_S, Reporter
-from .declare import flag_setting, registry_prefix, registry_url, repeat_for
+from ..shown import shown
+from .declare import flag_setting, number_text, registry_prefix, registry_url, repeat_for
 from .dispatch import (
     BACKFILL_HEADER,
     DUE_HEADER,
@@ -106,6 +107,7 @@ from .replacement import (
     _replaces,
     _watch_replacements,
 )
+from .setting_names import setting_name, warn_unread_settings
 
 __all__ = [
     "FLUSH_S",
@@ -125,6 +127,7 @@ FLUSH_S = 2.0
 MAX_COPIES = 10_000
 # Runs a BaseException ended whose starts a process keeps for their failure (`_escaped`).
 MAX_ESCAPED = 1_000
+INFINITY = float("inf")
 # The reporter's client: short timeouts, since its thread is the only one that waits.
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
@@ -136,24 +139,28 @@ def _settings(app: Celery) -> tuple[bool, int, float]:
     conf = app.conf
     report = flag_setting(app, "emq_bridge_report", True)
     size = history_size_setting(app)
-    beat = conf.get("emq_bridge_heartbeat_s")
+    beat = number_text(conf.get("emq_bridge_heartbeat_s"))
     beat = HEARTBEAT_S if beat is None else beat
-    if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not beat > 0:
-        raise ConfigError(f"emq_bridge_heartbeat_s must be a positive number, got {beat!r}")
+    if isinstance(beat, bool) or not (isinstance(beat, (int, float)) and 0 < beat < INFINITY):
+        raise ConfigError(
+            f"{setting_name(app, 'emq_bridge_heartbeat_s')} must be a positive number of "
+            f"seconds, got {shown(beat)}"
+        )
     return report, size, float(beat)
 
 
 def history_size_setting(app: Celery) -> int:
     """Return `emq_bridge_history_size` (default `HISTORY_SIZE`): what the workers' reports
     and the beat's own history entries (skipped, lost) keep; `ConfigError` if unusable."""
-    size = app.conf.get("emq_bridge_history_size")
+    size = number_text(app.conf.get("emq_bridge_history_size"))
     size = HISTORY_SIZE if size is None else size
+    name = setting_name(app, "emq_bridge_history_size")
     if isinstance(size, bool) or not isinstance(size, int):
-        raise ConfigError(f"emq_bridge_history_size must be a whole number, got {size!r}")
+        raise ConfigError(f"{name} must be a whole number, got {shown(size)}")
     try:
         return check_history_size(size)
     except ValueError as exc:  # its bounds
-        raise ConfigError(f"emq_bridge_history_size: {exc}") from exc
+        raise ConfigError(f"{name}: {exc}") from exc
 
 
 def _make_reporter(app: Celery) -> Reporter | None:
@@ -409,6 +416,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     is logged at start, once)."""
     app = getattr(sender, "app", None)
     if isinstance(app, Celery):
+        warn_unread_settings(app)  # here, before the pool forks: once, not once a child
         reporter_for(app)
 
 

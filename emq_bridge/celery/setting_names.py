@@ -1,17 +1,123 @@
-"""How messages name a Celery setting of emq-bridge's: `setting_name`."""
+"""The names of emq-bridge's Celery settings: as messages give them (`setting_name`,
+`setting_hint`), and the keys an app holds that no one reads (`warn_unread_settings`)."""
 
 from __future__ import annotations
 
+import difflib
+import logging
+import threading
+import weakref
+from typing import Any
+
 from celery import Celery
 
-__all__ = ["setting_name"]
+__all__ = ["SETTINGS", "setting_hint", "setting_name", "unread_settings", "warn_unread_settings"]
+
+log = logging.getLogger("emq_bridge.celery")
+
+# Every setting emq-bridge reads (docs/celery.md's table).
+SETTINGS = frozenset(
+    {
+        "emq_bridge_redis_url",
+        "emq_bridge_redis_password",
+        "emq_bridge_redis_use_ssl",
+        "emq_bridge_prefix",
+        "emq_bridge_source",
+        "emq_bridge_generation",
+        "emq_bridge_queues",
+        "emq_bridge_schedule_file",
+        "emq_bridge_check_tasks",
+        "emq_bridge_pipelined",
+        "emq_bridge_report",
+        "emq_bridge_history_size",
+        "emq_bridge_heartbeat_s",
+        "emq_bridge_boot_stamp",
+    }
+)
+_PREFIX = "emq_bridge_"
+
+
+def _namespace(app: Celery) -> str | None:
+    namespace = getattr(app, "namespace", None)
+    return namespace if isinstance(namespace, str) and namespace else None
 
 
 def setting_name(app: Celery, name: str) -> str:
     """`name` as messages give it: with the name it has in the settings module too when the
     app reads one under a namespace (`config_from_object(..., namespace="CELERY")`, a Django
     project: `CELERY_EMQ_BRIDGE_REPORT`)."""
-    namespace = getattr(app, "namespace", None)
-    if isinstance(namespace, str) and namespace:
+    namespace = _namespace(app)
+    if namespace:
         return f"{name} ({namespace}_{name.upper()} in the settings)"
     return name
+
+
+def setting_hint(app: Celery, name: str, value: str) -> str:
+    """ "set <the setting> = <value>", as this app is configured: the settings module's name
+    under a namespace (`CELERY_EMQ_BRIDGE_REDIS_URL = ... in the settings`), else `app.conf`."""
+    namespace = _namespace(app)
+    if namespace:
+        return f"set {namespace}_{name.upper()} = {value} in the settings"
+    return f"set app.conf.{name} = {value}"
+
+
+def unread_settings(app: Celery) -> list[str]:
+    """What is wrong with the app's configuration keys that look like emq-bridge's and that
+    emq-bridge never reads, one sentence each: an unknown `emq_bridge_*` name (a misspelling,
+    its likely meaning named), or a known one under a key the app does not read it from (a
+    Django project's `EMQ_BRIDGE_PREFIX` beside `namespace="CELERY"`, which reads
+    `CELERY_EMQ_BRIDGE_PREFIX`)."""
+    conf = app.conf
+    found = []
+    for key in list(conf.keys()):
+        low = key.lower() if isinstance(key, str) else ""
+        at = low.find(_PREFIX)
+        if at < 0:
+            continue
+        name = low[at:]
+        if name not in SETTINGS:
+            close = difflib.get_close_matches(name, SETTINGS, n=1)
+            meant = f" (did you mean {setting_name(app, close[0])}?)" if close else ""
+            found.append(f"{key} is not a setting of emq-bridge's, and is ignored{meant}")
+            continue
+        try:
+            value, given = conf.get(name), _given(conf, key)
+            read = value is given or value == given
+        except Exception:  # a value that cannot be compared: not ours to judge
+            continue
+        if not read:
+            found.append(
+                f"{key} is not read: this app reads {setting_name(app, name)}, which "
+                + ("is not set" if value is None else "is set as well (that one applies)")
+            )
+    return found
+
+
+def _given(conf: Any, key: str) -> Any:
+    """The value `key` holds where it was given (Celery's `conf[key]` may answer another
+    key's: under a namespace, `EMQ_BRIDGE_PREFIX` reads `CELERY_EMQ_BRIDGE_PREFIX`)."""
+    for layer in conf.maps:
+        if key in layer:
+            return layer[key]
+    return conf[key]
+
+
+# The apps warned about already (a beat and a worker's hooks both ask).
+_WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+def warn_unread_settings(app: Celery) -> None:
+    """Log a WARNING, once per app, for each key `unread_settings` finds: a misspelt or
+    misplaced setting is otherwise silently ignored (the default applies)."""
+    with _LOCK:
+        if app in _WARNED:
+            return
+        _WARNED.add(app)
+    try:
+        found = unread_settings(app)
+    except Exception as exc:  # a configuration that cannot be listed: never stop a start
+        log.debug("emq-bridge: the settings could not be listed: %s", exc)
+        return
+    for sentence in found:
+        log.warning("emq-bridge: %s", sentence)

@@ -121,3 +121,58 @@ def test_the_cli_from_the_project_directory_imports_into_the_apps_registry_too(
     assert lost.returncode == 1 and "Traceback" not in lost.stderr
     assert "DJANGO_SETTINGS_MODULE='djproj.settings' cannot be imported" in lost.stderr
     assert len(lost.stderr.strip().splitlines()) == 1
+
+
+def test_a_project_whose_package_does_not_load_its_celery_app_is_told_so_and_nothing_written(
+    tmp_path: Path, repeat: Repeat, redis_url: str
+) -> None:
+    # Session 35 (a probe of a Django project's switch): with `proj/__init__.py` not
+    # importing the app (Celery's guide has it import `celery_app`), `current_app` was
+    # Celery's fallback app: the import said the broker was no Redis (it was), or, with
+    # CELERY_BROKER_URL in the environment as in a container, imported under the prefix
+    # `emq`, where the project's beat never looks. A misplaced setting is named too.
+    write_project(tmp_path, redis_url, repeat.prefix)
+    (tmp_path / "djproj" / "__init__.py").write_text("")
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "PYTHONPATH": str(tmp_path),
+        "CELERY_BROKER_URL": redis_url,
+    }
+    env.pop("REDIS_URL", None)
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    assert run("-m", "django", "migrate", "--verbosity=0").returncode == 0
+    assert run("seed.py").returncode == 0
+    client = repeat.client
+    before = sorted(client.scan_iter("emq:*"))
+    done = run("-m", "django", "emq_import")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: the project has no Celery app loaded, so its registry is unknown: does "
+        "djproj/__init__.py import it (from .celery import app as celery_app, as Celery's "
+        "'First steps with Django' has it)? Or give --redis-url and --prefix"
+    ]
+    assert sorted(client.scan_iter("emq:*")) == before
+    assert repeat.get("celery", "refresh") is None
+
+    # The app loaded, a setting outside its namespace: named, and the import goes on.
+    (tmp_path / "djproj" / "__init__.py").write_text("from .celery import app as celery_app\n")
+    with (tmp_path / "djproj" / "settings.py").open("a") as settings:
+        settings.write("EMQ_BRIDGE_PREFIX = 'misplaced'\n")
+    done = run("-m", "django", "emq_import")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "emq-bridge: EMQ_BRIDGE_PREFIX is not read: this app reads emq_bridge_prefix "
+        "(CELERY_EMQ_BRIDGE_PREFIX in the settings), which is set as well (that one applies)"
+    ) in done.stderr.splitlines()
+    assert repeat.get("celery", "refresh") is not None
