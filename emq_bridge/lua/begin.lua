@@ -27,7 +27,8 @@
 -- two would overlap, which a guarded registration is to prevent. (A worker that died is
 -- heard of no more: once its heartbeats lapse, the copy may start, and so it will when the
 -- broker delivers it after that.)
--- An occurrence released before its registration was created is of a registration since
+-- An occurrence released before its registration was created (by more than a second: the
+-- two stamps may come from two nodes' clocks, on a cluster) is of a registration since
 -- removed (its message waited in the broker while the name was removed and added again):
 -- it is none of this one's, which it neither holds nor is held by, as if there were no such
 -- registration (report.lua leaves its reports out too).
@@ -40,7 +41,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- the newest nominal time the history holds.
 local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due',
                        'created_ms')
-if ARGV[7] ~= '' and cur[4] and tonumber(ARGV[7]) < tonumber(cur[4]) then return -1 end
+if ARGV[7] ~= '' and cur[4] and tonumber(ARGV[7]) < tonumber(cur[4]) - 1000 then
+  return -1
+end
 -- The history holds no entry of an occurrence later than its newest (`history_due`): a first
 -- copy, the usual case, is not searched for; a copy is nearly always among the newest.
 local function entry_of(id)

@@ -151,11 +151,12 @@ for i, report in ipairs(reports) do
   -- occurrence in flight, whether there is a failure streak to clear, and the overlap policy.
   local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures',
                           'overlap', 'inflight_also', 'last_success_ms', 'created_ms')
-  -- Released before the registration was created: an occurrence of one since removed (its
-  -- message waited in the broker while the name was removed and added again), none of this
-  -- one's (begin.lua never put it in flight): left out, as a registration gone's is.
+  -- Released before the registration was created (by more than a second, as begin.lua
+  -- reads it): an occurrence of one since removed (its message waited in the broker while the
+  -- name was removed and added again), none of this one's (begin.lua never put it in
+  -- flight): left out, as a registration gone's is.
   local stale = kind ~= 'heartbeat' and released ~= '' and cur[8]
-    and tonumber(released) < tonumber(cur[8])
+    and tonumber(released) < tonumber(cur[8]) - 1000
   if type(cur) == 'table' and not cur.err and cur[1] and not stale then
     if kind == 'heartbeat' then
       -- (A member held out is gone: XX leaves it out.)

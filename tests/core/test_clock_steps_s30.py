@@ -167,7 +167,7 @@ def test_celery_receivers_time_the_run_from_its_start_on_the_monotonic_clock(
         due_ms=due,
         id=occurrence_id(prefix, queue, "stepped", due),
         template={"task": "clock.stepped"},
-        released_ms=due,
+        released_ms=repeat.server_time_ms(),  # after the registration was made, as a pump's
     )
     stepped.apply(task_id=occurrence.id, headers=occurrence_headers(occurrence))
     reporter = reporter_for(celery_app)
