@@ -160,7 +160,7 @@ def test_a_project_whose_package_does_not_load_its_celery_app_is_told_so_and_not
     assert done.stderr.strip().splitlines() == [
         "CommandError: the project has no Celery app loaded, so its registry is unknown: does "
         "djproj/__init__.py import it (from .celery import app as celery_app, as Celery's "
-        "'First steps with Django' has it)? Or give --redis-url and --prefix"
+        "'First steps with Django' has it)? Or give --redis-url (and --prefix)"
     ]
     assert sorted(client.scan_iter("emq:*")) == before
     assert repeat.get("celery", "refresh") is None

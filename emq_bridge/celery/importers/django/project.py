@@ -26,12 +26,12 @@ def project_registry(url: str | None, prefix: str | None) -> tuple[str, str]:
     the project made no Celery app (Celery's fallback app, with none of its settings, would
     name another registry or prefix than its beat's)."""
     app = current_app._get_current_object()
-    if (url is None or prefix is None) and _fallback(app):
+    if url is None and _fallback(app):
         package = os.environ.get("DJANGO_SETTINGS_MODULE", "proj.settings").split(".")[0]
         raise ConfigError(
             "the project has no Celery app loaded, so its registry is unknown: does "
             f"{package}/__init__.py import it (from .celery import app as celery_app, as "
-            "Celery's 'First steps with Django' has it)? Or give --redis-url and --prefix"
+            "Celery's 'First steps with Django' has it)? Or give --redis-url (and --prefix)"
         )
     if isinstance(app, Celery):
         warn_unread_settings(app)
