@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .errors import RegistryUnavailable, ReportBatchError
 from .lifecycle import BeginVerdict, check_history_size
@@ -136,6 +136,10 @@ class Reporter:
         # The reports kept after a failed send, by id (the reference keeps the id theirs):
         # the outcome listeners (metrics) heard of them then, not again when they are sent.
         self._told: dict[int, Report] = {}
+        # Runs another process runs that this one heartbeats too (`watch`); not a forked
+        # child's: it watches nothing of its parent's.
+        self._watched: Callable[[], Iterable[Report]] | None = None
+        self._watch_failed = False
 
     def report(self, item: Report) -> None:
         """Queue `item`; never blocks on Redis and never raises."""
@@ -268,6 +272,31 @@ class Reporter:
                     )
                     self._thread.start()
 
+    def watch(self, runs: Callable[[], Iterable[Report]]) -> None:
+        """Heartbeat, besides the runs this process reports, the ones `runs()` lists at each
+        heartbeat (their `started` or `heartbeat` reports): runs another process runs that
+        this one sees. A Celery prefork worker's main process so heartbeats its pool
+        processes' runs: a task that holds the GIL (a long C call, such as a big `sum` or a
+        regular expression that backtracks) starves its own process's heartbeat thread, and
+        would be marked lost while it runs. A heartbeat changes only an occurrence still in
+        flight, so one of a run that just ended changes nothing. `runs` is called from the
+        reporter's thread; what it raises is logged once and taken as no run. Starts the
+        thread, which a forked child does not inherit (it watches nothing)."""
+        self._watched = runs
+        self._ensure_thread()
+
+    def _watched_runs(self) -> list[Report]:
+        watched = self._watched
+        if watched is None:
+            return []
+        try:
+            return list(watched())
+        except Exception as exc:  # never stop the thread: the runs heartbeat themselves too
+            if not self._watch_failed:
+                self._watch_failed = True
+                log.warning("the runs this process watches were not heartbeated: %s", exc)
+            return []
+
     def ended(self, item: Report) -> None:
         """The run of `item`'s occurrence ended (its actor returned): heartbeat it no more,
         though its final report may not come (a broker ack that failed: it is then lost once
@@ -375,7 +404,7 @@ class Reporter:
                         r.attempt,
                         triggered=r.triggered,
                     )
-                    for r in list(self._running.values())
+                    for r in [*self._running.values(), *self._watched_runs()]
                 )
             with self._lock:
                 # The starts of runs that lasted `linger_s` (all of them on a flush or a

@@ -413,11 +413,56 @@ def _hold_ms(reason: Any) -> int:
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     """Make the app's reporter in the main process, before the pool forks (a bad setting
-    is logged at start, once)."""
+    is logged at start, once); on a prefork pool, have it heartbeat the pool processes'
+    runs too (`Reporter.watch`: a task holding the GIL starves its own process's
+    heartbeats)."""
     app = getattr(sender, "app", None)
     if isinstance(app, Celery):
         warn_unread_settings(app)  # here, before the pool forks: once, not once a child
-        reporter_for(app)
+        reporter = reporter_for(app)
+        if reporter is not None and _prefork(getattr(sender, "pool_cls", None)):
+            reporter.watch(lambda: _pool_runs(app))
+
+
+def _prefork(pool: Any) -> bool:
+    """Whether the worker's pool (`WorkController.pool_cls`, a class or its name, as
+    `worker_init` finds it) runs tasks in other processes: prefork's."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.prefork import TaskPool
+
+    try:
+        found = get_implementation(pool) if pool is not None else None
+    except Exception:  # a pool Celery does not know: not ours to heartbeat for
+        return False
+    return isinstance(found, type) and issubclass(found, TaskPool)
+
+
+def _pool_runs(app: Celery) -> list[Report]:
+    """The heartbeats of the runs of `app`'s tasks emq-bridge sent that the pool processes
+    run now, as the worker's main process knows them (`worker_state.active_requests`: a
+    task a pool process accepted and did not finish). Called from the reporter's thread."""
+    for _ in range(3):
+        try:  # a WeakSet the main thread changes: copied again if it changed meanwhile
+            requests = list(worker_state.active_requests)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
+    runs = []
+    for request in requests:
+        fields = getattr(request, "request_dict", None)
+        task = getattr(request, "task", None)
+        if not fields or DUE_HEADER not in fields or getattr(task, "app", None) is not app:
+            continue
+        try:
+            occurrence = occurrence_of(SimpleNamespace(**fields), app)
+            if occurrence is not None:
+                attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
+                runs.append(report_of("heartbeat", occurrence, attempt=attempt))
+        except (EmqError, ValueError, TypeError):  # garbled headers: its run reports nothing
+            continue
+    return runs
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
