@@ -9,8 +9,11 @@ order: no GIL hand-offs, and the server still sees one script after another.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
 
 __all__ = ["overlapped_calls"]
 
@@ -22,7 +25,9 @@ def overlapped_calls(
 
     `calls` may be a generator: its next item is computed while the server runs the previous
     call. A single call, or a Redis Cluster client (whose connections are per node), is run
-    as a plain `script(...)`. On an error, the call sent after the failing one may have run
+    as a plain `script(...)`. A call that meets NOSCRIPT (the server's script cache emptied
+    meanwhile) is sent again once the script is loaded again, as redis-py's `Script` does
+    (`_after_noscript`). On another error, the call sent after the failing one may have run
     too; the connection is dropped.
     """
     pending = iter(calls)
@@ -35,21 +40,94 @@ def overlapped_calls(
         for keys, args in itertools.chain([first], [second] if second else [], pending):
             yield script(keys=keys, args=args)
         return
-    script.sha = client.script_load(script.script)  # so that EVALSHA cannot meet NOSCRIPT
+    script.sha = client.script_load(script.script)  # so that EVALSHA rarely meets NOSCRIPT
     try:
         connection = pool.get_connection()
     except TypeError:  # redis-py < 5.3 wants the command name
         connection = pool.get_connection("EVALSHA")
+    inflight: deque[tuple[list[str], list[Any]]] = deque()
     try:
-        waiting = False
-        for keys, args in itertools.chain([first, second], pending):
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            if waiting:
-                yield connection.read_response()
-            waiting = True
-        yield connection.read_response()
+        for call in itertools.chain([first, second], pending):
+            _send(connection, script, call)
+            inflight.append(call)
+            if len(inflight) > 1:
+                yield from _replies(connection, script, inflight, 1)
+        yield from _replies(connection, script, inflight, len(inflight))
     except BaseException:
         connection.disconnect()  # a reply may still be in flight; never reuse it
         raise
     finally:
         pool.release(connection)
+
+
+def _send(connection: Any, script: Any, call: tuple[list[str], list[Any]]) -> None:
+    keys, args = call
+    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def _replies(
+    connection: Any, script: Any, inflight: deque[tuple[list[str], list[Any]]], count: int
+) -> Iterator[Any]:
+    """Yield the replies of the `count` oldest calls in flight, in order (all of them when
+    one met NOSCRIPT: `_after_noscript`)."""
+    for _ in range(count):
+        try:
+            reply = connection.read_response()
+        except NoScriptError:
+            yield from _after_noscript(connection, script, inflight)
+            return
+        inflight.popleft()
+        yield reply
+
+
+# What `_after_noscript` notes of a call that met NOSCRIPT: it did not run.
+_NOT_RUN = object()
+# Loads of the script for one call before its NOSCRIPT is raised (a cache flushed over and
+# over, faster than a load and a call).
+RELOADS = 5
+
+
+def _after_noscript(
+    connection: Any, script: Any, inflight: deque[tuple[list[str], list[Any]]]
+) -> Iterator[Any]:
+    """The oldest call in flight met NOSCRIPT: the server's script cache was emptied (a
+    `SCRIPT FLUSH`, which any user may send on a shared server, a failover to a replica that
+    never loaded it) and the call did not run. Read the replies of the calls sent after it
+    (each ran, or met NOSCRIPT too), load the script again, send again each that did not run,
+    and yield every reply in the calls' order. A call sent again runs after the ones behind
+    it that did run: the callers' calls touch distinct keys (a sync's chunks, a load's)."""
+    outcomes: list[Any] = [_NOT_RUN]
+    for _ in range(len(inflight) - 1):
+        try:
+            outcomes.append(connection.read_response())
+        except NoScriptError:
+            outcomes.append(_NOT_RUN)
+        except ResponseError as exc:  # the script's own error: raised in its turn
+            outcomes.append(exc)
+    calls = list(inflight)
+    inflight.clear()
+    for call, outcome in zip(calls, outcomes, strict=True):
+        if outcome is _NOT_RUN:
+            yield _run_again(connection, script, call)
+        elif isinstance(outcome, ResponseError):
+            raise outcome
+        else:
+            yield outcome
+
+
+def _run_again(connection: Any, script: Any, call: tuple[list[str], list[Any]]) -> Any:
+    """Load the script and send `call` again; its reply (NOSCRIPT raised after `RELOADS`)."""
+    for _ in range(RELOADS - 1):
+        try:
+            return _load_and_send(connection, script, call)
+        except NoScriptError:
+            continue
+    return _load_and_send(connection, script, call)
+
+
+def _load_and_send(connection: Any, script: Any, call: tuple[list[str], list[Any]]) -> Any:
+    connection.send_command("SCRIPT", "LOAD", script.script)
+    sha = connection.read_response()
+    script.sha = sha.decode() if isinstance(sha, bytes) else sha
+    _send(connection, script, call)
+    return connection.read_response()

@@ -1,0 +1,70 @@
+"""A sync goes through while the server's script cache is emptied (found by a probe of
+tenants sharing one Redis, session 35).
+
+Any user of a shared server may send `SCRIPT FLUSH` (it is in `@scripting`, not
+`@dangerous`), and a failover to a replica that never loaded a script empties it too. The
+overlapped calls of a sync (`overlap.overlapped_calls`) loaded the script once, then sent raw
+`EVALSHA`s: the first call after a flush failed with NOSCRIPT, and the sync stopped midway
+(exit 3, 300 of 4,000 schedules written). A call that meets NOSCRIPT did not run: it is sent
+again once the script is loaded again, as redis-py's `Script` does, its reply in its turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from emq_bridge import Repeat
+from emq_bridge.definition import define
+from emq_bridge.overlap import overlapped_calls
+
+ECHO = "return ARGV[1]"
+
+
+def test_calls_that_meet_a_flushed_cache_are_sent_again_in_order(client: redis.Redis) -> None:
+    script = client.register_script(ECHO)
+    other = redis.Redis(
+        connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs)
+    )
+
+    def calls() -> Iterator[tuple[list[str], list[Any]]]:
+        for i in range(40):
+            if i in (3, 4, 17, 39):  # while call i-1 (and maybe i-2) are in flight
+                other.script_flush()
+            yield [], [str(i)]
+
+    try:
+        replies = [int(reply) for reply in overlapped_calls(client, script, calls())]
+    finally:
+        other.close()
+    assert replies == list(range(40))
+
+
+def test_a_sync_under_a_stream_of_script_flushes_writes_every_schedule(
+    client: redis.Redis, prefix: str
+) -> None:
+    repeat = Repeat(client, prefix)
+    flusher = redis.Redis(
+        connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs)
+    )
+    stop = threading.Event()
+
+    def flush() -> None:
+        while not stop.wait(0.005):
+            flusher.script_flush()
+
+    definition = define(every="1h", template={"task": "t"})
+    declared = [(f"q{i % 8}", f"s{i:05d}", definition) for i in range(8000)]
+    thread = threading.Thread(target=flush, daemon=True)
+    thread.start()
+    try:
+        results = repeat.upsert_many(declared)
+    finally:
+        stop.set()
+        thread.join(5)
+        flusher.close()
+    assert len(results) == len(declared)
+    assert sum(len(repeat.names(f"q{k}")) for k in range(8)) == len(declared)
