@@ -68,8 +68,9 @@ class Health:
     # failed check).
     eviction_policy: str | None = None
     # Whether the server has used its maxmemory (read only when the check failed): it then
-    # refuses writes, the pumps' heartbeats among them, which is why none looks live.
-    out_of_memory: bool = False
+    # refuses writes, the pumps' heartbeats among them, which is why none looks live. None
+    # when a failed check could not read it (an ACL refusing INFO).
+    out_of_memory: bool | None = False
 
 
 def check(
@@ -98,7 +99,8 @@ def check(
     failing the check (a restarted pod would not fix it; an evicted registry is often why
     a queue has none). An unhealthy check reads `INFO memory` once more: a server that has
     used its `maxmemory` refuses the pumps' heartbeats, and the line says so first
-    (`out_of_memory`). Raises `RegistryUnavailable`/`RegistryError` when Redis fails (the
+    (`out_of_memory`; None, and the line says it, when INFO is refused). Raises
+    `RegistryUnavailable`/`RegistryError` when Redis fails (the
     first failing queue's error; a key of the wrong type is named; a plain client on a Redis
     Cluster node, which would see part of the queues).
     """
@@ -107,11 +109,16 @@ def check(
     found = _check(repeat, queues, max_lag_ms, host)
     policy = repeat.eviction_policy()
     reason = found.reason
-    full = not found.ok and bool(repeat.out_of_memory())
+    full = False if found.ok else repeat.out_of_memory()
     if full:
         reason = (
             "Redis is out of memory (used_memory has reached maxmemory): it refuses writes, "
             f"the pumps' heartbeats and sends among them; free memory or raise maxmemory ({reason})"
+        )
+    elif full is None:
+        reason += (
+            " (whether Redis is out of memory, which would refuse the pumps' heartbeats, "
+            "could not be read: this user may not run INFO)"
         )
     if policy in EVICTING_POLICIES:
         reason += (
