@@ -309,7 +309,10 @@ def _clean(message: str, settings: Settings | None) -> str:
     the last guard)."""
     if settings is not None:
         for secret in url_secrets(settings.redis_url):
-            message = message.replace(secret, "***")
+            # A user named as its prefix (one per tenant, "redis://tenantA@..."): the prefix
+            # is in every key name, no secret, and blanked it would hide where the error is.
+            if secret != settings.prefix:
+                message = message.replace(secret, "***")
     message = _CLIENT_REPR.sub(_client_where, message)
     line = printable(" ".join(message.split()))
     if len(line) > MAX_ERROR_CHARS:

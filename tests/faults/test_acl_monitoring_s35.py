@@ -83,3 +83,20 @@ def test_health_as_a_user_refused_info_says_memory_could_not_be_read(
         "(whether Redis is out of memory, which would refuse the pumps' heartbeats, could "
         "not be read: this user may not run INFO)"
     )
+
+
+def test_a_user_named_as_its_prefix_leaves_the_prefix_readable_in_errors(
+    server: EmbeddedServer,
+) -> None:
+    # `redis://acl@host` (no password): the user part may hold a password, so it is blanked
+    # out of messages, and so was the prefix of the same name: "(prefix '***')".
+    url = f"redis://{PREFIX}@127.0.0.1:{server.port}/0"
+    done = subprocess.run(
+        [sys.executable, "-m", "emq_bridge", "--redis-url", url, "--prefix", PREFIX, "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3
+    (line,) = done.stderr.strip().splitlines()
+    assert f"redis://***@127.0.0.1:{server.port}/0 (prefix '{PREFIX}')" in line, line
