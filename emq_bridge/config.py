@@ -231,6 +231,9 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
         raw = read_bounded(path, MAX_SCHEDULE_FILE_BYTES)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        if isinstance(exc, FileNotFoundError) and not Path(path).is_absolute():
+            # A setting read by a process started elsewhere (a beat's `emq_bridge_schedule_file`)
+            reason = f"{reason} (a relative path, looked for from {Path.cwd()})"
         raise ConfigError(f"{os.fspath(path)}: cannot read {what}: {reason}") from exc
     try:
         if kind == "JSON":

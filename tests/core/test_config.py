@@ -294,8 +294,24 @@ def test_a_byte_order_mark_is_read_in_toml_as_in_json(tmp_path: Path, suffix: st
 
 
 def test_a_missing_file_raises_a_config_error_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"nowhere\.toml: cannot read the schedule file"):
+    with pytest.raises(ConfigError, match=r"nowhere\.toml: cannot read the schedule file") as got:
         load_schedule_file(tmp_path / "nowhere.toml")
+    assert "relative" not in str(got.value)
+
+
+def test_a_missing_file_at_a_relative_path_names_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Session 35 (a probe of a Django project): `CELERY_EMQ_BRIDGE_SCHEDULE_FILE =
+    # "schedules.toml"` read by a beat started from another directory said only "No such
+    # file or directory".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as got:
+        load_schedule_file("schedules.toml")
+    assert str(got.value) == (
+        "schedules.toml: cannot read the schedule file: No such file or directory "
+        f"(a relative path, looked for from {tmp_path})"
+    )
 
 
 # -- file -> sync -> registry -----------------------------------------------------------
