@@ -505,8 +505,9 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             held_s = _hold(request, app, reporter, item) if verdict == "running" else None
             if held_s is not None:
                 why += (
-                    f"; it runs now, heartbeated: held, and sent again in {held_s:g} s if those "
-                    "heartbeats have lapsed by then"
+                    f"; its run was heartbeated moments ago (it may run still, or its process "
+                    f"just died): held, and sent again in {held_s:g} s if those heartbeats have "
+                    "lapsed by then"
                 )
         log.info(
             "emq-bridge: task %s (%s/%s) revoked on receipt: %s",
