@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from emq_bridge import Repeat
@@ -59,11 +60,14 @@ def write_project(tmp_path: Path, redis_url: str, prefix: str) -> None:
     (tmp_path / "seed.py").write_text(SEED)
 
 
-def test_without_url_or_prefix_it_imports_into_the_apps_registry(
-    tmp_path: Path, repeat: Repeat, redis_url: str
-) -> None:
-    write_project(tmp_path, redis_url, repeat.prefix)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "djproj.settings", "PYTHONPATH": str(tmp_path)}
+def python_in(tmp_path: Path, **extra_env: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run Python in the project `tmp_path` (its settings named, $REDIS_URL unset)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "PYTHONPATH": str(tmp_path),
+        **extra_env,
+    }
     env.pop("REDIS_URL", None)
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -76,6 +80,14 @@ def test_without_url_or_prefix_it_imports_into_the_apps_registry(
             timeout=120,
         )
 
+    return run
+
+
+def test_without_url_or_prefix_it_imports_into_the_apps_registry(
+    tmp_path: Path, repeat: Repeat, redis_url: str
+) -> None:
+    write_project(tmp_path, redis_url, repeat.prefix)
+    run = python_in(tmp_path)
     assert run("-m", "django", "migrate", "--verbosity=0").returncode == 0
     assert run("seed.py").returncode == 0
     done = run("-m", "django", "emq_import")
@@ -133,24 +145,7 @@ def test_a_project_whose_package_does_not_load_its_celery_app_is_told_so_and_not
     # `emq`, where the project's beat never looks. A misplaced setting is named too.
     write_project(tmp_path, redis_url, repeat.prefix)
     (tmp_path / "djproj" / "__init__.py").write_text("")
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "djproj.settings",
-        "PYTHONPATH": str(tmp_path),
-        "CELERY_BROKER_URL": redis_url,
-    }
-    env.pop("REDIS_URL", None)
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, *argv],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
+    run = python_in(tmp_path, CELERY_BROKER_URL=redis_url)
     assert run("-m", "django", "migrate", "--verbosity=0").returncode == 0
     assert run("seed.py").returncode == 0
     client = repeat.client
