@@ -360,7 +360,6 @@ class LifecycleMoves:
                         item.id,
                         item.attempt,
                         item.due_ms,
-                        "" if item.released_ms is None else item.released_ms,
                     ],
                 )
             return _VERDICTS.get(int(answer), "run")

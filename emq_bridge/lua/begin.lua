@@ -10,7 +10,6 @@
 -- ARGV[4]  the occurrence's id
 -- ARGV[5]  its attempt (1 for a first run)
 -- ARGV[6]  its nominal time, epoch ms
--- ARGV[7]  when a pump released it, epoch ms on this server's clock ('' unknown)
 --
 -- The claim already keeps a slot from being sent while one is in flight; this closes what
 -- the claim cannot see: a message the broker delivers again after the pump marked it lost (a
@@ -27,23 +26,14 @@
 -- two would overlap, which a guarded registration is to prevent. (A worker that died is
 -- heard of no more: once its heartbeats lapse, the copy may start, and so it will when the
 -- broker delivers it after that.)
--- An occurrence released before its registration was created (by more than a second: the
--- two stamps may come from two nodes' clocks, on a cluster) is of a registration since
--- removed (its message waited in the broker while the name was removed and added again):
--- it is none of this one's, which it neither holds nor is held by, as if there were no such
--- registration (report.lua leaves its reports out too).
 -- Returns 1 run it, 0 another occurrence is in flight (skip it, reported skipped), -1 no such
--- registration (or not of this one), -2 a copy of this attempt that ran (drop it: report nothing), -3 a copy of
+-- registration, -2 a copy of this attempt that ran (drop it: report nothing), -3 a copy of
 -- this attempt that runs now (drop it, or deliver it again once the first copy's heartbeats
 -- would have lapsed: it runs then if they did).
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- The `inflight` occurrence, those in flight beside it (`inflight_also`, report.lua), and
 -- the newest nominal time the history holds.
-local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due',
-                       'created_ms')
-if ARGV[7] ~= '' and cur[4] and tonumber(ARGV[7]) < tonumber(cur[4]) - 1000 then
-  return -1
-end
+local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due')
 -- The history holds no entry of an occurrence later than its newest (`history_due`): a first
 -- copy, the usual case, is not searched for; a copy is nearly always among the newest.
 local function entry_of(id)

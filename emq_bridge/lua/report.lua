@@ -26,9 +26,8 @@
 -- that outranks it: a later attempt, or in the same attempt lost < running < retrying < a
 -- final status (succeeded, failed, skipped, revoked): an attempt a framework retried without
 -- counting it (a requeue) still ends on its final report. A repeated report changes nothing; so
--- do a report of a registration gone (nothing is created), of an occurrence released before
--- its registration was created (one removed and added again), and a heartbeat of an
--- occurrence no longer in flight.
+-- do a report of a registration gone (nothing is created) and a heartbeat of an occurrence
+-- no longer in flight.
 -- On a final status: the occurrence leaves `running`; if it was the registration's
 -- `inflight` one, a `buffered` slot is released (as the pending lease "<name> <due>
 -- buffered", score 0, and is in flight at once); `failed` adds 1 to `failures` (`succeeded`
@@ -150,14 +149,8 @@ for i, report in ipairs(reports) do
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
   -- occurrence in flight, whether there is a failure streak to clear, and the overlap policy.
   local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures',
-                          'overlap', 'inflight_also', 'last_success_ms', 'created_ms')
-  -- Released before the registration was created (by more than a second, as begin.lua
-  -- reads it): an occurrence of one since removed (its message waited in the broker while the
-  -- name was removed and added again), none of this one's (begin.lua never put it in
-  -- flight): left out, as a registration gone's is.
-  local stale = kind ~= 'heartbeat' and released ~= '' and cur[8]
-    and tonumber(released) < tonumber(cur[8]) - 1000
-  if type(cur) == 'table' and not cur.err and cur[1] and not stale then
+                          'overlap', 'inflight_also', 'last_success_ms')
+  if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
       -- (A member held out is gone: XX leaves it out.)
       if member ~= held_out

@@ -117,32 +117,6 @@ def test_a_report_of_a_registration_gone_creates_nothing(repeat: Repeat) -> None
     assert repeat.client.keys(f"{repeat.prefix}:*") == []
 
 
-def test_an_occurrence_of_a_name_removed_and_added_again_is_none_of_the_new_ones(
-    repeat: Repeat,
-) -> None:
-    # Session 35 (a probe of Dramatiq's reloads): a message of a removed registration, still
-    # in the broker when a deploy added the name again, ran as the new one's occurrence: its
-    # outcome went into the new history and `last_status`, and, on a `skip` schedule, it was
-    # put in flight (holding the new schedule's slots) or counted in its `skipped`.
-    t0 = _start(repeat)
-    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
-    (old,) = _fire(Pump(repeat, ["q"], RecordingDispatcher()), t0 + 1000)
-    assert repeat.cancel("q", "job")
-    repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0 + 5000)
-    assert repeat.begin_verdict(old) == "run"  # as a removed registration's: not held
-    assert repeat.report([report_of("started", old, at_ms=t0 + 5100)]) == 0
-    assert repeat.report([report_of("skipped", old, at_ms=t0 + 5100)]) == 0
-    assert repeat.report([report_of("succeeded", old, at_ms=t0 + 5200)]) == 0
-    registration = repeat.get("q", "job")
-    assert registration is not None
-    assert registration.inflight is None and registration.last_status is None
-    assert registration.skipped == 0 and repeat.history("q", "job") == []
-    (new,) = _fire(Pump(repeat, ["q"], RecordingDispatcher()), t0 + 6000)  # not skipped
-    assert repeat.begin_verdict(new) == "run"
-    assert repeat.report([report_of("succeeded", new, at_ms=t0 + 6100)]) == 1
-    assert [e.id for e in repeat.history("q", "job")] == [new.id]
-
-
 def test_cancel_removes_history_and_in_flight(repeat: Repeat) -> None:
     t0 = _start(repeat)
     repeat.upsert("q", "job", every="1s", template=TEMPLATE, overlap="skip", now_ms=t0)
