@@ -19,16 +19,22 @@ __all__ = ["overlapped_calls"]
 
 
 def overlapped_calls(
-    client: Any, script: Any, calls: Iterable[tuple[list[str], list[Any]]]
+    client: Any,
+    script: Any,
+    calls: Iterable[tuple[list[str], list[Any]]],
+    *,
+    in_order: bool = False,
 ) -> Iterator[Any]:
     """Yield the reply of each `(keys, args)` call of the redis-py `Script` `script`, in order.
 
     `calls` may be a generator: its next item is computed while the server runs the previous
     call. A single call, or a Redis Cluster client (whose connections are per node), is run
-    as a plain `script(...)`. A call that meets NOSCRIPT (the server's script cache emptied
-    meanwhile) is sent again once the script is loaded again, as redis-py's `Script` does
-    (`_after_noscript`). On another error, the call sent after the failing one may have run
-    too; the connection is dropped.
+    as a plain `script(...)`; calls that must run in order whatever happens (`in_order`: two
+    of them write one key) are sent one at a time, each once the one before answered. A
+    call that meets NOSCRIPT (the server's
+    script cache emptied meanwhile: it did not run) is sent again as an `EVAL` of the
+    script's body (`_after_noscript`). On another error, the call sent after the failing one
+    may have run too; the connection is dropped.
     """
     pending = iter(calls)
     first = next(pending, None)
@@ -47,10 +53,11 @@ def overlapped_calls(
         connection = pool.get_connection("EVALSHA")
     inflight: deque[tuple[list[str], list[Any]]] = deque()
     try:
+        window = 1 if in_order else 2  # calls on the wire at once
         for call in itertools.chain([first, second], pending):
             _send(connection, script, call)
             inflight.append(call)
-            if len(inflight) > 1:
+            if len(inflight) >= window:
                 yield from _replies(connection, script, inflight, 1)
         yield from _replies(connection, script, inflight, len(inflight))
     except BaseException:
@@ -82,9 +89,6 @@ def _replies(
 
 # What `_after_noscript` notes of a call that met NOSCRIPT: it did not run.
 _NOT_RUN = object()
-# Loads of the script for one call before its NOSCRIPT is raised (a cache flushed over and
-# over, faster than a load and a call).
-RELOADS = 5
 
 
 def _after_noscript(
@@ -93,9 +97,9 @@ def _after_noscript(
     """The oldest call in flight met NOSCRIPT: the server's script cache was emptied (a
     `SCRIPT FLUSH`, which any user may send on a shared server, a failover to a replica that
     never loaded it) and the call did not run. Read the replies of the calls sent after it
-    (each ran, or met NOSCRIPT too), load the script again, send again each that did not run,
-    and yield every reply in the calls' order. A call sent again runs after the ones behind
-    it that did run: the callers' calls touch distinct keys (a sync's chunks, a load's)."""
+    (each ran, or met NOSCRIPT too), send again each that did not run (`_run_again`), and
+    yield every reply in the calls' order. A call sent again runs after the ones behind it
+    that did run: calls that write a key twice must not overlap (`in_order`)."""
     outcomes: list[Any] = [_NOT_RUN]
     for _ in range(len(inflight) - 1):
         try:
@@ -116,18 +120,8 @@ def _after_noscript(
 
 
 def _run_again(connection: Any, script: Any, call: tuple[list[str], list[Any]]) -> Any:
-    """Load the script and send `call` again; its reply (NOSCRIPT raised after `RELOADS`)."""
-    for _ in range(RELOADS - 1):
-        try:
-            return _load_and_send(connection, script, call)
-        except NoScriptError:
-            continue
-    return _load_and_send(connection, script, call)
-
-
-def _load_and_send(connection: Any, script: Any, call: tuple[list[str], list[Any]]) -> Any:
-    connection.send_command("SCRIPT", "LOAD", script.script)
-    sha = connection.read_response()
-    script.sha = sha.decode() if isinstance(sha, bytes) else sha
-    _send(connection, script, call)
+    """Send `call` again as an `EVAL` of the script's body, which no flush can refuse (and
+    which caches the script again for the `EVALSHA`s after it); its reply."""
+    keys, args = call
+    connection.send_command("EVAL", script.script, len(keys), *keys, *args)
     return connection.read_response()

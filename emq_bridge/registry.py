@@ -1020,6 +1020,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         chunks += [
             (validate_name(q, "queue"), []) for q in dict.fromkeys(queues) if q not in by_queue
         ]
+        # A name given twice (the last wins) may fall in two chunks: those then run in order,
+        # never overlapped, which could apply a chunk sent again after a later one.
+        in_order = len({(item[0], item[1]) for item in items}) < len(items)
 
         # Per item sent again (digit 5): the slot its old, jittered cadence had not sent yet.
         old_slots: dict[int, int] = {}
@@ -1068,7 +1071,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         # Chunk k+1 is encoded while the server applies chunk k (see `overlap`).
         with redis_errors(f"upsert {', '.join(dict.fromkeys(q for q, _ in chunks))}"):
-            replies = overlapped_calls(self.client, self.scripts.upsert, calls(chunks))
+            replies = overlapped_calls(
+                self.client, self.scripts.upsert, calls(chunks), in_order=in_order
+            )
             again: dict[str, builtins.list[int]] = {}
             overdue = 0
             not_hashes: builtins.list[str] = []
@@ -1112,7 +1117,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                     overdue_edits = [i for i in indexes if i in resumes]
                     if overdue_edits:
                         resumes.update(self._resume_slots(queue, overdue_edits, items, declared))
-                replies = overlapped_calls(self.client, self.scripts.upsert, calls(retried, True))
+                replies = overlapped_calls(
+                    self.client, self.scripts.upsert, calls(retried, True), in_order=in_order
+                )
                 for (queue, chunk), reply in zip(retried, replies, strict=True):
                     _stale(reply, queue, source, generation)
                     for i, digit in zip(chunk, text(reply), strict=True):

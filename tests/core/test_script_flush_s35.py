@@ -68,3 +68,39 @@ def test_a_sync_under_a_stream_of_script_flushes_writes_every_schedule(
         flusher.close()
     assert len(results) == len(declared)
     assert sum(len(repeat.names(f"q{k}")) for k in range(8)) == len(declared)
+
+
+def test_a_name_given_twice_ends_as_its_last_definition_under_script_flushes(
+    client: redis.Redis, prefix: str
+) -> None:
+    # Session 35 (a review): a chunk sent again after NOSCRIPT ran after the chunks behind
+    # it; a name given twice, in two chunks, could end as its first definition. Such calls
+    # now run in order, never overlapped.
+    repeat = Repeat(client, prefix)
+    flusher = redis.Redis(
+        connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs)
+    )
+    stop = threading.Event()
+
+    def flush() -> None:
+        while not stop.wait(0.001):
+            flusher.script_flush()
+
+    first = define(every="1h", template={"task": "A"})
+    last = define(every="1h", template={"task": "B"})
+    filler = define(every="1h", template={"task": "t"})
+    thread = threading.Thread(target=flush, daemon=True)
+    thread.start()
+    try:
+        for round_ in range(3):
+            items = [("q", f"x{round_}", first)]
+            items += [("q", f"f{round_}-{i:04d}", filler) for i in range(1200)]
+            items += [("q", f"x{round_}", last)]
+            results = repeat.upsert_many(items)
+            assert (results[0], results[-1]) == ("created", "updated")
+            stored = repeat.get("q", f"x{round_}")
+            assert stored is not None and stored.definition.template["task"] == "B"
+    finally:
+        stop.set()
+        thread.join(5)
+        flusher.close()
