@@ -139,7 +139,6 @@ class Reporter:
         # Runs another process runs that this one heartbeats too (`watch`); not a forked
         # child's: it watches nothing of its parent's.
         self._watched: Callable[[], Iterable[Report]] | None = None
-        self._watch_failed = False
 
     def report(self, item: Report) -> None:
         """Queue `item`; never blocks on Redis and never raises."""
@@ -280,22 +279,39 @@ class Reporter:
         regular expression that backtracks) starves its own process's heartbeat thread, and
         would be marked lost while it runs. A heartbeat changes only an occurrence still in
         flight, so one of a run that just ended changes nothing. `runs` is called from the
-        reporter's thread; what it raises is logged once and taken as no run. Starts the
-        thread, which a forked child does not inherit (it watches nothing)."""
+        reporter's thread, and its heartbeats sent in a call of their own, dropped (at
+        DEBUG) when they fail. Starts the thread, which a forked child does not inherit (it
+        watches nothing)."""
         self._watched = runs
         self._ensure_thread()
 
-    def _watched_runs(self) -> list[Report]:
+    def _beat_watched(self) -> None:
+        """Heartbeat the runs `watch` names, in a call of their own: they are another
+        process's, whose own reporter keeps and tells its reports when Redis is down; a beat
+        of them that fails is dropped (the next comes in `heartbeat_s`), said at DEBUG."""
         watched = self._watched
-        if watched is None:
-            return []
+        if watched is None or self._failing:
+            return
         try:
-            return list(watched())
+            beats = [
+                Report(
+                    "heartbeat",
+                    r.queue,
+                    r.name,
+                    r.id,
+                    r.due_ms,
+                    r.at_ms,
+                    r.attempt,
+                    triggered=r.triggered,
+                )
+                for r in watched()
+            ]
+            if beats:
+                self.registry().report(
+                    beats, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
+                )
         except Exception as exc:  # never stop the thread: the runs heartbeat themselves too
-            if not self._watch_failed:
-                self._watch_failed = True
-                log.warning("the runs this process watches were not heartbeated: %s", exc)
-            return []
+            log.debug("the runs this process watches were not heartbeated: %s", exc)
 
     def ended(self, item: Report) -> None:
         """The run of `item`'s occurrence ended (its actor returned): heartbeat it no more,
@@ -404,8 +420,9 @@ class Reporter:
                         r.attempt,
                         triggered=r.triggered,
                     )
-                    for r in [*self._running.values(), *self._watched_runs()]
+                    for r in list(self._running.values())
                 )
+                self._beat_watched()
             with self._lock:
                 # The starts of runs that lasted `linger_s` (all of them on a flush or a
                 # close) join the queue behind what is in it: every report of their
