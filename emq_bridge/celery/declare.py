@@ -14,6 +14,7 @@ revert them; with `emq_bridge_generation` an older worker or beat writes nothing
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -34,6 +35,7 @@ from ..errors import ConfigError, EmqError, ScheduleError
 from ..file_stamp import FileStamp, file_fingerprint, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name
 from ..registry import Repeat, generation_arg
+from ..shown import shown
 from ..sync import Stamp, SyncPlan, check_one_source, moves_of, queues_of, stamped, sync
 from ..template import TaskTemplate
 from ..urls import check_tls_options, redact_url, tls_url, url_has_password
@@ -103,18 +105,24 @@ def flag_setting(app: Celery, name: str, default: bool) -> bool:
     )
 
 
-def number_text(value: Any) -> Any:
+# A number as text: plain decimal digits, an optional sign and fraction (no exponent, no
+# `_` separators, no digits of other scripts, which `int()` and `float()` would take).
+_WHOLE_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+
+
+def number_text(value: Any, *, whole: bool = False) -> Any:
     """A number given as text, as a settings module read from the environment holds it
-    (`"10"`, `"2.5"`), as that number; anything else as it is, for the caller's check to
-    name. So `CELERY_EMQ_BRIDGE_GENERATION = os.environ["BUILD"]` is the build's number."""
-    if not isinstance(value, str) or not value.isascii():
+    (`"10"`; `"2.5"` unless `whole`), as that number; anything else as it is, for the
+    caller's check to name as given. So `CELERY_EMQ_BRIDGE_GENERATION = os.environ["BUILD"]`
+    is the build's number."""
+    if not isinstance(value, str):
         return value
     text = value.strip()
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    if _WHOLE_TEXT.fullmatch(text):
+        return int(text)
+    if not whole and _DECIMAL_TEXT.fullmatch(text):
+        return float(text)
     return value
 
 
@@ -284,7 +292,12 @@ def tasks_source(source: str) -> str:
 
 def _generation(app: Celery) -> int | None:
     """Return `emq_bridge_generation`: the declarations' generation, raised by each deploy."""
-    value = number_text(app.conf.get("emq_bridge_generation"))
+    value = number_text(app.conf.get("emq_bridge_generation"), whole=True)
+    if isinstance(value, str):  # text that is no whole number: quoted as given
+        raise ConfigError(
+            f"{setting_name(app, 'emq_bridge_generation')}: generation must be a whole "
+            f"number, got {shown(value)}"
+        )
     try:
         generation_arg(value, "emq_bridge_source")  # any source: only the value is checked
     except ConfigError as exc:

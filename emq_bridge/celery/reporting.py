@@ -152,7 +152,7 @@ def _settings(app: Celery) -> tuple[bool, int, float]:
 def history_size_setting(app: Celery) -> int:
     """Return `emq_bridge_history_size` (default `HISTORY_SIZE`): what the workers' reports
     and the beat's own history entries (skipped, lost) keep; `ConfigError` if unusable."""
-    size = number_text(app.conf.get("emq_bridge_history_size"))
+    size = number_text(app.conf.get("emq_bridge_history_size"), whole=True)
     size = HISTORY_SIZE if size is None else size
     name = setting_name(app, "emq_bridge_history_size")
     if isinstance(size, bool) or not isinstance(size, int):

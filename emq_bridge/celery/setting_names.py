@@ -68,28 +68,47 @@ def unread_settings(app: Celery) -> list[str]:
     Django project's `EMQ_BRIDGE_PREFIX` beside `namespace="CELERY"`, which reads
     `CELERY_EMQ_BRIDGE_PREFIX`)."""
     conf = app.conf
+    namespace = _namespace(app)
+    spelled = f"{namespace}_{_PREFIX}".upper() if namespace else None
     found = []
     for key in list(conf.keys()):
-        low = key.lower() if isinstance(key, str) else ""
-        at = low.find(_PREFIX)
-        if at < 0:
+        if not isinstance(key, str):
             continue
-        name = low[at:]
+        if spelled is not None and key.upper().startswith(spelled):
+            name, ours = key[len(namespace or "") + 1 :].lower(), True
+        elif key.startswith(_PREFIX):  # app.conf's own spelling
+            name, ours = key, True
+        elif key.upper().startswith(_PREFIX.upper()):
+            # Another program's variable may start so (`EMQ_BRIDGE_WEB_TOKEN`, which the
+            # `web` command reads): named only when it is one of these settings, misplaced.
+            name, ours = key.lower(), False
+        else:
+            continue
         if name not in SETTINGS:
-            close = difflib.get_close_matches(name, SETTINGS, n=1)
-            meant = f" (did you mean {setting_name(app, close[0])}?)" if close else ""
-            found.append(f"{key} is not a setting of emq-bridge's, and is ignored{meant}")
+            if ours:
+                close = difflib.get_close_matches(name, SETTINGS, n=1)
+                meant = f" (did you mean {setting_name(app, close[0])}?)" if close else ""
+                found.append(f"{key} is not a setting of emq-bridge's, and is ignored{meant}")
             continue
         try:
             value, given = conf.get(name), _given(conf, key)
             read = value is given or value == given
         except Exception:  # a value that cannot be compared: not ours to judge
             continue
-        if not read:
+        if read:
+            continue
+        if spelled is not None and key == f"{namespace}_{name.upper()}":
+            # The settings module's own spelling, overridden (`app.conf.update`,
+            # `add_defaults`): the value itself is not shown (it may be a password).
             found.append(
-                f"{key} is not read: this app reads {setting_name(app, name)}, which "
-                + ("is not set" if value is None else "is set as well (that one applies)")
+                f"{key} does not apply: this app's {name} is set elsewhere too "
+                "(app.conf.update, add_defaults), and that one applies"
             )
+            continue
+        found.append(
+            f"{key} is not read: this app reads {setting_name(app, name)}, which "
+            + ("is not set" if value is None else "is set as well (that one applies)")
+        )
     return found
 
 

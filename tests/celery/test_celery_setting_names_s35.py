@@ -11,6 +11,7 @@ environment (`os.environ.get("HB", "10")`) were refused, which turned a worker's
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -159,3 +160,43 @@ def test_numbers_read_from_the_environment_are_numbers(
     other = django_app(CELERY_EMQ_BRIDGE_GENERATION="١٢")
     with pytest.raises(ConfigError, match=r"^emq_bridge_generation \(CELERY_EMQ_BRIDGE_GENER"):
         app_schedule(other)
+
+
+def test_keys_that_only_look_like_ours_are_left_alone(django_app: Any) -> None:
+    # Session 35 (a review): `EMQ_BRIDGE_WEB_TOKEN` (what `emq-bridge web` reads) and a
+    # project's own `MYAPP_EMQ_BRIDGE_REPORT_EMAIL` were called misspelt settings.
+    app = django_app(
+        EMQ_BRIDGE_WEB_TOKEN="x" * 20,
+        MYAPP_EMQ_BRIDGE_REPORT_EMAIL="ops@example.com",
+        EMQ_BRIDGE_SCREENSHOTS=True,
+        CELERY_EMQ_BRIDGE_PREFIX="dj",
+    )
+    assert unread_settings(app) == []
+
+
+def test_the_settings_spelling_overridden_in_app_conf_is_said_so(django_app: Any) -> None:
+    app = django_app(CELERY_EMQ_BRIDGE_PREFIX="x")
+    app.conf.update(emq_bridge_prefix="y")
+    assert unread_settings(app) == [
+        "CELERY_EMQ_BRIDGE_PREFIX does not apply: this app's emq_bridge_prefix is set "
+        "elsewhere too (app.conf.update, add_defaults), and that one applies"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("setting", "text", "said"),
+    [
+        ("CELERY_EMQ_BRIDGE_GENERATION", "1_2_3", "generation must be a whole number, got '1_2_3'"),
+        ("CELERY_EMQ_BRIDGE_GENERATION", "20261207.1", "got '20261207.1'"),
+        ("CELERY_EMQ_BRIDGE_HISTORY_SIZE", "1e3", "must be a whole number, got '1e3'"),
+    ],
+)
+def test_only_plain_decimal_text_is_a_number(
+    django_app: Any, setting: str, text: str, said: str
+) -> None:
+    app = django_app(**{setting: text})
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        if setting.endswith("GENERATION"):
+            app_schedule(app)
+        else:
+            history_size_setting(app)
