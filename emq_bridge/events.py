@@ -194,7 +194,7 @@ _HELD_WHAT = {
     "dispatch_failure": "dispatch(es) failed; each is retried after its lease",
     "registration_failed": "registration(s) parked until resumed: an occurrence cannot be sent",
     "replace": "occurrence(s) replace one still in flight",
-    "lost": "occurrence(s) lost: their worker stopped reporting",
+    "lost": "occurrence(s) lost: no worker started them in time, or theirs stopped reporting",
     "park": "registration(s) parked: their record cannot be used",
     "lease_dropped": "lease(s) dropped without a re-send",
 }
@@ -350,7 +350,8 @@ class LoggingEvents(PumpEvents):
             return
         log.log(
             level,
-            "%s/%s: occurrence %s (due %s) is lost: its worker stopped reporting",
+            "%s/%s: occurrence %s (due %s) is lost: no worker started it in time (the start "
+            "timeout: a message purged or lost in the broker), or its worker stopped reporting",
             queue,
             name,
             occurrence_id,

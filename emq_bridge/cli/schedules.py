@@ -413,7 +413,7 @@ def _outcome_lines(registration: Registration, now_ms: int) -> list[tuple[str, s
         if registration.last_duration_ms is not None:
             text += f", took {duration_text(registration.last_duration_ms)}"
     elif status == "lost":
-        text += " (no word from its worker in time)"
+        text += " (not started in time, or no word from its worker in time)"
     elif status == "retrying":
         text += " (in flight until its next attempt)"
     elif status == "running" and started is not None:
