@@ -11,7 +11,16 @@ from typing import Any
 
 from celery import Celery
 
-__all__ = ["SETTINGS", "setting_hint", "setting_name", "unread_settings", "warn_unread_settings"]
+from ..urls import url_has_password
+
+__all__ = [
+    "SETTINGS",
+    "exposed_password",
+    "setting_hint",
+    "setting_name",
+    "unread_settings",
+    "warn_unread_settings",
+]
 
 log = logging.getLogger("emq_bridge.celery")
 
@@ -126,17 +135,32 @@ _WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
 _LOCK = threading.Lock()
 
 
+def exposed_password(app: Celery) -> str | None:
+    """A sentence when `emq_bridge_redis_url` holds a password: Celery shows that setting in
+    clear (`celery report`, `inspect conf`, Flower), not `emq_bridge_redis_password`."""
+    url = app.conf.get("emq_bridge_redis_url")
+    if not isinstance(url, str) or not url_has_password(url):
+        return None
+    return (
+        f"{setting_name(app, 'emq_bridge_redis_url')} holds a password, which celery report, "
+        "celery inspect conf and Flower show in clear: give it in "
+        f"{setting_name(app, 'emq_bridge_redis_password')} instead (masked)"
+    )
+
+
 def warn_unread_settings(app: Celery) -> None:
-    """Log a WARNING, once per app, for each key `unread_settings` finds: a misspelt or
-    misplaced setting is otherwise silently ignored (the default applies)."""
+    """Log a WARNING, once per app, for each key `unread_settings` finds (a misspelt or
+    misplaced setting is otherwise silently ignored: the default applies), and for a
+    password in the registry's URL (`exposed_password`)."""
     with _LOCK:
         if app in _WARNED:
             return
         _WARNED.add(app)
     try:
         found = unread_settings(app)
+        exposed = exposed_password(app)
     except Exception as exc:  # a configuration that cannot be listed: never stop a start
         log.debug("emq-bridge: the settings could not be listed: %s", exc)
         return
-    for sentence in found:
+    for sentence in [*found, *([exposed] if exposed else [])]:
         log.warning("emq-bridge: %s", sentence)

@@ -200,3 +200,24 @@ def test_only_plain_decimal_text_is_a_number(
             app_schedule(app)
         else:
             history_size_setting(app)
+
+
+def test_a_password_in_the_registry_url_is_warned_of_once(
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Session 35 (a probe of Celery's tooling): `celery report`, `inspect conf` and Flower
+    # show `emq_bridge_redis_url` in clear; nothing said so when it held a password.
+    app = Celery("pw", set_as_current=False)
+    app.conf.update(
+        emq_bridge_redis_url=redis_url.replace("://", "://:s3cret-pw@"), emq_bridge_prefix=prefix
+    )
+    with caplog.at_level(logging.WARNING, logger="emq_bridge.celery"):
+        warn_unread_settings(app)
+        warn_unread_settings(app)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "emq-bridge: emq_bridge_redis_url holds a password, which celery report, celery "
+        "inspect conf and Flower show in clear: give it in emq_bridge_redis_password instead "
+        "(masked)"
+    ]
+    assert "s3cret-pw" not in lines[0]
