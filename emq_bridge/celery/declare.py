@@ -39,6 +39,7 @@ from ..shown import shown
 from ..sync import Stamp, SyncPlan, check_one_source, moves_of, queues_of, stamped, sync
 from ..template import TaskTemplate
 from ..urls import check_tls_options, redact_url, tls_url, url_has_password
+from .dispatch import arguments_refused
 from .entries import (
     PLACEHOLDER,
     CelerySchedule,
@@ -413,6 +414,11 @@ def _decorated(app: Celery, context: Entries) -> list[Declaration]:
     found = []
     for task, schedule in own_tasks(app, _DECLARED):
         label = f"@recurring on {task.name}"
+        # The task is in hand: args it refuses are said now, not parked at the first send
+        # (a daily schedule's, a day later).
+        refused = arguments_refused(task, schedule.args, schedule.kwargs or {})
+        if refused is not None:
+            raise ConfigError(f"{label}: {refused}")
         try:
             options = json_options(schedule.options or {}, label)
             # `replace` checks the schedule again (a `define`): only when an option changed.

@@ -46,6 +46,7 @@ __all__ = [
     "SCHEDULE_HEADER",
     "TRIGGERED_HEADER",
     "CeleryDispatcher",
+    "arguments_refused",
     "fail_over",
     "header",
     "last_success_time",
@@ -688,18 +689,27 @@ def _ran_eagerly(occurrence: Occurrence, task_id: str, exc: Exception) -> None:
     )
 
 
-def _check_arguments(task: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
-    """Raise `PermanentDispatchError` if `task` refuses `args` and `kwargs`, as Celery's
-    `apply_async` checks them (`Task.typing`, on by default) before any broker I/O: no retry
-    can send them, so the registration is parked, where a retry kept its lease for ever and
-    a fix then sent every slot held meanwhile at once. Asked only once a send raised a
-    `TypeError`: the check runs again to tell Celery's refusal from any other."""
+def arguments_refused(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Why `task` refuses `args` and `kwargs`, as Celery's `apply_async` checks them
+    (`Task.typing`, on by default: the task's signature) before any broker I/O; None when
+    it takes them, or does not check."""
     check = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
     if check is None:
-        return
+        return None
     try:
         check(*args, **kwargs)
     except TypeError as exc:
-        raise PermanentDispatchError(
-            f"its args and kwargs do not fit task {task.name!r}: {exc}"
-        ) from exc
+        return f"its args and kwargs do not fit task {task.name!r}: {exc}"
+    return None
+
+
+def _check_arguments(task: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Raise `PermanentDispatchError` if `task` refuses `args` and `kwargs`
+    (`arguments_refused`): no retry can send them, so the registration is parked, where a
+    retry kept its lease for ever and a fix then sent every slot held meanwhile at once.
+    Asked only once a send raised a `TypeError`: the check runs again to tell Celery's
+    refusal from any other. (A declaration the beat or a worker syncs is checked before: a
+    registration added by other means, or by a beat whose workers' task differs, is not.)"""
+    refused = arguments_refused(task, args, kwargs)
+    if refused is not None:
+        raise PermanentDispatchError(refused)

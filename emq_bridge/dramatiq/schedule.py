@@ -14,6 +14,7 @@ unless `name=` says otherwise, whose template is `{"task", "args", "kwargs", "op
 from __future__ import annotations
 
 import contextvars
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -307,9 +308,11 @@ def actor_declarations(actor: dramatiq.Actor[Any, Any]) -> list[Declaration]:
     schedules = parse_option(actor.options.get(RECURRING_OPTION, []))
     schedules += getattr(actor, _DECORATED, ())
     found: dict[str, Declaration] = {}
+    signature = _signature(actor) if schedules else None
     for schedule in schedules:
         check_overlap(schedule.overlap)  # a Schedule built directly
         declaration = schedule.bind(actor.actor_name, actor.queue_name)
+        _check_arguments(actor, signature, schedule, declaration.name)
         if declaration.name in found:
             raise ScheduleError(
                 f"actor {actor.actor_name!r} declares two schedules named {declaration.name!r}; "
@@ -317,6 +320,34 @@ def actor_declarations(actor: dramatiq.Actor[Any, Any]) -> list[Declaration]:
             )
         found[declaration.name] = declaration
     return list(found.values())
+
+
+def _check_arguments(
+    actor: dramatiq.Actor[Any, Any],
+    signature: inspect.Signature | None,
+    schedule: Schedule,
+    name: str,
+) -> None:
+    """Raise `ScheduleError` when the actor's function refuses the schedule's args and
+    kwargs: Dramatiq sends any arguments, and the call refuses them in the worker, every
+    run; said here, where the schedule is declared, instead."""
+    if signature is None:
+        return
+    try:
+        signature.bind(*schedule.args, **(schedule.kwargs or {}))
+    except TypeError as exc:
+        raise ScheduleError(
+            f"schedule {name!r} of actor {actor.actor_name!r}: its args and kwargs do not "
+            f"fit the actor: {exc}"
+        ) from None
+
+
+def _signature(actor: dramatiq.Actor[Any, Any]) -> inspect.Signature | None:
+    """The signature the actor's function is called with; None when it has none to read."""
+    try:
+        return inspect.signature(actor.fn)
+    except (TypeError, ValueError):  # a builtin or a callable with no signature
+        return None
 
 
 def broker_declarations(broker: dramatiq.Broker) -> tuple[Declaration, ...]:
@@ -533,6 +564,7 @@ def register(
         labels=labels,
     )
     declaration = schedule.bind(actor.actor_name, actor.queue_name)
+    _check_arguments(actor, _signature(actor), schedule, declaration.name)
     check_actors(actor.broker, [declaration], "register")
     return repeat.register(
         declaration.queue, declaration.name, definition=declaration.definition, now_ms=now_ms

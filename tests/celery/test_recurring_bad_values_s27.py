@@ -76,3 +76,31 @@ def test_a_list_or_tuple_of_arguments_and_dicts_are_synced_as_given(
     template = stored.definition.template
     assert template["args"] == ["abc", 2] and template["kwargs"] == {"k": 1}
     assert template["options"]["priority"] == 3
+
+
+def needs_one(n: int) -> int:
+    return n
+
+
+def test_arguments_the_task_refuses_stop_the_sync_naming_the_task(
+    app: Celery, client: redis.Redis, prefix: str
+) -> None:
+    # Session 35 (a probe of the typed public API): a `@recurring` whose args the task does
+    # not take synced, and its first send parked it (for a daily schedule, a day later).
+    # The task is in hand when the beat or a worker converts it: refused there, with
+    # Celery's own check (`Task.typing`), and nothing is written.
+    from emq_bridge import ConfigError
+
+    task = app.task(name="t.needs_one", shared=False)(needs_one)
+    recurring(every="1m", args=[1, 2, 3])(task)
+    with pytest.raises(ConfigError) as raised:
+        sync_app(app, beat=False)
+    assert str(raised.value).startswith(
+        "@recurring on t.needs_one: its args and kwargs do not fit task 't.needs_one': "
+    )
+    assert Repeat(client, prefix).names(f"{prefix}-q") == []
+    untyped = app.task(name="t.untyped", shared=False, typing=False)(needs_one)
+    recurring(every="1m", args=[1, 2, 3])(untyped)  # Celery checks nothing: nor does this
+    del _DECLARED[-2]
+    sync_app(app, beat=False)
+    assert Repeat(client, prefix).names(f"{prefix}-q") == ["t.untyped"]
