@@ -127,6 +127,7 @@ FLUSH_S = 2.0
 MAX_COPIES = 10_000
 # Runs a BaseException ended whose starts a process keeps for their failure (`_escaped`).
 MAX_ESCAPED = 1_000
+# No heartbeat setting reaches it (its deadlines would overflow).
 INFINITY = float("inf")
 # The reporter's client: short timeouts, since its thread is the only one that waits.
 CONNECT_TIMEOUT_S = 2.0
