@@ -498,6 +498,7 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             if len(copies) > MAX_COPIES:
                 _process.revoked_here.discard(oldest := next(iter(copies)))
                 del copies[oldest]
+            _quiet(request)
         worker_state.revoked.add(request.id)  # what the revoke command does: never run
         if verdict == "skip":
             why = "another occurrence of its schedule is in flight (overlap)"
@@ -519,6 +520,20 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         )
     except Exception as exc:  # never into the worker: the task runs
         log.warning("emq-bridge: the overlap check of a received task failed: %s", exc)
+
+
+def _quiet(request: Any) -> None:
+    """Have Celery's revoked-task path drop the copy `request` without a word under its id,
+    which is its run's: no `REVOKED` stored in the result backend over the run's result
+    (a `FAILURE`, or the run's own state while it goes on) and no `task-revoked` event (the
+    run's, to Flower). Celery reads both off the request (`Request.store_errors`: not with
+    its `_ignore_result`, unless the task stores errors even when it ignores results;
+    `Request.send_event`: not without its `_eventer`)."""
+    try:
+        request._ignore_result = True
+        request._eventer = None
+    except AttributeError:  # a Request of another shape: the copy is revoked as before
+        pass
 
 
 def _on_unknown(
