@@ -37,6 +37,7 @@ from .errors import (
     UnknownRegistration,
 )
 from .events import PumpEvents, Tick
+from .heartbeat import PumpInfo
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_name
 from .occurrence import Occurrence, occurrence_id
 from .outcome import HistoryEntry, Report
@@ -73,6 +74,7 @@ __all__ = [
     "PermanentDispatchError",
     "Pump",
     "PumpEvents",
+    "PumpInfo",
     "QueueKeys",
     "Registered",
     "Registration",
