@@ -30,11 +30,10 @@ def overlapped_calls(
     `calls` may be a generator: its next item is computed while the server runs the previous
     call. A single call, or a Redis Cluster client (whose connections are per node), is run
     as a plain `script(...)`; calls that must run in order whatever happens (`in_order`: two
-    of them write one key) are sent one at a time, each once the one before answered. A
-    call that meets NOSCRIPT (the server's
-    script cache emptied meanwhile: it did not run) is sent again as an `EVAL` of the
-    script's body (`_after_noscript`). On another error, the call sent after the failing one
-    may have run too; the connection is dropped.
+    of them write one key) are sent one at a time, each once the one before answered. A call
+    that meets NOSCRIPT (the server's script cache emptied meanwhile: it did not run) is sent
+    again as an `EVAL` of the script's body (`_after_noscript`). On another error, the call
+    sent after the failing one may have run too; the connection is dropped.
     """
     pending = iter(calls)
     first = next(pending, None)
