@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
@@ -26,7 +26,7 @@ from dramatiq.middleware import CurrentMessage
 from ..bounds import Instant
 from ..cadence import Anchor, Misfire
 from ..calendars import ExcludeItem
-from ..definition import Declaration, Offset, Overlap, Schedule, naming_schedule
+from ..definition import Declaration, Offset, Schedule, naming_schedule
 from ..errors import ConfigError, ScheduleError
 from ..registry import Registered, Repeat
 from ..template import TaskTemplate
@@ -80,7 +80,10 @@ OPTION_LAST_SUCCESS_MS = "emq_last_success_ms"
 _DECORATED = "_emq_recurring"  # attribute on an Actor: the schedules its decorators declared
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("emq_bridge_message", default=None)
 
-ActorT = TypeVar("ActorT")
+# The overlap policies Dramatiq can honour (not `replace`: `check_overlap`).
+DramatiqOverlap = Literal["allow", "skip", "buffer_one"]
+# What `@recurring` decorates: an actor (`@dramatiq.actor` below it), kept as it is typed.
+ActorT = TypeVar("ActorT", bound="dramatiq.Actor[Any, Any]")
 
 
 def every(
@@ -92,7 +95,7 @@ def every(
     name: str | None = None,
     anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
-    overlap: Overlap = "allow",
+    overlap: DramatiqOverlap = "allow",
     pause_after_failures: int | None = None,
     catchup_window: float | timedelta | str | None = None,
     catchup_max: int | None = None,
@@ -138,7 +141,7 @@ def cron(
     options: Mapping[str, Any] | None = None,
     name: str | None = None,
     misfire: Misfire = "coalesce",
-    overlap: Overlap = "allow",
+    overlap: DramatiqOverlap = "allow",
     pause_after_failures: int | None = None,
     catchup_window: float | timedelta | str | None = None,
     catchup_max: int | None = None,
@@ -209,7 +212,7 @@ def recurring(
     name: str | None = None,
     anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
-    overlap: Overlap = "allow",
+    overlap: DramatiqOverlap = "allow",
     pause_after_failures: int | None = None,
     catchup_window: float | timedelta | str | None = None,
     catchup_max: int | None = None,
@@ -515,7 +518,7 @@ def register(
     name: str | None = None,
     anchor: Anchor = "grid",
     misfire: Misfire = "coalesce",
-    overlap: Overlap = "allow",
+    overlap: DramatiqOverlap = "allow",
     pause_after_failures: int | None = None,
     catchup_window: float | timedelta | str | None = None,
     catchup_max: int | None = None,

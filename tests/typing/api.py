@@ -73,6 +73,16 @@ def use_adapters() -> None:
     @dramatiq.actor(broker=broker, queue_name="reports")
     def refresh() -> None: ...
 
+    # The actor keeps its type through the decorator; a plain function (the decorator placed
+    # below `@dramatiq.actor`, or without it) is a type error, as it is a `ScheduleError`.
+    sent: dramatiq.Message[None] = refresh.send()
+
+    @recurring(every="15m")  # type: ignore[type-var]
+    def not_an_actor() -> None: ...
+
+    # Dramatiq cannot revoke a message that runs: `replace` is no policy of its decorator.
+    recurring(every="15m", overlap="replace")  # type: ignore[arg-type]
+
     app = Celery("proj")
 
     @celery_recurring(cron="0 9 * * *", tz="Europe/Paris")
@@ -83,3 +93,4 @@ def use_adapters() -> None:
     print(
         target, CeleryDispatcher(app), DramatiqDispatcher(broker), RepeatScheduler, nominal_due_ms
     )
+    print(sent, not_an_actor)
