@@ -293,19 +293,7 @@ class Reporter:
         if watched is None or self._failing:
             return
         try:
-            beats = [
-                Report(
-                    "heartbeat",
-                    r.queue,
-                    r.name,
-                    r.id,
-                    r.due_ms,
-                    r.at_ms,
-                    r.attempt,
-                    triggered=r.triggered,
-                )
-                for r in watched()
-            ]
+            beats = [_heartbeat(r) for r in watched()]
             if beats:
                 self.registry().report(
                     beats, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
@@ -409,19 +397,7 @@ class Reporter:
             # the next round is queued once those went (at once: it is due by then).
             if time.monotonic() >= next_beat and not (self._waiting and pending):
                 next_beat = time.monotonic() + self.heartbeat_s
-                pending.extend(
-                    Report(
-                        "heartbeat",
-                        r.queue,
-                        r.name,
-                        r.id,
-                        r.due_ms,
-                        r.at_ms,
-                        r.attempt,
-                        triggered=r.triggered,
-                    )
-                    for r in list(self._running.values())
-                )
+                pending.extend(_heartbeat(r) for r in list(self._running.values()))
                 self._beat_watched()
             with self._lock:
                 # The starts of runs that lasted `linger_s` (all of them on a flush or a
@@ -593,6 +569,20 @@ class Reporter:
                 "the tasks are not affected",
                 reason,
             )
+
+
+def _heartbeat(run: Report) -> Report:
+    """The heartbeat of the run `run` (its `started` or `heartbeat` report) reports."""
+    return Report(
+        "heartbeat",
+        run.queue,
+        run.name,
+        run.id,
+        run.due_ms,
+        run.at_ms,
+        run.attempt,
+        triggered=run.triggered,
+    )
 
 
 # Every Reporter of this process, so that a forked child (Celery's prefork pool) resets them at

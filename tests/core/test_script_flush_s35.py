@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -24,11 +25,36 @@ from emq_bridge.overlap import overlapped_calls
 ECHO = "return ARGV[1]"
 
 
-def test_calls_that_meet_a_flushed_cache_are_sent_again_in_order(client: redis.Redis) -> None:
-    script = client.register_script(ECHO)
-    other = redis.Redis(
+def another_client(client: redis.Redis) -> redis.Redis:
+    """A client of the same server on a pool of its own."""
+    return redis.Redis(
         connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs)
     )
+
+
+@contextmanager
+def flushing(client: redis.Redis, every_s: float) -> Iterator[None]:
+    """Another client sends `SCRIPT FLUSH` every `every_s` while the block runs."""
+    flusher = another_client(client)
+    stop = threading.Event()
+
+    def flush() -> None:
+        while not stop.wait(every_s):
+            flusher.script_flush()
+
+    thread = threading.Thread(target=flush, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        flusher.close()
+
+
+def test_calls_that_meet_a_flushed_cache_are_sent_again_in_order(client: redis.Redis) -> None:
+    script = client.register_script(ECHO)
+    other = another_client(client)
 
     def calls() -> Iterator[tuple[list[str], list[Any]]]:
         for i in range(40):
@@ -47,25 +73,10 @@ def test_a_sync_under_a_stream_of_script_flushes_writes_every_schedule(
     client: redis.Redis, prefix: str
 ) -> None:
     repeat = Repeat(client, prefix)
-    flusher = redis.Redis(
-        connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs)
-    )
-    stop = threading.Event()
-
-    def flush() -> None:
-        while not stop.wait(0.005):
-            flusher.script_flush()
-
     definition = define(every="1h", template={"task": "t"})
     declared = [(f"q{i % 8}", f"s{i:05d}", definition) for i in range(8000)]
-    thread = threading.Thread(target=flush, daemon=True)
-    thread.start()
-    try:
+    with flushing(client, 0.005):
         results = repeat.upsert_many(declared)
-    finally:
-        stop.set()
-        thread.join(5)
-        flusher.close()
     assert len(results) == len(declared)
     assert sum(len(repeat.names(f"q{k}")) for k in range(8)) == len(declared)
 
@@ -77,21 +88,10 @@ def test_a_name_given_twice_ends_as_its_last_definition_under_script_flushes(
     # it; a name given twice, in two chunks, could end as its first definition. Such calls
     # now run in order, never overlapped.
     repeat = Repeat(client, prefix)
-    flusher = redis.Redis(
-        connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs)
-    )
-    stop = threading.Event()
-
-    def flush() -> None:
-        while not stop.wait(0.001):
-            flusher.script_flush()
-
     first = define(every="1h", template={"task": "A"})
     last = define(every="1h", template={"task": "B"})
     filler = define(every="1h", template={"task": "t"})
-    thread = threading.Thread(target=flush, daemon=True)
-    thread.start()
-    try:
+    with flushing(client, 0.001):
         for round_ in range(3):
             items = [("q", f"x{round_}", first)]
             items += [("q", f"f{round_}-{i:04d}", filler) for i in range(1200)]
@@ -100,7 +100,3 @@ def test_a_name_given_twice_ends_as_its_last_definition_under_script_flushes(
             assert (results[0], results[-1]) == ("created", "updated")
             stored = repeat.get("q", f"x{round_}")
             assert stored is not None and stored.definition.template["task"] == "B"
-    finally:
-        stop.set()
-        thread.join(5)
-        flusher.close()
