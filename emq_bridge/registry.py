@@ -614,7 +614,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         self._on_cluster_node: bool | None = None
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
+    def from_url(
+        cls,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        clock: Callable[[], int] | None = None,
+        **options: Any,
+    ) -> Repeat:
         """Connect to a Redis, the master a Sentinel names, or a Redis Cluster.
 
         `redis://`, `rediss://`, `unix://`: `redis.Redis.from_url`.
@@ -624,8 +631,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         A malformed URL raises `ConfigError`; its message never holds the password. A
         cluster is discovered at once: `RegistryUnavailable` if no startup node answers.
+        `clock` is the registry's, as in `Repeat(client, prefix, clock=...)`; every other
+        keyword goes to the client.
         """
-        return cls(client_from_url(url, **options), prefix)
+        return cls(client_from_url(url, **options), prefix, clock=clock)
 
     def keys(self, queue: str) -> QueueKeys:
         return QueueKeys(self.prefix, validate_name(queue, "queue"))
