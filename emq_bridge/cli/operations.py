@@ -30,6 +30,7 @@ from ..resync import RegistryWatch
 from ..sync import SyncPlan, apply_plan, check_not_emptied, moves_of, plan_sync, sync
 from .context import (
     FiniteRange,
+    ServerError,
     Settings,
     client_address,
     client_location,
@@ -700,9 +701,27 @@ def demo_command(settings: Settings) -> None:
         result = demo.main()
     else:
         settings.repeat().server_time_ms()  # exit 2 on a malformed URL, 3 if it is unreachable
+        _check_demo_keys(settings.client())
         result = demo.main(url=settings.redis_url)
     if isinstance(result, int) and result:
         raise click.exceptions.Exit(result)
+
+
+def _check_demo_keys(client: Any) -> None:
+    """Exit 3 in one line if the URL's user may not write the demo's keys: they are under
+    `emq-demo-<random>`, not the registry's prefix, which an ACL confined to its prefix
+    refuses (else the demo's worker fails at boot with Redis's bare message)."""
+    key = f"emq-demo-{uuid.uuid4().hex[:8]}:check"
+    with redis_errors("write the demo's keys"):
+        try:
+            client.set(key, "1", px=10_000)
+        except redis.exceptions.NoPermissionError:
+            raise ServerError(
+                "the demo writes its keys and channels under emq-demo-<random>, which the user"
+                " of the Redis URL may not (NOPERM): allow ~emq-demo-* and &emq-demo-*, or run"
+                " `emq-bridge demo` without --redis-url (an embedded server)"
+            ) from None
+        client.delete(key)
 
 
 COMMANDS = (sync_command, pump_command, demo_command)
