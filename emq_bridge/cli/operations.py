@@ -595,8 +595,12 @@ def _registry(settings: Settings, target: PumpTarget | None, force: bool) -> Rep
         return settings.repeat()
     url_flag, prefix_flag = given_as("redis_url"), given_as("prefix")
     conflicts = []
-    if url_flag is not None and not _same_server(settings.client(), app.client, app.prefix):
-        conflicts.append(url_flag)
+    try:
+        if url_flag is not None and not _same_server(settings.client(), app.client, app.prefix):
+            conflicts.append(url_flag)
+    except ServerError:
+        app.close()
+        raise
     if prefix_flag is not None and settings.prefix != app.prefix:
         conflicts.append(prefix_flag)
     if conflicts:
@@ -652,6 +656,13 @@ def _sees_the_same_key(given: Any, app: Any, prefix: str) -> bool:
             return found is not None and text(found) == token
         finally:
             app.delete(key)
+    except redis.exceptions.NoPermissionError:  # not another server: a user refused
+        raise ServerError(
+            "cannot tell whether the Redis URL given reaches the app's registry: Redis refused"
+            f" INFO, and a user may not write or read a key under {prefix!r} (NOPERM): give"
+            " the URL's user the app's key permissions, leave the URL out to pump the app's"
+            " registry, or add --force-registry to pump the one given"
+        ) from None
     except (redis.RedisError, OSError):
         return False
 
