@@ -614,14 +614,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         self._on_cluster_node: bool | None = None
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        prefix: str = DEFAULT_PREFIX,
-        *,
-        clock: Callable[[], int] | None = None,
-        **options: Any,
-    ) -> Repeat:
+    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> Repeat:
         """Connect to a Redis, the master a Sentinel names, or a Redis Cluster.
 
         `redis://`, `rediss://`, `unix://`: `redis.Redis.from_url`.
@@ -631,9 +624,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
 
         A malformed URL raises `ConfigError`; its message never holds the password. A
         cluster is discovered at once: `RegistryUnavailable` if no startup node answers.
-        `clock` is the registry's, as in `Repeat(client, prefix, clock=...)`; every other
-        keyword goes to the client.
+        A `clock=` is the registry's, as in `Repeat(client, prefix, clock=...)`; every other
+        keyword goes to the client (kept `**options` alone: a caller's `**dict` of client
+        options type-checks).
         """
+        clock = options.pop("clock", None)
         return cls(client_from_url(url, **options), prefix, clock=clock)
 
     def keys(self, queue: str) -> QueueKeys:
