@@ -155,6 +155,7 @@ class Registration:
     queue: str
     name: str
     definition: Definition
+    # None: none stored (completed, or its registry member is missing), or `no_run_left`.
     next_run_ms: int | None
     paused: bool
     source: str | None
@@ -197,11 +198,14 @@ class Registration:
     # pump claims it, so it never fires until a sync or a pause and resume puts it back.
     # Only a read that asks the registry says so (`read`, `get`, `list`).
     unscheduled: bool = False
+    # Its score says it has no run left (past 9999, or every one excluded): not completed
+    # (it has no bound to complete it), but nothing will fire it.
+    no_run_left: bool = False
 
     def upcoming(self, n: int = 5, after_ms: int | None = None) -> list[int]:
         """Return the next `n` runs (epoch ms), starting with the stored next run, within
         the bounds (none past `end_at` or the last `at`, at most the `limit`'s remaining)."""
-        if self.completed:
+        if self.completed or self.no_run_left:
             return []
         definition = self.definition
         first = self.next_run_ms
@@ -2446,11 +2450,14 @@ def _registration(
 ) -> Registration:
     paused = fields.get("paused") == "1"
     next_run = _field_score(fields, "paused_next_ms") if paused else _score(score)
+    # `NEVER_MS` (the claim's score for no slot): no run left, past 9999 or all excluded.
+    no_run_left = next_run is not None and next_run > LATEST_MS
     return Registration(
         queue=queue,
         name=name,
         definition=Definition.from_fields(fields),
-        next_run_ms=next_run,
+        next_run_ms=None if no_run_left else next_run,
+        no_run_left=no_run_left,
         paused=paused,
         source=fields.get("source") or None,
         last_due_ms=_optional_int(fields, "last_due_ms"),

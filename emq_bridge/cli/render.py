@@ -346,10 +346,10 @@ def next_run_text(registration: Registration, now_ms: int) -> str:
         return "- (completed)"
     if registration.paused:  # its parked next run is not a run: nothing fires until resumed
         return "- (paused)"
+    if registration.no_run_left:  # past 9999, or every run excluded
+        return "- (never)"
     if registration.next_run_ms is None:
         return "- (not scheduled)" if registration.unscheduled else "-"
-    if registration.next_run_ms > LATEST_MS:  # a score written by hand, or by an old version
-        return "- (never)"
     zone = zone_of(registration.definition.cadence)
     when = relative(registration.next_run_ms, now_ms)
     if computed_by(registration) is not None:

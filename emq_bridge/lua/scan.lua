@@ -18,7 +18,7 @@ local t = redis.call('TIME')
 local server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = ARGV[1]
 if now == '' then
-  now = tostring(server_now)
+  now = string.format('%d', server_now)  -- tostring writes 1e+14 and on in exponent form
 end
 local batch = tonumber(ARGV[2])
 

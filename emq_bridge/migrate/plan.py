@@ -293,7 +293,12 @@ def _as_stored(repeat: Repeat, entries: list[Imported]) -> list[Imported]:
         if live is None:
             out.append(entry)
             continue
-        when = "no next run" if live.next_run_ms is None else f"next {_utc(live.next_run_ms)}"
+        if live.no_run_left:  # scored past 9999 (what an older import wrote), or all excluded
+            when = "no run left"
+        elif live.next_run_ms is None:
+            when = "no next run"
+        else:
+            when = f"next {_utc(live.next_run_ms)}"
         state = f"paused ({when}, as stored)" if live.paused else f"{when} (as stored)"
         d = entry.declaration
         if entry.seed.paused and not live.paused:  # disabled there since it was imported

@@ -1,0 +1,53 @@
+"""A schedule with no run left reads `next_run_ms is None`, as docs/cron.md says (found by a
+probe of the calendar's edges, session 36).
+
+An interval excluded from tomorrow to the end of 9999 (a freeze "until further notice")
+fires until the exclusion starts, then has no run. Its claim scores it `NEVER_MS` (2**53 -
+1), and `Registration.next_run_ms` gave that number, as did `show --json` and `list --json`
+(`"next_run_ms": 9007199254740991`, beside `"next_run": null`). It is None now, and the JSON
+null; `list` still says `- (never)`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from click.testing import CliRunner
+
+from emq_bridge import Pump, Repeat, define
+from emq_bridge.cli import cli
+from emq_bridge.testing import ManualClock, RecordingDispatcher
+
+
+def ms(*parts: int) -> int:
+    return int(datetime(*parts, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def test_an_exclusion_to_the_end_of_9999_leaves_no_next_run(
+    client: object, redis_url: str, prefix: str
+) -> None:
+    clock = ManualClock(ms(2026, 12, 7, 22, 30))
+    repeat = Repeat(client, prefix, clock=clock)
+    repeat.upsert(
+        "frz",
+        "h",
+        definition=define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": "t"}),
+    )
+    dispatcher = RecordingDispatcher()
+    clock.set(ms(2026, 12, 7, 23, 0))
+    Pump(repeat, ["frz"], dispatcher).run_once()
+    assert [o.due_ms for o in dispatcher.occurrences] == [ms(2026, 12, 7, 23)]
+    found = repeat.get("frz", "h")
+    assert found is not None and found.completed is None
+    assert found.next_run_ms is None and found.upcoming(2) == []
+
+    runner = CliRunner()
+    base = ["--redis-url", redis_url, "--prefix", prefix]
+    shown = json.loads(runner.invoke(cli, [*base, "show", "frz", "h", "--json"]).stdout)
+    assert shown["next_run_ms"] is None and shown["next_run_in_ms"] is None
+    assert shown["next_run"] is None
+    (listed,) = json.loads(runner.invoke(cli, [*base, "list", "frz", "--json"]).stdout)
+    assert listed["next_run_ms"] is None
+    table = runner.invoke(cli, [*base, "list", "frz"]).stdout
+    assert "- (never)" in table, table
