@@ -25,6 +25,17 @@ _ASCII_NAME = re.compile(r"[!-z|~]+")
 MAX_NAME_BYTES = 200
 
 
+def is_valid_name(value: str) -> bool:
+    """Whether `value` is a valid name (`validate_name`), without building an error."""
+    if len(value) <= MAX_NAME_BYTES and value.isascii() and _ASCII_NAME.fullmatch(value):
+        return True
+    try:
+        validate_name(value)
+    except InvalidName:
+        return False
+    return True
+
+
 def validate_name(value: object, what: str = "name") -> str:
     """Return `value` if it is a valid queue or registration name, else raise `InvalidName`.
 

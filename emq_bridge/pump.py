@@ -496,13 +496,16 @@ class Pump:
         return left
 
     def _set_aside(self, queue: str, scan: Scan) -> None:
-        """Hold the registry members that are not valid UTF-8 for `CORRUPT_PARK_MS` (told as
-        a corrupt record's park is), and drop such lease and in-flight members."""
+        """Hold the registry members that are not valid UTF-8, or no valid name, for
+        `CORRUPT_PARK_MS` (told as a corrupt record's park is), and drop such lease and
+        in-flight members."""
         self.repeat.set_aside(queue, scan.unreadable, scan.now_ms + CORRUPT_PARK_MS)
         for where, member in scan.unreadable:
             shown = member.decode("utf-8", "backslashreplace")
             if where == "due":
-                reason = "registry member is not valid UTF-8 (written by hand?)"
+                what = "not valid UTF-8" if _not_utf8(member) else "no valid name"
+                # No command takes such a name: say how to remove it.
+                reason = f"registry member is {what} (written by hand?): remove it with ZREM"
                 self.events.on_park(queue, shown, reason, CORRUPT_PARK_MS)
             else:
                 self.events.on_lease_dropped(queue, shown, "the member is not valid UTF-8")
@@ -1558,3 +1561,11 @@ def _last_runs(
         if known:
             runs[name] = max(known)
     return runs
+
+
+def _not_utf8(member: bytes) -> bool:
+    try:
+        member.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False

@@ -53,6 +53,7 @@ from .keys import (
     BACKFILL,
     DEFAULT_PREFIX,
     QueueKeys,
+    is_valid_name,
     parse_lease_member,
     validate_name,
     validate_prefix,
@@ -305,7 +306,9 @@ def _page_args(offset: object, limit: object) -> None:
 def _scan_reply(reply: Any) -> Scan:
     """Decode a `scan.lua` reply: the JSON text of one array. A member that is not valid
     UTF-8 keeps its bytes (`surrogateescape`), and goes to `Scan.unreadable`: decoded with
-    replacement characters, it would name nothing, and stay due for ever."""
+    replacement characters, it would name nothing, and stay due for ever. So does a
+    registry member that is no valid name (a space, empty: planted by hand), whose lease
+    no move could read back."""
     raw = reply.decode("utf-8", "surrogateescape") if isinstance(reply, bytes) else str(reply)
     now, due, expired, first, first_lease, lost, first_running = json.loads(raw)
     pairs = [(due[i], _due_ms(due[i + 1])) for i in range(0, len(due), 2)]
@@ -314,6 +317,8 @@ def _scan_reply(reply: Any) -> Scan:
         pairs = [p for p in pairs if _readable(p[0], "due", unreadable)]
         expired = [m for m in expired if _readable(m, "expired", unreadable)]
         lost = [m for m in lost if _readable(m, "lost", unreadable)]
+    if not all(is_valid_name(name) for name, _ in pairs):
+        pairs = [p for p in pairs if _named(p[0], unreadable)]
     return Scan(
         int(now),
         pairs,
@@ -324,6 +329,14 @@ def _scan_reply(reply: Any) -> Scan:
         _score(first_running),
         unreadable,
     )
+
+
+def _named(member: str, unreadable: list[tuple[str, bytes]]) -> bool:
+    """True if the registry member `member` is a valid name; else note it in `unreadable`."""
+    if is_valid_name(member):
+        return True
+    unreadable.append(("due", member.encode("utf-8", "surrogateescape")))
+    return False
 
 
 def _readable(member: str, where: str, unreadable: list[tuple[str, bytes]]) -> bool:
