@@ -104,6 +104,7 @@ def _apply(
                     "unchanged": items(result.unchanged),
                     "refused": [{"origin": r.origin, "reason": r.reason} for r in result.refused],
                     "resumed": items(result.resumed),
+                    "staged": items(result.staged),
                 }
             )
         )
@@ -155,7 +156,8 @@ _COMMON = [
     click.option(
         "--paused",
         is_flag=True,
-        help="Create the registrations paused, while the old scheduler still runs them.",
+        help="Create the registrations paused, while the old scheduler still runs them"
+        " (and pause those that exist and fire here: a switch back to it).",
     ),
     click.option(
         "--resume",

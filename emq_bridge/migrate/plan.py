@@ -93,17 +93,20 @@ class ImportResult:
     unchanged: list[Imported] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
     resumed: list[Imported] = field(default_factory=list)
+    # Existing registrations that fired here, paused by `--paused` (`_stage`).
+    staged: list[Imported] = field(default_factory=list)
 
     @property
     def writes(self) -> int:
-        return len(self.created) + len(self.updated) + len(self.resumed)
+        return len(self.created) + len(self.updated) + len(self.resumed) + len(self.staged)
 
     def summary(self) -> str:
         note = " (dry run: nothing written)" if self.dry_run else ""
         resumed = f", {len(self.resumed)} resumed" if self.resumed else ""
+        staged = f", {len(self.staged)} paused for the cut-over" if self.staged else ""
         return (
             f"import {self.source}: {len(self.created)} created, {len(self.updated)} updated, "
-            f"{len(self.unchanged)} unchanged, {len(self.refused)} refused{resumed}{note}"
+            f"{len(self.unchanged)} unchanged, {len(self.refused)} refused{resumed}{staged}{note}"
         )
 
 
@@ -168,6 +171,8 @@ def apply_import(
         result.unchanged = _as_stored(repeat, result.unchanged)
         result.resumed = [_where(e, moved) for e in lifting]
         result.refused += _not_resumed([*elsewhere, *left], result.resumed)
+        if paused:
+            result.staged = _stage(repeat, plan.entries, plan.source, moved, dry_run=True)
         return result
     todo += theirs  # sent too: the script decides who owns it at the time of the write
     answers = repeat.upsert_many(
@@ -195,6 +200,8 @@ def apply_import(
             except KeyError:  # removed meanwhile: nothing to resume
                 continue
     result.refused += _not_resumed([*elsewhere, *owned], result.resumed)
+    if paused:
+        result.staged = _stage(repeat, plan.entries, plan.source, moved, dry_run=False)
     result.updated = _as_stored(repeat, result.updated)
     result.unchanged = _as_stored(repeat, result.unchanged)
     return result
@@ -202,6 +209,33 @@ def apply_import(
 
 # The note of a pause an import's `--paused` makes (`show` prints it).
 STAGED_NOTE = "imported --paused: the old scheduler runs it until the cut-over (--resume)"
+
+
+def _stage(
+    repeat: Repeat,
+    entries: list[Imported],
+    source: str,
+    moved: dict[tuple[str, str], str],
+    *,
+    dry_run: bool,
+) -> list[Imported]:
+    """Pause, as the import's `--paused` (`paused_by` its source), the registrations of
+    `entries` that exist already and fire here: an earlier import's, or one a beat took
+    over, after a switch back to the old scheduler. Else both schedulers would fire each
+    slot until the cut-over, and the cut-over's `--resume`, which lifts only a pause,
+    would leave their next runs where this registry last left them: a slot the old
+    scheduler sent since would be sent again. Return those paused (with `dry_run`, those
+    that would be)."""
+    staged = []
+    for entry in entries:
+        d = entry.declaration
+        queue = moved.get(_key(d), d.queue)
+        found = repeat.get(queue, d.name)
+        if found is None or found.paused or found.completed is not None:
+            continue  # created paused just now, paused already (by whoever), or done
+        if dry_run or repeat.pause(queue, d.name, note=STAGED_NOTE, by=source):
+            staged.append(_where(entry, moved))
+    return staged
 
 
 def _key(declaration: Declaration) -> tuple[str, str]:
@@ -431,6 +465,10 @@ def result_lines(result: ImportResult) -> list[str]:
     lines += [f"= {e.line()}" for e in result.unchanged]
     lines += [f"! {r.line()}" for r in result.refused]
     lines += [f"> resumed {e.declaration.queue}/{e.declaration.name}" for e in result.resumed]
+    lines += [
+        f"> paused {e.declaration.queue}/{e.declaration.name} (it fired here: --resume lifts it)"
+        for e in result.staged
+    ]
     return lines
 
 
