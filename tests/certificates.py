@@ -45,6 +45,12 @@ def make_certificates(directory: Path, ca_name: str = "emq test CA") -> Certific
         "2",
         "-subj",
         f"/CN={ca_name}",
+        # Python 3.13's default context verifies strictly (VERIFY_X509_STRICT): a CA
+        # without key usage is refused.
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
     )
     (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")

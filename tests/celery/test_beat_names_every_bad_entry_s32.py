@@ -85,7 +85,8 @@ def test_two_bad_entries_are_both_named_in_one_line(app: Celery) -> None:
         app_schedule(app)
     message = str(raised.value)
     assert "\n" not in message
-    assert message == (
+    # Python's own reason is quoted; 3.12 added ": nan" to its end.
+    assert message.removesuffix(": nan") == (
         "beat_schedule['c_dt_naive']: template is not JSON-serialisable: Object of type "
         "datetime is not JSON serializable; beat_schedule['c_nan']: template is not "
         "JSON-serialisable: Out of range float values are not JSON compliant"
@@ -129,7 +130,7 @@ def test_a_lone_bad_entry_is_refused_as_before(app: Celery) -> None:
     app.conf.beat_schedule = {"fine": entry(), "c_nan": entry(args=[float("nan")])}
     with pytest.raises(ConfigError) as raised:
         app_schedule(app)
-    assert str(raised.value) == (
+    assert str(raised.value).removesuffix(": nan") == (  # 3.12 added ": nan"
         "beat_schedule['c_nan']: template is not JSON-serialisable: Out of range float "
         "values are not JSON compliant"
     )

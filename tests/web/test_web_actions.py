@@ -293,7 +293,12 @@ def test_api_bodies_nested_too_deep_or_with_non_string_names_are_refused_with_40
     assert anonymous.status_code == 403  # refused before its body is read
     bearer = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
     reply = client.post("/api/schedule/pause", content=deep, headers=bearer)
-    assert reply.status_code == 400 and "not JSON" in reply.json()["error"]
+    # Python 3.13's parser takes that depth: a list, which is no JSON object either.
+    assert reply.status_code == 400
+    assert reply.json()["error"] in (
+        "the body is not JSON",
+        "the body must be a JSON object of strings",
+    ), reply.json()
     # Before: a body of any size was read (30 MB with the token: 200); now one past 16 KiB
     # is refused before it is read, as a form is.
     huge = json.dumps({"queue": "reports", "name": "digest", "pad": "x" * 20_000})
