@@ -33,6 +33,16 @@ RESEND_MARGIN_MS = 1000
 # Copies a worker's main process holds back at once, at most (each waits on a timer thread);
 # past that a copy is dropped, as every copy was before.
 MAX_HELD = 1_000
+# How often `_resend` sent a copy again (`lifecycle.MAX_RESENDS` at most): a header of its own.
+RESENT_HEADER = "emq_bridge_resent"
+
+
+def times_resent(request: Any) -> int:
+    """How often the copy `request` was sent again by `_resend` (its header; 0 if none)."""
+    message = getattr(request, "message", None)
+    headers = getattr(message, "headers", None) or {}
+    value = headers.get(RESENT_HEADER, 0) if isinstance(headers, dict) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class _Holding:
@@ -134,7 +144,7 @@ def _resend(key: tuple[str, int]) -> None:
         # Discarded since: its revoke is behind it, so one of the copy sent again (a `replace`,
         # an operator's terminate) is the occurrence's, and reported (`reporting._on_revoked`).
         _process.copies.pop(item.id, None)
-        _publish(held)
+        _publish(held, resent=True)
         log.info(
             "emq-bridge: the copy of task %s (%s/%s) held back is sent again: the run it "
             "waited on is heard of no more",
@@ -157,9 +167,13 @@ def _later_attempt(held: _Held) -> bool:
     return False
 
 
-def _publish(held: _Held) -> None:
-    """Send the held copy's message again, as it came (headers, body, routing)."""
+def _publish(held: _Held, *, resent: bool = False) -> None:
+    """Send the held copy's message again, as it came (headers, body, routing); `resent`
+    (the run it waited on is heard of no more) counts it in `RESENT_HEADER`."""
     message = held.message
+    headers = dict(message.headers or {})
+    if resent:
+        headers[RESENT_HEADER] = times_resent(held) + 1
     delivery = dict(getattr(message, "delivery_info", None) or {})
     properties = dict(getattr(message, "properties", None) or {})
     priority = properties.get("priority", delivery.get("priority"))
@@ -168,7 +182,7 @@ def _publish(held: _Held) -> None:
             message.body,
             exchange=delivery.get("exchange") or "",
             routing_key=delivery.get("routing_key") or "",
-            headers=dict(message.headers or {}),
+            headers=headers,
             content_type=message.content_type,
             content_encoding=message.content_encoding,
             delivery_mode=properties.get("delivery_mode") or 2,

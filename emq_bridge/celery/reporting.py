@@ -79,7 +79,7 @@ from celery.exceptions import Retry
 from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
-from ..lifecycle import check_history_size, report_of
+from ..lifecycle import MAX_RESENDS, check_history_size, report_of
 from ..occurrence import occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
@@ -97,7 +97,7 @@ from .dispatch import (
     TRIGGERED_HEADER,
     header,
 )
-from .held_copies import _hold, _release_held
+from .held_copies import _hold, _release_held, times_resent
 from .process_state import _START, _process
 from .replacement import (
     _REPLACED,
@@ -504,6 +504,18 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             why = "another occurrence of its schedule is in flight (overlap)"
         else:
             why = "a copy of it runs or ran already (delivered twice)"
+            resent = times_resent(request)
+            if verdict == "running" and resent >= MAX_RESENDS:
+                log.warning(
+                    "emq-bridge: task %s (%s/%s) dropped on receipt: a copy of it was sent "
+                    "again %d times already, each time after its run was heard of no more "
+                    "(a task that kills its worker?); not sent again",
+                    request.id,
+                    occurrence["queue"],
+                    occurrence["name"],
+                    resent,
+                )
+                return
             held_s = _hold(request, app, reporter, item) if verdict == "running" else None
             if held_s is not None:
                 why += (

@@ -1,0 +1,136 @@
+"""A guarded task that kills its pool process every time is sent again a bounded number of
+times, not for ever (found by a probe of RabbitMQ quorum queues, session 36).
+
+Its message is requeued at once (`acks_late`, `reject_on_worker_lost`), while the dead run's
+heartbeats are still live: the copy is held and sent again once they lapse, and runs. Sent
+again, it is a new message, whose broker delivery count starts again: a quorum queue's
+`x-delivery-limit`, which drops such a message after a few deliveries without emq-bridge,
+never did, and the occurrence ran (and killed a process) for ever. A copy now carries how
+often it was sent so; past `MAX_RESENDS` it is dropped on receipt with a WARNING. A real
+prefork worker, a real Redis broker, a real pump.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+from processes import stop, wait_until
+
+from emq_bridge import Pump, Repeat
+from emq_bridge.celery import CeleryDispatcher
+from emq_bridge.celery.held_copies import MAX_RESENDS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# As in test_requeue_outcomes_s32: longer than Celery takes to requeue a killed pool
+# process's task, so each copy comes while the killed run's heartbeats are live.
+HEARTBEAT_S = 4.0
+
+APP = textwrap.dedent(f"""
+    import json
+    import os
+    import signal
+    import time
+
+    import redis
+    from celery import Celery
+
+    env = os.environ
+    app = Celery("poison", broker=env["PZ_REDIS"])
+    app.conf.update(
+        emq_bridge_redis_url=env["PZ_REDIS"],
+        emq_bridge_prefix=env["PZ_PREFIX"],
+        emq_bridge_heartbeat_s={HEARTBEAT_S},
+        task_default_queue=env["PZ_QUEUE"],
+        result_backend=None,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+        imports=["emq_bridge.celery"],
+    )
+    side = redis.Redis.from_url(env["PZ_REDIS"])
+
+
+    @app.task(bind=True, name="pz.poison", acks_late=True, reject_on_worker_lost=True)
+    def poison(self):
+        side.rpush(env["PZ_PREFIX"] + ":runs", json.dumps({{"id": self.request.id}}))
+        time.sleep(0.3)  # its start reported
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_copy_whose_runs_kill_their_process_is_sent_again_a_bounded_number_of_times(
+    redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "pz_app.py").write_text(APP)
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    queue = f"{prefix}-q"
+    side = redis.Redis.from_url(redis_url)
+    repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
+    repeat.register(
+        queue,
+        "poison",
+        every="1h",
+        overlap="skip",
+        immediately=True,
+        template={"task": "pz.poison"},
+    )
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
+        PZ_REDIS=redis_url,
+        PZ_PREFIX=prefix,
+        PZ_QUEUE=queue,
+    )
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", "pz_app", "worker", "-Q", queue),
+                *("-c", "2", "-P", "prefork", "-l", "info", "--without-mingle"),
+                "--without-gossip",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    sender = Celery("pz-sender", broker=redis_url)
+    sender.conf.update(result_backend=None, task_default_queue=queue)
+    pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.5)
+    halt = threading.Event()
+    thread = threading.Thread(target=pump.run, args=(halt,), daemon=True)
+    thread.start()
+
+    def output() -> str:
+        return log.read_text(errors="replace")
+
+    try:
+        wait_until(
+            lambda: "dropped on receipt: a copy of it was sent again" in output(),
+            200,
+            "the copy dropped past the bound",
+            then=lambda: output()[-4000:],
+        )
+        time.sleep(2 * HEARTBEAT_S)  # nothing runs it again after that
+        runs = [json.loads(r)["id"] for r in side.lrange(f"{prefix}:runs", 0, -1)]
+        assert len(set(runs)) == 1, runs  # one occurrence
+        assert len(runs) == MAX_RESENDS + 1, (runs, output()[-4000:])  # its run, then re-sends
+        assert output().count("held back is sent again") == MAX_RESENDS
+        assert f"sent again {MAX_RESENDS} times already" in output()
+    finally:
+        halt.set()
+        thread.join(10)
+        stop(worker)
+        sender.close()
+        side.close()
