@@ -1411,7 +1411,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         at (that scheduler kept running it meanwhile, from its own last runs), with that
         scheduler's run count and last run. A slot of it already passed is not fired: that
         scheduler may have sent it without its store saying so yet (django-celery-beat saves
-        its last runs every few minutes); it is counted in `missed`, with one WARNING.
+        its last runs every few minutes); it is counted in `missed`, with one WARNING. With
+        `catchup` (one that stores a run before it sends it: celery-redbeat) the passed
+        slots go to the misfire policy instead, as for any resume with `catchup`.
         """
         return self._resume(queue, name, catchup, now_ms, seed, None)
 

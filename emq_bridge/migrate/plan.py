@@ -80,6 +80,12 @@ class ImportPlan:
     source: str
     entries: list[Imported] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
+    # The old scheduler stores a run before it sends it (celery-redbeat), so a slot after
+    # its last stored run was never sent: the cut-over's `--resume` fires an overdue one at
+    # once, as a switch without staging does (and the old scheduler on its restart). Else
+    # (django-celery-beat saves its last runs every few minutes) a passed slot may have been
+    # sent, and is not fired.
+    records_before_send: bool = False
 
 
 @dataclass(slots=True)
@@ -131,8 +137,9 @@ def apply_import(
     old scheduler still runs them); once it is stopped, `resume` resumes the paused
     registrations whose schedule is enabled there from the slot it would fire next, read
     from it again (`Repeat.resume(seed=...)`: its runs meanwhile moved its last run, so no
-    slot it fired runs again, and none comes early; one already passed is not fired), with
-    its run count and last run.
+    slot it fired runs again, and none comes early; one already passed is fired, as the
+    misfire policy says, when the old scheduler stores a run before sending it, else not:
+    `ImportPlan.records_before_send`), with its run count and last run.
     """
     plan = _without_unusable_seeds(_without_collisions(plan))
     if strict and plan.refused:
@@ -195,7 +202,11 @@ def apply_import(
         d = entry.declaration
         if _owned(repeat, entry, plan.source, moved):
             try:
-                if repeat.resume(moved.get(_key(d), d.queue), d.name, seed=entry.seed):
+                queue = moved.get(_key(d), d.queue)
+                seed, catchup = entry.seed, plan.records_before_send
+                if catchup:  # as a switch made now: an overdue slot fires at once
+                    seed = replace(seed, rhythm_ms=None)
+                if repeat.resume(queue, d.name, seed=seed, catchup=catchup):
                     result.resumed.append(_where(entry, moved))
             except KeyError:  # removed meanwhile: nothing to resume
                 continue
@@ -396,7 +407,7 @@ def _without_collisions(plan: ImportPlan) -> ImportPlan:
                     )
                 )
     kept = [group[0] for group in groups.values() if len(group) == 1]
-    return ImportPlan(plan.source, kept, refused)
+    return replace(plan, entries=kept, refused=refused)
 
 
 def _without_unusable_seeds(plan: ImportPlan) -> ImportPlan:
@@ -413,7 +424,7 @@ def _without_unusable_seeds(plan: ImportPlan) -> ImportPlan:
             refused.append(Refusal(entry.origin, reason))
     if len(kept) == len(plan.entries):
         return plan
-    return ImportPlan(plan.source, kept, refused)
+    return replace(plan, entries=kept, refused=refused)
 
 
 def _unusable_seed(seed: Seed) -> str | None:

@@ -88,7 +88,9 @@ def read_redbeat(
     """
     check_utf8(key_prefix, "celery-redbeat key prefix")  # else redis-py fails to encode it
     decoder = _decoder()
-    plan = ImportPlan(source)
+    # redbeat stores an entry's `last_run_at` before it sends the task (its scheduler's
+    # `reserve`): a slot after it was never sent, and the cut-over may fire it.
+    plan = ImportPlan(source, records_before_send=True)
     for key in _keys(client, key_prefix):
         origin = f"redbeat {key}"
         try:
