@@ -24,7 +24,8 @@
 -- one-off, not one of its `at` instants is a slot the schedule cannot have (`outside`).
 -- Otherwise a slot is skipped when it is at or after the frontier (`ahead`), when a run
 -- of slots fired live covers it (claim.lua's `runs`, and the open run from..to of `run`,
--- "<from> <to> <next>"; a record from before runs: created_ms..last_due_ms) (`live`), or when a backfill queued it already
+-- "<from> <to> <next>"; a record from before runs: created_ms..last_due_ms; one whose `run`
+-- or `runs` is garbage: everything up to last_due_ms, else the frontier) (`live`), or when a backfill queued it already
 -- (`done`). Every other slot is added to KEYS[4] and queued as the pending member
 -- "<name> <slot> backfill" in KEYS[3], scored by its send time, which claim.lua turns into
 -- the lease "<name> <slot> backfilled" when it is due: one send, the id of the live slot.
@@ -75,11 +76,18 @@ local runs = {}
 for from, to in string.gmatch(f[1] or '', '(%d+)%-(%d+)') do
   runs[#runs + 1] = {tonumber(from), tonumber(to)}
 end
-local open_from, open_to = string.match(f[2] or '', '^(%d+) (%d+) ')
+local open_from, open_to = string.match(f[2] or '', '^(%d+) (%d+) %S+$')
+-- A `runs` or `run` edited into garbage (by hand) says nothing of what fired: every slot up
+-- to the last one fired (else the frontier) counts as fired live, as for a record from
+-- before runs, so nothing is sent twice.
+local damaged = (f[2] and f[2] ~= '' and not open_from)
+  or not string.match((string.gsub(f[1] or '', '%d+%-%d+', '')), '^ *$')
 if open_from then
   runs[#runs + 1] = {tonumber(open_from), tonumber(open_to)}
-elseif not f[2] and f[3] then
-  runs[#runs + 1] = {tonumber(f[4]) or 0, tonumber(f[3])}
+end
+if (damaged or not f[2]) and (tonumber(f[3]) or (damaged and tonumber(ARGV[4]))) then
+  local last = tonumber(f[3]) or (tonumber(ARGV[4]) - 1)
+  runs[#runs + 1] = {damaged and 0 or (tonumber(f[4]) or 0), last}
 end
 local function fired_live(slot)
   for _, run in ipairs(runs) do

@@ -145,8 +145,12 @@ local function track(record, f, expected, next_score, fire, missed, writes)
   local runs
   if from then
     runs = close_run(redis.call('HGET', record, 'runs') or '', from, to)
-  elseif not run and f[6] then
-    local created = redis.call('HGET', record, 'created_ms') or '0'
+  elseif (not run or run ~= '') and f[6] then
+    -- No open run (a record from before runs), or one edited into garbage: what it covered
+    -- is closed as created_ms..last_due_ms (from 0 for garbage), so a backfill never
+    -- sends one of its slots again.
+    local created = run and '0' or (redis.call('HGET', record, 'created_ms') or '0')
+    if not string.match(created, '^%d+$') then created = '0' end
     runs = close_run(redis.call('HGET', record, 'runs') or '', created, f[6])
   end
   writes[#writes + 1] = 'run'
