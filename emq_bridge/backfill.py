@@ -42,7 +42,7 @@ from .definition import Definition
 from .errors import CorruptRecord, RegistryError, ScheduleError, UnknownRegistration
 from .jitter import Jittered, base_cadence, nominal_slot
 from .keys import QueueKeys, validate_name
-from .replies import redis_errors, text
+from .replies import record_text, redis_errors, text
 
 if TYPE_CHECKING:
     from .scripts import Scripts
@@ -212,7 +212,7 @@ class BackfillMoves:
                 pipe.hgetall(keys.record(name))
                 pipe.zscore(keys.registry, name)
                 raw, score = pipe.execute()
-            fields = {text(k): text(v) for k, v in raw.items()}
+            fields = record_text(raw)
             if not fields:
                 raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
             try:

@@ -64,7 +64,7 @@ from .outcome import HISTORY_SIZE
 from .overdue_edit import SLOT_FIELDS, paused_window_slot, resumed_slot
 from .overlap import overlapped_calls
 from .pump_options import MAX_BATCH_SIZE
-from .replies import CLUSTER_NODE, redis_errors, text
+from .replies import CLUSTER_NODE, is_template_field, record_text, redis_errors, replaced, text
 from .scripts import Scripts
 from .shown import shown
 from .stamps import StampMoves
@@ -329,6 +329,17 @@ def _scan_reply(reply: Any) -> Scan:
         _score(first_running),
         unreadable,
     )
+
+
+def _replaced_but_template(fields: Sequence[str], row: Any) -> Any:
+    """A `fetch.lua` row (the values of `fields`) with undecodable bytes as U+FFFD, as `text`
+    decodes them, but in the template's fields (`record_text`)."""
+    if not isinstance(row, list):
+        return row
+    return [
+        value if type(value) is not str or is_template_field(name) else replaced(value)
+        for name, value in zip(fields, row, strict=False)
+    ]
 
 
 def _named(member: str, unreadable: list[tuple[str, bytes]]) -> bool:
@@ -1621,7 +1632,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         validate_name(name, "registration name")
         with redis_errors(f"read {queue}/{name}"):
             raw = self.client.hgetall(self.keys(queue).record(name))
-        fields = {text(k): text(v) for k, v in raw.items()}
+        fields = record_text(raw)
         if not fields:
             return None
         # The score is not needed: a paused registration's next run is in its record.
@@ -1676,7 +1687,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             raw, score = pipe.execute()
         if not raw:
             raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
-        fields = {text(k): text(v) for k, v in raw.items()}
+        fields = record_text(raw)
         return _checked(queue, name, fields, score, unscheduled=score is None)
 
     def get_many(self, queue: str, names: Sequence[str]) -> builtins.dict[str, Registration]:
@@ -1901,7 +1912,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 if score is not None:
                     rows.append((None, name, {}, MISSING_RECORD))
                 continue
-            fields = {text(k): text(v) for k, v in raw.items()}
+            fields = record_text(raw)
             try:
                 found = _registration(queue, name, fields, score, unscheduled=score is None)
                 rows.append((found, name, fields, ""))
@@ -2072,8 +2083,12 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         # parses one reply, which is most of the cost at hundreds of records a batch.
         with redis_errors(f"load {queue}"):
             reply = self.scripts.fetch(keys=[keys.record(n) for n in names], args=list(fields))
-        # Undecodable bytes in a hand-edited record become U+FFFD, as `text` does elsewhere.
-        rows = json.loads(text(reply))
+        # Undecodable bytes in a hand-edited record become U+FFFD, as `text` does elsewhere,
+        # but in the template (`record_text`: it is corrupt then, not sent altered).
+        raw = reply.decode("utf-8", "surrogateescape") if isinstance(reply, bytes) else str(reply)
+        rows = json.loads(raw)
+        if not raw.isascii() and not is_utf8(raw):
+            rows = [_replaced_but_template(fields, row) for row in rows]
         return {
             name: {f: v for f, v in zip(fields, row, strict=False) if type(v) is str}
             if isinstance(row, list)

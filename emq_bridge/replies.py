@@ -14,7 +14,7 @@ import redis
 
 from .errors import RegistryError, RegistryOutOfMemory, RegistryRedirected, RegistryUnavailable
 
-__all__ = ["CLUSTER_NODE", "redis_errors", "text"]
+__all__ = ["CLUSTER_NODE", "is_template_field", "record_text", "redis_errors", "replaced", "text"]
 
 # Why a plain client cannot use a Redis Cluster node (an ElastiCache cluster-mode endpoint
 # given as redis://): the node holds its own slots' keys only, and redirects the others.
@@ -31,6 +31,33 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def is_template_field(name: str) -> bool:
+    """Whether the record field `name` holds the template (`template`, `template.2`, ...)."""
+    return name.startswith("template") and (name == "template" or name[8:9] == ".")
+
+
+def record_text(raw: Any) -> dict[str, str]:
+    """Decode a record's fields (an HGETALL reply) as `text` does, but the template's: bytes
+    that are not UTF-8 there stay lone surrogates (`surrogateescape`), which the template's
+    decoder refuses, so such a record is corrupt rather than sent with U+FFFD instead."""
+    out = {}
+    for key, value in raw.items():
+        name = text(key)
+        if isinstance(value, bytes) and is_template_field(name):
+            out[name] = value.decode("utf-8", "surrogateescape")
+        else:
+            out[name] = text(value)
+    return out
+
+
+def replaced(value: str) -> str:
+    """`value` with its lone surrogates (bytes that were not UTF-8) as U+FFFD, as `text`
+    decodes them."""
+    if value.isascii():
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 # What a server answers while a failover is under way (a cluster slot without its master,

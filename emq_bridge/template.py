@@ -190,10 +190,22 @@ def _finite(value: Any) -> Any:
     raise ValueError(f"{value} is not JSON")
 
 
+def _check_stored_utf8(raw: str) -> None:
+    """Raise `ScheduleError` if the stored template `raw` held bytes that are not UTF-8
+    (edited by hand): its record fields keep them as lone surrogates
+    (`replies.record_text`), so the record is corrupt, not sent with U+FFFD in their place."""
+    if not raw.isascii():
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ScheduleError("record template holds bytes that are not valid UTF-8") from None
+
+
 def decode_template(raw: str | None) -> dict[str, Any]:
     """Decode a record's template: a JSON object; raise `ScheduleError` on anything else."""
     if raw is None:
         raise ScheduleError("record has no template")
+    _check_stored_utf8(raw)
     try:
         template = json.loads(raw, parse_constant=_finite)
     except (ValueError, RecursionError) as exc:
@@ -218,6 +230,7 @@ def decode_frozen(raw: str | None) -> FrozenDict:
         and raw.count("{") + raw.count("[") <= MAX_TEMPLATE_DEPTH
         and not raw.startswith("\ufeff")  # json.loads refuses a BOM with its own message
     ):
+        _check_stored_utf8(raw)
         try:
             template = _FROZEN_DECODER.decode(raw)
         except (ValueError, RecursionError) as exc:
