@@ -375,11 +375,17 @@ class HistoryEntry:
 
     @classmethod
     def from_json(cls, raw: str) -> HistoryEntry:
-        """Read one stored entry (report.lua's array); ValueError if it is not one."""
-        item = json.loads(raw)
+        """Read one stored entry (report.lua's array); ValueError if it is not one (an
+        entry edited by hand: of other types, or nested past the parser's depth)."""
+        try:
+            item = json.loads(raw)
+        except RecursionError:
+            raise ValueError(f"not a history entry: {raw[:80]!r}") from None
         if not isinstance(item, list) or len(item) < 10:
             raise ValueError(f"not a history entry: {raw[:80]!r}")
         ident, due, released, started, finished, status, attempt, redelivered, triggered = item[:9]
+        if not isinstance(ident, str) or status not in STATUSES or not isinstance(item[9], str):
+            raise ValueError(f"not a history entry: {raw[:80]!r}")
         return cls(
             id=str(ident),
             due_ms=int(due),
