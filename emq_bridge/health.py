@@ -243,8 +243,10 @@ def _named(repeat: Repeat, queue: str, error: RegistryError) -> RegistryError:
 
 
 def served(repeat: Repeat, queues: Sequence[str]) -> set[str]:
-    """Return which of `queues` have a live pump (one pipeline)."""
-    return {queue for queue, pumps in repeat.pumps_by_queue(queues).items() if pumps}
+    """Return which of `queues` have a live pump (one pipeline); a pump table of another
+    type counts as none (logged), so it flags, rather than stops, a listing."""
+    by_queue = repeat.pumps_by_queue(queues, broken_as_none=True)
+    return {queue for queue, pumps in by_queue.items() if pumps}
 
 
 def unserved(registration: Registration, now_ms: int, served: set[str]) -> bool:

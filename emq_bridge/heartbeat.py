@@ -207,10 +207,14 @@ class HeartbeatMoves:
                 found.setdefault(info.id, info)
         return [found[key] for key in sorted(found)]
 
-    def pumps_by_queue(self, queues: Sequence[str]) -> dict[str, builtins.list[PumpInfo]]:
+    def pumps_by_queue(
+        self, queues: Sequence[str], *, broken_as_none: bool = False
+    ) -> dict[str, builtins.list[PumpInfo]]:
         """Return, for each of `queues`, the live pumps whose heartbeat is in its table (one
         pipeline, and the server's clock). A heartbeat edited into garbage is left out
-        (logged)."""
+        (logged). A pump table of another type (edited by hand) fails the read (WRONGTYPE),
+        or, with `broken_as_none` (views that only flag unserved schedules: `list`, `show`,
+        the web view's schedules), reads as no pump, logged."""
         names = [validate_name(q, "queue") for q in queues]
         if not names:
             return {}
@@ -218,11 +222,14 @@ class HeartbeatMoves:
             pipe = self.client.pipeline(transaction=False)
             for queue in names:
                 pipe.hgetall(self.keys(queue).pumps)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=not broken_as_none)
         now_ms = self.server_time_ms()
         out: dict[str, builtins.list[PumpInfo]] = {}
         for queue, reply in zip(names, replies, strict=True):
             live = out.setdefault(queue, [])
+            if isinstance(reply, Exception):  # an error reply (a lost connection raises)
+                log.error("%s: its pump table cannot be read, taken as no pump: %s", queue, reply)
+                continue
             for key, raw in sorted((reply or {}).items()):
                 try:
                     info = _parse(text(raw))
