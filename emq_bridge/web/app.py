@@ -36,7 +36,13 @@ from ..cli.render import (
     utc_iso,
     zone_of,
 )
-from ..errors import EmqError, RegistryError, RegistryUnavailable, UnknownRegistration
+from ..errors import (
+    CorruptRecord,
+    EmqError,
+    RegistryError,
+    RegistryUnavailable,
+    UnknownRegistration,
+)
 from ..health import served, unserved
 from ..registry import Registration, Repeat
 from .auth import Guard, WriteCheck
@@ -264,9 +270,10 @@ def app(
         name = request.query_params.get("name") or ""
         if not queue or not name:
             raise BadQuery("queue and name are both required")
-        registration = repeat.get(queue, name)
-        if registration is None:
-            raise HTTPException(404, f"no registration {name!r} in queue {queue!r}")
+        try:  # `read`, not `get`: a corrupt record is said so (500), not "no registration"
+            registration = repeat.read(queue, name)
+        except UnknownRegistration:
+            raise HTTPException(404, f"no registration {name!r} in queue {queue!r}") from None
         return registration, now()
 
     def schedule_data(request: Request) -> dict[str, Any]:
@@ -502,6 +509,8 @@ def _status_of(exc: Exception) -> tuple[int, str]:
         return exc.status_code, str(exc.detail)
     if isinstance(exc, RegistryUnavailable):
         return 503, "cannot reach Redis; try again"
+    if isinstance(exc, CorruptRecord):  # edited by hand: no retry mends it
+        return 500, " ".join(str(exc).split())
     if isinstance(exc, RegistryError):
         return 503, f"Redis refused: {' '.join(str(exc).split())}"
     return 400, " ".join(str(exc).split())
