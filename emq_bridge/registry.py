@@ -1631,7 +1631,17 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         `CorruptRecord` if the record cannot be read."""
         validate_name(name, "registration name")
         with redis_errors(f"read {queue}/{name}"):
-            raw = self.client.hgetall(self.keys(queue).record(name))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(self.keys(queue).record(name))
+            (raw,) = pipe.execute(raise_on_error=False)
+            if isinstance(raw, redis.ResponseError) and str(raw).startswith("WRONGTYPE"):
+                wrong_type = True
+            elif isinstance(raw, Exception):
+                raise raw
+            else:
+                wrong_type = False
+        if wrong_type:
+            raise _not_a_hash(queue, name)
         fields = record_text(raw)
         if not fields:
             return None
@@ -1684,7 +1694,14 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(keys.record(name))
             pipe.zscore(keys.registry, name)
-            raw, score = pipe.execute()
+            raw, score = pipe.execute(raise_on_error=False)
+            if isinstance(score, Exception):
+                raise score  # the registry key's type: the queue's, not this record's
+        if isinstance(raw, redis.ResponseError) and str(raw).startswith("WRONGTYPE"):
+            raise _not_a_hash(queue, name)
+        if isinstance(raw, Exception):
+            with redis_errors(f"read {queue}/{name}"):
+                raise raw
         if not raw:
             raise UnknownRegistration(f"no registration {name!r} in queue {queue!r}")
         fields = record_text(raw)
@@ -2567,6 +2584,16 @@ def _leave_alone(queue: str, name: str, verb: str, why: str) -> None:
 def _wrong_type(error: Exception) -> bool:
     """Whether `error` is a server's WRONGTYPE reply: a key of another type."""
     return isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE")
+
+
+def _not_a_hash(queue: str, name: str) -> CorruptRecord:
+    """A record key of another type: that record's corruption alone, as `list` says (its
+    cause says why, as a field's decoding error does)."""
+    error = CorruptRecord(
+        f"registration {queue}/{name} is corrupt: {_NOT_A_HASH} (remove it, then add it again)"
+    )
+    error.__cause__ = ScheduleError(_NOT_A_HASH)
+    return error
 
 
 def _checked(
