@@ -350,8 +350,9 @@ class LoggingEvents(PumpEvents):
             return
         log.log(
             level,
-            "%s/%s: occurrence %s (due %s) is lost: no worker started it in time (the start "
-            "timeout: a message purged or lost in the broker), or its worker stopped reporting",
+            "%s/%s: occurrence %s (due %s) is lost: its worker stopped reporting (killed, or "
+            "its heartbeats no longer reach Redis), or no worker started it in time (the start "
+            "timeout: a message purged or lost in the broker)",
             queue,
             name,
             occurrence_id,
