@@ -597,6 +597,25 @@ def check_cron_steps(fields: list[str]) -> None:
                 raise ScheduleError(f"{what} field {shown(term)}: the step must be 1 to {count}")
 
 
+# The most days each month can have (February's leap day included).
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_NUMBERS = re.compile(r"\d{1,2}(,\d{1,2})*", re.ASCII)
+
+
+def _day_in_no_month(fields: list[str]) -> str | None:
+    """Why a cron of plain day-of-month and month lists never fires (`0 0 30 2 *`: no
+    February has a 30th), or None: cronsim refuses it as a "Bad day-of-month" only."""
+    day, month = fields[-3], fields[-2]
+    if not (_NUMBERS.fullmatch(day) and _NUMBERS.fullmatch(month)):
+        return None
+    days, months = [int(d) for d in day.split(",")], [int(m) for m in month.split(",")]
+    if not all(1 <= d <= 31 for d in days) or not all(1 <= m <= 12 for m in months):
+        return None
+    if min(days) <= max(_MONTH_DAYS[m - 1] for m in months):
+        return None
+    return f"no month {month} has a day {day}"
+
+
 def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None, stored: bool = False) -> str:
     """Return the expression handed to cronsim (alias expanded, `H` resolved); raise
     `ScheduleError` if it is not a cron that fires in a known zone."""
@@ -616,6 +635,8 @@ def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None, stored: boo
     try:
         CronSim(resolved, datetime(2000, 1, 1))
     except (CronSimError, ValueError, KeyError, IndexError) as exc:
+        if why := _day_in_no_month(resolved_fields):  # cronsim says "Bad day-of-month"
+            raise ScheduleError(f"cron {shown(expr)} never fires: {why}") from exc
         raise ScheduleError(f"invalid cron {shown(expr)}: {exc}") from exc
     # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a
     # member with no next run.
