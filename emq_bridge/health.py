@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from .cadence import NEVER_MS
 from .errors import RegistryError, RegistryUnavailable
 from .heartbeat import PumpInfo
+from .keys import queue_names
 from .registry import EVICTING_POLICIES, Registration, Repeat
 from .replies import redis_errors, text
 
@@ -131,7 +132,7 @@ def check(
 def _check(
     repeat: Repeat, queues: Sequence[str] | None, max_lag_ms: int, host: str | None
 ) -> Health:
-    names = list(dict.fromkeys(queues)) if queues is not None else repeat.queues()
+    names = list(dict.fromkeys(queue_names(queues))) if queues is not None else repeat.queues()
     pumps = repeat.pumps_by_queue(names)
     elsewhere = 0
     if host is not None:

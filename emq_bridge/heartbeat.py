@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import EmqError, RegistryUnavailable
-from .keys import QueueKeys, validate_name
+from .keys import QueueKeys, queue_names
 from .occurrence import Occurrence
 from .replies import redis_errors, text
 from .scripts import Scripts
@@ -200,7 +200,7 @@ class HeartbeatMoves:
         Alive means its heartbeat has not expired on the server's clock. `broken` is
         `pump_queues`': with it, a pump table of another type fails the read (WRONGTYPE).
         """
-        names = self.pump_queues(broken=broken) if queues is None else builtins.list(queues)
+        names = self.pump_queues(broken=broken) if queues is None else list(queue_names(queues))
         found: dict[str, PumpInfo] = {}
         for infos in self.pumps_by_queue(names).values():
             for info in infos:
@@ -215,7 +215,7 @@ class HeartbeatMoves:
         (logged). A pump table of another type (edited by hand) fails the read (WRONGTYPE),
         or, with `broken_as_none` (views that only flag unserved schedules: `list`, `show`,
         the web view's schedules), reads as no pump, logged."""
-        names = [validate_name(q, "queue") for q in queues]
+        names = queue_names(queues)
         if not names:
             return {}
         with redis_errors("read pumps"):

@@ -11,18 +11,34 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import InvalidName
 from .shown import clipped
 
-__all__ = ["DEFAULT_PREFIX", "MAX_NAME_BYTES", "QueueKeys", "synced_key", "validate_name"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "MAX_NAME_BYTES",
+    "QueueKeys",
+    "queue_names",
+    "synced_key",
+    "validate_name",
+]
 
 DEFAULT_PREFIX = "emq"
 # Printable ASCII without space and braces: a name made of these alone is valid.
 _ASCII_NAME = re.compile(r"[!-z|~]+")
 MAX_NAME_BYTES = 200
+
+
+def queue_names(queues: Iterable[str]) -> tuple[str, ...]:
+    """Return `queues` as a tuple of valid queue names (`InvalidName` for one that is not);
+    `TypeError` for a string, which is an iterable of names too: each letter a queue."""
+    if isinstance(queues, str | bytes):
+        raise TypeError(f"queues must be a list of queue names, not a string: [{queues!r}]")
+    return tuple(validate_name(q, "queue") for q in queues)
 
 
 def is_valid_name(value: str) -> bool:

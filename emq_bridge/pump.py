@@ -33,7 +33,7 @@ from .errors import (
 from .events import Broadcast, LoggingEvents, PumpEvents, Tick
 from .heartbeat import Heartbeat
 from .jitter import Jittered, immediate_instant, nominal_slot
-from .keys import Lease, lease_member, parse_lease_member, validate_name
+from .keys import Lease, lease_member, parse_lease_member, queue_names
 from .lease_keeper import SentAcker
 from .lifecycle import GUARDED_MODES, START_TIMEOUT_MS, check_history_size
 from .occurrence import Occurrence, occurrence_id
@@ -276,9 +276,7 @@ class Pump:
         self.repeat = repeat
         self.code = code
         self.code_synced_ms = code_synced_ms
-        if isinstance(queues, str | bytes):  # an Iterable[str] too: each letter a queue
-            raise TypeError(f"queues must be a list of queue names, not a string: [{queues!r}]")
-        self.queues = tuple(validate_name(q, "queue") for q in queues)
+        self.queues = queue_names(queues)
         if not self.queues:
             raise ValueError("a pump needs at least one queue")
         check_pump_options(batch_size=batch_size, lease_ms=lease_ms, max_sleep_s=max_sleep_s)

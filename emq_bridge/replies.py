@@ -153,6 +153,14 @@ def _reason(error: redis.RedisError) -> str:
     return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
+def _pool_exhausted(error: redis.RedisError) -> bool:
+    """Whether `error` is a connection pool with none left (`max_connections` reached): a
+    `ConnectionPool`'s `MaxConnectionsError`, a `BlockingConnectionPool`'s timeout."""
+    return isinstance(error, redis.exceptions.MaxConnectionsError) or (
+        type(error) is redis.ConnectionError and str(error) == "No connection available."
+    )
+
+
 def _redirected(error: redis.exceptions.AskError) -> str:
     """Return the redirection `error` answered, as the server sent it (`MOVED 3999 host:6379`)."""
     code = "MOVED" if isinstance(error, redis.exceptions.MovedError) else "ASK"
@@ -170,6 +178,12 @@ def redis_errors(action: str) -> Iterator[None]:
             if read is exc:
                 raise
             raise read from exc
+    except UnicodeDecodeError as exc:  # raised by redis-py's own decoding of the reply
+        raise RegistryError(
+            f"{action}: a reply holds bytes that are not UTF-8 (a key or value edited by "
+            "hand?), which a client with decode_responses=True cannot read: give emq-bridge "
+            "a client without it, which reads such a record as corrupt and parks it"
+        ) from exc
     except redis.exceptions.BusyLoadingError as exc:  # a ConnectionError to redis-py
         # The server is busy (a slow script: BUSY) or loading its data set (LOADING): it
         # serves again soon on the same connection; an outage, retried and told once.
@@ -179,6 +193,12 @@ def redis_errors(action: str) -> Iterator[None]:
             f"{action}: Redis refused the credentials; check the user and password ({_reason(exc)})"
         ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if _pool_exhausted(exc):  # no connection to the server was even tried
+            raise RegistryUnavailable(
+                f"{action}: the client's connection pool is full ({_reason(exc)}): give it "
+                "more connections (max_connections; a pump holds one for its wake-ups, a "
+                "worker's reporter one, and each thread that calls Redis one)"
+            ) from exc
         # Its reason tells a refused connection from a TLS certificate refused or a CA file
         # not found, which a pump or a beat logs no other way.
         raise RegistryUnavailable(f"{action}: Redis is unreachable ({_reason(exc)})") from exc

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import EmqError
+from ..keys import queue_names
 from ..registry import Repeat
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class RegistrationsCollector:
         newest is the one the process uses. With `weak`, `repeat` is not kept alive by this
         collector: when nothing else holds it, its queues drop out.
         """
-        chosen = tuple(queues) if queues is not None else None
+        chosen = queue_names(queues) if queues is not None else None
         key = (repeat.prefix, None if chosen is None else tuple(sorted(set(chosen))))
         held: Callable[[], Repeat | None] = weakref.ref(repeat) if weak else (lambda: repeat)
         with self._lock:  # a new list each time: a scrape reads the one it found
