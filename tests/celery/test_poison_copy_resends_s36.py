@@ -29,7 +29,7 @@ from processes import stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
-from emq_bridge.celery.held_copies import MAX_RESENDS
+from emq_bridge.lifecycle import MAX_RESENDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
