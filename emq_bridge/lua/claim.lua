@@ -214,15 +214,15 @@ local function same_cadence(i, now_digest)
 end
 
 -- What the claim of a candidate reads of its record, in one HMGET (`remaining` only with a
--- `limit`): {end_ms, at, remaining, limit, run, last_due_ms, cadence_digest}. pcall: a record
+-- `limit`): {end_ms, at, remaining, limit, run, last_due_ms, cadence_digest, buffered}. pcall: a record
 -- that is not a hash (edited by hand) is deferred and parked by the pump like any corrupt
 -- record; it must not fail the claim of the whole batch.
 local function read_record(record)
   local f = redis.pcall('HMGET', record, 'end_ms', 'at', 'limit', 'run', 'last_due_ms',
-                        'cadence_digest')
+                        'cadence_digest', 'buffered')
   if type(f) ~= 'table' or f.err then return {} end
   local remaining = f[3] and redis.call('HGET', record, 'remaining')
-  return {f[1], f[2], remaining or nil, f[3], f[4], f[5], f[6] or nil}
+  return {f[1], f[2], remaining or nil, f[3], f[4], f[5], f[6] or nil, f[7] or nil}
 end
 
 -- True when `record` is a hash with a `template`, as every record written is (pcall: a key
@@ -279,6 +279,14 @@ for i, candidate in ipairs(candidates) do
       -- jittered score again for a slot that fired meanwhile never fires it twice.
       local last = tonumber(bounds[6])
       if last and tonumber(fire) <= last then mode = 'defer' end
+    end
+    if bounds[8] and (mode == 'fire' or mode == 'replace') then
+      -- A slot `buffer_one` held, left there by an edit of the policy: nothing waits under
+      -- this one (`allow` sends every slot, `replace` the newest), so it is dropped and
+      -- counted, as a pause drops it. Else it waited for an end that `allow`'s overlapping
+      -- runs may never leave, and made `replace` skip its slots.
+      redis.call('HDEL', record, 'buffered')
+      count(record, 'missed', 1)
     end
     if mode ~= 'fire' and mode ~= 'defer' then  -- a guarded registration
       local busy = in_flight(record)
