@@ -635,7 +635,8 @@ def _check_cron(expr: str, tz: str, day_and: bool, seed: str | None, stored: boo
     try:
         CronSim(resolved, datetime(2000, 1, 1))
     except (CronSimError, ValueError, KeyError, IndexError) as exc:
-        if why := _day_in_no_month(resolved_fields):  # cronsim says "Bad day-of-month"
+        why = str(exc) == "Bad day-of-month" and _day_in_no_month(resolved_fields)
+        if why:  # cronsim says only "Bad day-of-month"
             raise ScheduleError(f"cron {shown(expr)} never fires: {why}") from exc
         raise ScheduleError(f"invalid cron {shown(expr)}: {exc}") from exc
     # Refuse expressions that never fire (e.g. "0 0 31 2 *"): the registry would hold a

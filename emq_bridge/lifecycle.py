@@ -66,11 +66,11 @@ GUARDED_MODES = frozenset({"skip", "buffer_one", "replace"})
 START_TIMEOUT_MS = 600_000
 # A running occurrence whose worker did not heartbeat for this long is lost.
 HEARTBEAT_TTL_MS = 30_000
-# A copy delivered while its occurrence's run was heartbeated is delivered again once those
-# heartbeats would have lapsed (a worker killed mid-run), at most this often: each is a new
-# message to the broker, whose delivery count (a RabbitMQ quorum queue's `x-delivery-limit`)
-# starts again, so a task that kills its worker would otherwise run again for ever. Both
-# adapters count it in the copy's message (a header, an option) and drop it past this.
+# A copy held while its occurrence's run was heartbeated is sent again once those heartbeats
+# lapsed (a worker killed mid-run), at most this often: each is a new message to the broker,
+# whose delivery count (a RabbitMQ quorum queue's `x-delivery-limit`) starts again, so a task
+# that kills its worker would otherwise run again for ever. The Celery adapter counts it in
+# the copy's headers (`celery.held_copies`); Dramatiq's cannot tell a lapse from a long run.
 MAX_RESENDS = 3
 # Runs whose start this process reported (`Repeat.started`) and that did not end yet, kept
 # at most: the oldest go past it (a worker that never reports some ends).

@@ -1452,6 +1452,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 return False
             now = self._now(now_ms)
             parked = registration.next_run_ms  # a paused registration's parked next run
+            if registration.no_run_left:
+                parked = NEVER_MS  # parked past 9999 (or every run excluded): it stays so
             if seed is not None:
                 parked = seed.resume_ms
             cadence = registration.definition.cadence

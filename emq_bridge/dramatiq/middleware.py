@@ -28,7 +28,7 @@ from ..errors import ConfigError, EmqError, RegistryUnavailable, ScheduleError
 from ..events import PumpEvents
 from ..file_stamp import FileStamp, file_stamp
 from ..keys import DEFAULT_PREFIX, validate_name, validate_prefix
-from ..lifecycle import MAX_RESENDS, check_history_size
+from ..lifecycle import check_history_size
 from ..outcome import HISTORY_SIZE
 from ..pump import STOP_DEADLINE_S, Pump
 from ..pump_options import check_pump_options
@@ -116,15 +116,6 @@ def _with_timeouts(client: redis.Redis) -> redis.Redis:
             connection_class=pool.connection_class, **{**kwargs, **missing}
         )
     )
-
-
-# How often a copy was delivered again while its run was heartbeated (`MAX_RESENDS`).
-RESENT_OPTION = "emq_bridge_resent"
-
-
-def _times_resent(message: Any) -> int:
-    value = (getattr(message, "options", None) or {}).get(RESENT_OPTION, 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class RecurringMiddleware(Middleware):
@@ -294,22 +285,11 @@ class RecurringMiddleware(Middleware):
             if verdict == "running":
                 # A copy delivered while its first copy runs elsewhere, heartbeated: not run
                 # beside it, but delivered again once those heartbeats would have lapsed (a
-                # worker killed mid-run, its message handed on at once: it runs then), at
-                # most `MAX_RESENDS` times (counted in its options).
-                resent = _times_resent(message)
-                if resent >= MAX_RESENDS:
-                    log.warning(
-                        "emq-bridge: a copy of %s dropped: it was delivered again %d times "
-                        "already, each time after its run was heard of no more (an actor "
-                        "that kills its worker?); not delivered again",
-                        message,
-                        resent,
-                    )
-                    _keep_first_result(message)
-                    raise SkipMessage("a copy of this occurrence was delivered again too often")
-                again = message.copy(options={RESENT_OPTION: resent + 1})
+                # worker killed mid-run, its message handed on at once: it runs then).
+                # Unbounded: this worker cannot tell a copy that comes back while a long run
+                # goes on from one whose run died since (Celery's can: `MAX_RESENDS`).
                 try:
-                    broker.enqueue(again, delay=self.outcomes.lapse_ms + REDELIVER_MARGIN_MS)
+                    broker.enqueue(message, delay=self.outcomes.lapse_ms + REDELIVER_MARGIN_MS)
                 except Exception as exc:  # dropped then, as a Celery worker drops it
                     log.warning("emq-bridge: a copy of %s was dropped: %s", message, exc)
                 _keep_first_result(message)  # after the enqueue: the copy sent on keeps its own

@@ -231,12 +231,13 @@ def _stage(
     dry_run: bool,
 ) -> list[Imported]:
     """Pause, as the import's `--paused` (`paused_by` its source), the registrations of
-    `entries` that exist already and fire here: an earlier import's, or one a beat took
-    over, after a switch back to the old scheduler. Else both schedulers would fire each
-    slot until the cut-over, and the cut-over's `--resume`, which lifts only a pause,
-    would leave their next runs where this registry last left them: a slot the old
-    scheduler sent since would be sent again. Return those paused (with `dry_run`, those
-    that would be)."""
+    `entries` that exist already and fire here: an earlier import's (in its queue, or the
+    app's, where a beat moved it: `moved`), after a switch back to the old scheduler. Else
+    both schedulers would fire each slot until the cut-over, and the cut-over's `--resume`,
+    which lifts only a pause, would leave their next runs where this registry last left
+    them: a slot the old scheduler sent since would be sent again. Another source's
+    registration is left alone, as the import says (`!`). Return those paused (with
+    `dry_run`, those that would be)."""
     staged = []
     for entry in entries:
         d = entry.declaration
@@ -244,6 +245,8 @@ def _stage(
         found = repeat.get(queue, d.name)
         if found is None or found.paused or found.completed is not None:
             continue  # created paused just now, paused already (by whoever), or done
+        if found.source != source and _key(d) not in moved:
+            continue  # another source's: left alone
         if dry_run or repeat.pause(queue, d.name, note=STAGED_NOTE, by=source):
             staged.append(_where(entry, moved))
     return staged

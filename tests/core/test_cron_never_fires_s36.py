@@ -34,3 +34,9 @@ def test_with_a_weekday_it_fires_on_those_weekdays_of_its_months() -> None:
     )
     with pytest.raises(ScheduleError, match="never fires"):
         Cron("0 0 30 2 1", day_and=True)  # both: a 30 February that is a Monday
+
+
+def test_another_error_of_the_same_cron_is_told_as_it_is() -> None:
+    # The review: a bad minute beside a day in no month was told as "never fires".
+    with pytest.raises(ScheduleError, match="Bad minute"):
+        Cron("99 0 30 2 *")

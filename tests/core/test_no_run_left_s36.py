@@ -51,3 +51,23 @@ def test_an_exclusion_to_the_end_of_9999_leaves_no_next_run(
     assert listed["next_run_ms"] is None
     table = runner.invoke(cli, [*base, "list", "frz"]).stdout
     assert "- (never)" in table, table
+
+
+def test_a_paused_schedule_with_no_run_left_resumes_and_stays_so(
+    client: object, prefix: str
+) -> None:
+    # The review of session 36: with `next_run_ms` None, resume took it for a schedule
+    # with no parked run and computed a first run, which the exclusions refuse: exit 1.
+    clock = ManualClock(ms(2026, 12, 7, 22, 30))
+    repeat = Repeat(client, prefix, clock=clock)
+    repeat.upsert(
+        "frz",
+        "h",
+        definition=define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": "t"}),
+    )
+    clock.set(ms(2026, 12, 7, 23, 0))
+    Pump(repeat, ["frz"], RecordingDispatcher()).run_once()
+    assert repeat.pause("frz", "h")
+    assert repeat.resume("frz", "h")
+    found = repeat.get("frz", "h")
+    assert found is not None and not found.paused and found.no_run_left

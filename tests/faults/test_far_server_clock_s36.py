@@ -10,7 +10,7 @@ far would; its `TIME` is what the pump and `health` go by.
 
 from __future__ import annotations
 
-import shutil
+import glob
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,11 +31,14 @@ FAR_MS = int(datetime(9999, 6, 1, tzinfo=timezone.utc).timestamp() * 1000)
 
 @pytest.fixture
 def far_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    faketime = shutil.which("faketime")
-    require(faketime, "faketime (Debian's faketime package) is not installed")
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    require(found, "libfaketime (Debian's faketime package) is not installed")
     wrapper = tmp_path / "far-valkey-server"
+    # The library preloaded into the server itself (`exec`), not the `faketime` program,
+    # which forks it: stopping the program would leave the server running.
     wrapper.write_text(
-        f'#!/bin/sh\nTZ=UTC exec {faketime} -f "{FAR}" {find_server_binary()} "$@"\n'
+        f'#!/bin/sh\nLD_PRELOAD={found[0]} FAKETIME="{FAR}" TZ=UTC '
+        f'exec {find_server_binary()} "$@"\n'
     )
     wrapper.chmod(0o755)
     with EmbeddedServer(binary=str(wrapper)) as server:

@@ -23,7 +23,7 @@ from celery.schedules import schedule
 from cli_run import Run
 from redbeat.decoder import RedBeatJSONEncoder
 
-from emq_bridge import Repeat
+from emq_bridge import Repeat, define
 
 MINUTE_MS = 60_000
 
@@ -100,3 +100,23 @@ def test_paused_dry_run_says_what_it_would_pause_and_writes_nothing(
     assert "> paused celery/digest" in dry.stdout
     found = repeat.get("celery", "digest")
     assert found is not None and not found.paused
+
+
+def test_paused_leaves_another_sources_registration_alone(
+    run: Run, repeat: Repeat, redis_url: str, old: tuple[redis.Redis, str]
+) -> None:
+    # The review of session 36: `_stage` paused a registration of the same name that another
+    # source owns, which the import says it leaves alone (`!`); `--resume` then wrote
+    # redbeat's run count into it.
+    now = datetime.fromtimestamp(repeat.server_time_ms() / 1000, tz=timezone.utc)
+    repeat.upsert_many(
+        [("celery", "digest", define(every="1h", template={"task": "app.other"}))], source="deploy"
+    )
+    store(old, "digest", now - timedelta(seconds=10), 3)
+    staged = run("import", "redbeat", "--from", redis_url, "--prefix", old[1], "--paused")
+    assert staged.exit_code == 0, staged.output
+    assert "owned by the source 'deploy': left alone" in staged.stdout
+    assert "> paused" not in staged.stdout
+    found = repeat.get("celery", "digest")
+    assert found is not None and not found.paused and found.source == "deploy"
+    assert found.fired == 0
