@@ -71,3 +71,28 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float = 20) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def celery_worker(
+    app_dir: Path, module: str, queue: str, variables: dict[str, str], concurrency: int = 2
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a real prefork `celery worker` of the app `module` in `app_dir` (on its
+    PYTHONPATH, with `variables` in its environment, `$REDIS_URL` left out) consuming
+    `queue`; return the process and its log (`app_dir/worker.log`)."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(variables)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(app_dir), env.get("PYTHONPATH")]))
+    log = app_dir / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue),
+                *("-c", str(concurrency), "-P", "prefork", "-l", "info", "--without-mingle"),
+                "--without-gossip",
+            ],
+            cwd=app_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return worker, log

@@ -13,9 +13,6 @@ prefork worker, a real Redis broker, a real pump.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -25,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
-from processes import stop, wait_until
+from processes import celery_worker, stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
@@ -85,26 +82,9 @@ def test_a_copy_whose_runs_kill_their_process_is_sent_again_a_bounded_number_of_
         immediately=True,
         template={"task": "pz.poison"},
     )
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
-        PZ_REDIS=redis_url,
-        PZ_PREFIX=prefix,
-        PZ_QUEUE=queue,
+    worker, log = celery_worker(
+        tmp_path, "pz_app", queue, {"PZ_REDIS": redis_url, "PZ_PREFIX": prefix, "PZ_QUEUE": queue}
     )
-    log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "pz_app", "worker", "-Q", queue),
-                *("-c", "2", "-P", "prefork", "-l", "info", "--without-mingle"),
-                "--without-gossip",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     sender = Celery("pz-sender", broker=redis_url)
     sender.conf.update(result_backend=None, task_default_queue=queue)
     pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.5)

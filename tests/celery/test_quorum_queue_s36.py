@@ -9,9 +9,6 @@ says `succeeded` and `skipped`. docs/celery.md, "RabbitMQ quorum queues".
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -23,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 from kombu import Queue
-from processes import stop, wait_until
+from processes import celery_worker, stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
@@ -74,15 +71,6 @@ def test_a_skip_schedule_on_a_quorum_queue_runs_each_slot_once_never_overlapping
     side = redis.Redis.from_url(redis_url)
     repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
     repeat.register(queue, "slow", every="1s", overlap="skip", template={"task": "qq.slow"})
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
-        QQ_BROKER=rabbitmq_url,
-        QQ_REDIS=redis_url,
-        QQ_PREFIX=prefix,
-        QQ_QUEUE=queue,
-    )
-    log = tmp_path / "worker.log"
     sender = Celery("qq-sender", broker=rabbitmq_url)
     sender.conf.update(
         result_backend=None,
@@ -90,18 +78,8 @@ def test_a_skip_schedule_on_a_quorum_queue_runs_each_slot_once_never_overlapping
         task_default_queue=queue,
         broker_transport_options={"confirm_publish": True},
     )
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "qq_app", "worker", "-Q", queue),
-                *("-c", "2", "-P", "prefork", "-l", "info", "--without-mingle"),
-                "--without-gossip",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    variables = {"QQ_BROKER": rabbitmq_url, "QQ_REDIS": redis_url, "QQ_PREFIX": prefix}
+    worker, log = celery_worker(tmp_path, "qq_app", queue, {**variables, "QQ_QUEUE": queue})
     pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.2)
     halt = threading.Event()
     thread = threading.Thread(target=pump.run, args=(halt,), daemon=True)

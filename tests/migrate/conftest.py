@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from cli_run import Run
 from click.testing import CliRunner, Result
@@ -32,3 +33,15 @@ def redbeat_app(redis_url: str) -> Iterator[Celery]:
     app = Celery("rb", broker=redis_url, set_as_current=False)
     app.conf.update(redbeat_redis_url=redis_url, redbeat_key_prefix=f"rb{uuid.uuid4().hex[:8]}:")
     yield app
+
+
+@pytest.fixture
+def old(redis_url: str) -> Iterator[tuple[redis.Redis, str]]:
+    """celery-redbeat's Redis (the test server) and a key prefix of the test's own."""
+    client = redis.Redis.from_url(redis_url)
+    key_prefix = f"rb{uuid.uuid4().hex[:8]}:"
+    yield client, key_prefix
+    keys = list(client.scan_iter(match=key_prefix + "*"))
+    if keys:
+        client.delete(*keys)
+    client.close()

@@ -17,8 +17,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -39,18 +37,6 @@ SCHEDULES: dict[str, Any] = {
     "interval": schedule(timedelta(minutes=1)),
     "crontab": crontab(minute=0, hour=3),
 }
-
-
-@pytest.fixture
-def old(redis_url: str) -> Iterator[tuple[redis.Redis, str]]:
-    """celery-redbeat's Redis (the test server) and a key prefix of the test's own."""
-    client = redis.Redis.from_url(redis_url)
-    key_prefix = f"rb{uuid.uuid4().hex[:8]}:"
-    yield client, key_prefix
-    keys = list(client.scan_iter(match=key_prefix + "*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def store(old: tuple[redis.Redis, str], name: str, value: Any, last_run: datetime | None) -> None:

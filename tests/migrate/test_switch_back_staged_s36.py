@@ -13,11 +13,8 @@ the registrations it created paused. A real server; redbeat's entries as it stor
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
-import pytest
 import redis
 from celery.schedules import schedule
 from cli_run import Run
@@ -26,18 +23,6 @@ from redbeat.decoder import RedBeatJSONEncoder
 from emq_bridge import Repeat, define
 
 MINUTE_MS = 60_000
-
-
-@pytest.fixture
-def old(redis_url: str) -> Iterator[tuple[redis.Redis, str]]:
-    """celery-redbeat's Redis (the test server) and a key prefix of the test's own."""
-    client = redis.Redis.from_url(redis_url)
-    key_prefix = f"rb{uuid.uuid4().hex[:8]}:"
-    yield client, key_prefix
-    keys = list(client.scan_iter(match=key_prefix + "*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def store(old: tuple[redis.Redis, str], name: str, last_run: datetime, count: int) -> None:
