@@ -5,6 +5,7 @@ Shared by the registry's modules (`registry`, `lifecycle`) and the list dispatch
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,6 +154,15 @@ def _reason(error: redis.RedisError) -> str:
     return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
+def _raised_in_redis_py(error: BaseException) -> bool:
+    """Whether `error` was raised in redis-py's code (its decoding of a reply)."""
+    frame = None
+    trace = error.__traceback__
+    while trace is not None:
+        frame, trace = trace.tb_frame, trace.tb_next
+    return frame is not None and f"{os.sep}redis{os.sep}" in frame.f_code.co_filename
+
+
 def _pool_exhausted(error: redis.RedisError) -> bool:
     """Whether `error` is a connection pool with none left (`max_connections` reached): a
     `ConnectionPool`'s `MaxConnectionsError`, a `BlockingConnectionPool`'s timeout."""
@@ -178,7 +188,9 @@ def redis_errors(action: str) -> Iterator[None]:
             if read is exc:
                 raise
             raise read from exc
-    except UnicodeDecodeError as exc:  # raised by redis-py's own decoding of the reply
+    except UnicodeDecodeError as exc:
+        if not _raised_in_redis_py(exc):  # the code the block ran, not a reply: its own
+            raise
         raise RegistryError(
             f"{action}: a reply holds bytes that are not UTF-8 (a key or value edited by "
             "hand?), which a client with decode_responses=True cannot read: give emq-bridge "
@@ -193,11 +205,12 @@ def redis_errors(action: str) -> Iterator[None]:
             f"{action}: Redis refused the credentials; check the user and password ({_reason(exc)})"
         ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        if _pool_exhausted(exc):  # no connection to the server was even tried
+        if _pool_exhausted(exc):  # no new connection was tried: all are in use
             raise RegistryUnavailable(
-                f"{action}: the client's connection pool is full ({_reason(exc)}): give it "
-                "more connections (max_connections; a pump holds one for its wake-ups, a "
-                "worker's reporter one, and each thread that calls Redis one)"
+                f"{action}: the client's connection pool has no free connection "
+                f"({_reason(exc)}): too few for the threads that use it (max_connections; a "
+                "pump holds one for its wake-ups, a worker's reporter one, each thread that "
+                "calls Redis one), or they all wait on a server that does not answer"
             ) from exc
         # Its reason tells a refused connection from a TLS certificate refused or a CA file
         # not found, which a pump or a beat logs no other way.

@@ -37,7 +37,6 @@ from typing import Any
 
 from .bounds import Bounds
 from .bulk import without_gc
-from .cadence import NEVER_MS
 from .definition import DEFINITION_FIELDS, Declaration, Definition
 from .errors import ConfigError, EmqError, RegistryRestarted
 from .keys import validate_name
@@ -442,8 +441,7 @@ def _relocate(repeat: Repeat, declaration: Declaration, imported: tuple[str, str
         return False
     raw = repeat.load_records(queue, [name], (*_CARRIED, "paused_next_ms", "last_due_ms"))
     fields = raw.get(name, {})
-    live = NEVER_MS if found.no_run_left else found.next_run_ms
-    first = fields.get("paused_next_ms", "") if found.paused else str(live or "")
+    first = fields.get("paused_next_ms", "") if found.paused else str(found.next_run_ms or "")
     if not first.isdigit():
         return False
     seed = Seed(

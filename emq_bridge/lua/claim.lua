@@ -287,6 +287,7 @@ for i, candidate in ipairs(candidates) do
       -- runs may never leave, and made `replace` skip its slots.
       redis.call('HDEL', record, 'buffered')
       count(record, 'missed', 1)
+      if bounds[4] then bounds[3] = count(record, 'remaining', 1) end  -- held, it took one
     end
     if mode ~= 'fire' and mode ~= 'defer' then  -- a guarded registration
       local busy = in_flight(record)

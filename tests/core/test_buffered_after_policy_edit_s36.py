@@ -62,3 +62,28 @@ def test_an_edit_to_skip_keeps_the_held_slot(client: redis.Redis, prefix: str) -
     pump.run_once()
     job = repeat.get("q", "job")
     assert job is not None and job.buffered_due_ms == T0 + 2_000 and job.missed == 0
+
+
+def test_a_dropped_held_slot_gives_back_its_run_of_a_limit(
+    client: redis.Redis, prefix: str
+) -> None:
+    # The second review of session 36: held, the slot took one of `limit`'s runs; dropped,
+    # it gave none back, so the edit cost the schedule a run.
+    clock = ManualClock(T0)
+    repeat = Repeat(client, prefix, clock=clock)
+    repeat.register("q", "job", every="1s", overlap="buffer_one", limit=3, template={"task": "t"})
+    dispatcher = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], dispatcher)
+    clock.advance(1_000)
+    pump.run_once()
+    [running] = dispatcher.occurrences
+    assert repeat.begin(running) and repeat.started(running)
+    clock.advance(1_000)
+    pump.run_once()  # 2000 held: one run of the three taken
+    repeat.upsert("q", "job", every="1s", overlap="allow", limit=3, template={"task": "t"})
+    for _ in range(3):
+        clock.advance(1_000)
+        pump.run_once()
+    assert [o.due_ms for o in dispatcher.occurrences] == [T0 + 1_000, T0 + 3_000, T0 + 4_000]
+    job = repeat.get("q", "job")
+    assert job is not None and job.completed == "limit" and job.fired == 3

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from click.testing import CliRunner
 
-from emq_bridge import Pump, Repeat, define
+from emq_bridge import Declaration, Pump, Repeat, define, sync
 from emq_bridge.cli import cli
 from emq_bridge.testing import ManualClock, RecordingDispatcher
 
@@ -71,3 +71,23 @@ def test_a_paused_schedule_with_no_run_left_resumes_and_stays_so(
     assert repeat.resume("frz", "h")
     found = repeat.get("frz", "h")
     assert found is not None and not found.paused and found.no_run_left
+
+
+def test_an_apps_sync_beside_an_imported_schedule_with_no_run_left_keeps_it(
+    client: object, prefix: str
+) -> None:
+    # The second review of session 36: a takeover seed read from `no_run_left` tried to
+    # move such a registration to the app's queue, cancelled it, then its create was refused
+    # ("would never run"): the record was gone and the sync failed. It is not taken over.
+    clock = ManualClock(ms(2026, 12, 7, 22, 30))
+    repeat = Repeat(client, prefix, clock=clock)
+    frozen = define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": "app.t"})
+    repeat.upsert_many([("celery", "h", frozen)], source="import:redbeat")
+    clock.set(ms(2026, 12, 7, 23, 0))
+    Pump(repeat, ["celery"], RecordingDispatcher()).run_once()
+    declared = Declaration("app", "h", define(every="1h", template={"task": "app.t"}))
+    sync(repeat, [declared], "beat", read_queues=("celery",))
+    kept = repeat.get("celery", "h")
+    assert kept is not None and kept.no_run_left and kept.source == "import:redbeat"
+    created = repeat.get("app", "h")
+    assert created is not None and created.source == "beat"

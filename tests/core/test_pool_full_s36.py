@@ -24,7 +24,7 @@ def test_a_full_pool_is_named_with_what_holds_connections(
         with pytest.raises(RegistryUnavailable) as raised:
             repeat.server_time_ms()
         message = str(raised.value)
-        assert "the client's connection pool is full" in message, message
+        assert "the client's connection pool has no free connection" in message, message
         assert "unreachable" not in message and "max_connections" in message
     finally:
         wakeups.close()
