@@ -1636,13 +1636,9 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(self.keys(queue).record(name))
             (raw,) = pipe.execute(raise_on_error=False)
-            if isinstance(raw, redis.ResponseError) and str(raw).startswith("WRONGTYPE"):
-                wrong_type = True
-            elif isinstance(raw, Exception):
+            if isinstance(raw, Exception) and not _wrong_type(raw):
                 raise raw
-            else:
-                wrong_type = False
-        if wrong_type:
+        if _wrong_type(raw):
             raise _not_a_hash(queue, name)
         fields = record_text(raw)
         if not fields:
@@ -1699,7 +1695,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             raw, score = pipe.execute(raise_on_error=False)
             if isinstance(score, Exception):
                 raise score  # the registry key's type: the queue's, not this record's
-        if isinstance(raw, redis.ResponseError) and str(raw).startswith("WRONGTYPE"):
+        if _wrong_type(raw):
             raise _not_a_hash(queue, name)
         if isinstance(raw, Exception):
             with redis_errors(f"read {queue}/{name}"):
