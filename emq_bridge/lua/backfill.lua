@@ -25,8 +25,8 @@
 -- Otherwise a slot is skipped when it is at or after the frontier (`ahead`), when a run
 -- of slots fired live covers it (claim.lua's `runs`, and the open run from..to of `run`,
 -- "<from> <to> <next>"; a record from before runs: created_ms..last_due_ms; one whose `run`
--- or `runs` is garbage: everything up to last_due_ms, else the frontier) (`live`), or when a backfill queued it already
--- (`done`). Every other slot is added to KEYS[4] and queued as the pending member
+-- or `runs` is garbage: everything up to last_due_ms, else the frontier) (`live`), or when
+-- a backfill queued it already (`done`). Every other slot is added to KEYS[4] and queued as the pending member
 -- "<name> <slot> backfill" in KEYS[3], scored by its send time, which claim.lua turns into
 -- the lease "<name> <slot> backfilled" when it is due: one send, the id of the live slot.
 -- The slots queued follow the registration's later changes: claim.lua drops a pending one

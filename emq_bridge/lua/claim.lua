@@ -214,9 +214,9 @@ local function same_cadence(i, now_digest)
 end
 
 -- What the claim of a candidate reads of its record, in one HMGET (`remaining` only with a
--- `limit`): {end_ms, at, remaining, limit, run, last_due_ms, cadence_digest, buffered}. pcall: a record
--- that is not a hash (edited by hand) is deferred and parked by the pump like any corrupt
--- record; it must not fail the claim of the whole batch.
+-- `limit`): {end_ms, at, remaining, limit, run, last_due_ms, cadence_digest, buffered}.
+-- pcall: a record that is not a hash (edited by hand) is deferred and parked by the pump
+-- like any corrupt record; it must not fail the claim of the whole batch.
 local function read_record(record)
   local f = redis.pcall('HMGET', record, 'end_ms', 'at', 'limit', 'run', 'last_due_ms',
                         'cadence_digest', 'buffered')
