@@ -37,9 +37,8 @@ MAX_HELD = 1_000
 RESENT_HEADER = "emq_bridge_resent"
 
 
-def times_resent(request: Any) -> int:
-    """How often the copy `request` was sent again by `_resend` (its header; 0 if none)."""
-    message = getattr(request, "message", None)
+def times_resent(message: Any) -> int:
+    """How often the copy `message` was sent again by `_resend` (its header; 0 if none)."""
     headers = getattr(message, "headers", None) or {}
     value = headers.get(RESENT_HEADER, 0) if isinstance(headers, dict) else 0
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
@@ -173,7 +172,7 @@ def _publish(held: _Held, *, resent: bool = False) -> None:
     message = held.message
     headers = dict(message.headers or {})
     if resent:
-        headers[RESENT_HEADER] = times_resent(held) + 1
+        headers[RESENT_HEADER] = times_resent(message) + 1
     delivery = dict(getattr(message, "delivery_info", None) or {})
     properties = dict(getattr(message, "properties", None) or {})
     priority = properties.get("priority", delivery.get("priority"))

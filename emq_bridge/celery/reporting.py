@@ -504,7 +504,7 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             why = "another occurrence of its schedule is in flight (overlap)"
         else:
             why = "a copy of it runs or ran already (delivered twice)"
-            resent = times_resent(request)
+            resent = times_resent(getattr(request, "message", None))
             if verdict == "running" and resent >= MAX_RESENDS:
                 log.warning(
                     "emq-bridge: task %s (%s/%s) dropped on receipt: a copy of it was sent "

@@ -238,11 +238,21 @@ def _stage(
     them: a slot the old scheduler sent since would be sent again. Another source's
     registration is left alone, as the import says (`!`). Return those paused (with
     `dry_run`, those that would be)."""
+    where = {
+        _key(e.declaration): moved.get(_key(e.declaration), e.declaration.queue) for e in entries
+    }
+    stored = {
+        (queue, name): registration
+        for queue in set(where.values())
+        for name, registration in repeat.get_many(
+            queue, [name for (_, name), there in where.items() if there == queue]
+        ).items()
+    }
     staged = []
     for entry in entries:
         d = entry.declaration
-        queue = moved.get(_key(d), d.queue)
-        found = repeat.get(queue, d.name)
+        queue = where[_key(d)]
+        found = stored.get((queue, d.name))
         if found is None or found.paused or found.completed is not None:
             continue  # created paused just now, paused already (by whoever), or done
         if found.source != source and _key(d) not in moved:

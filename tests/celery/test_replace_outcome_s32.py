@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import uuid
@@ -30,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from processes import stop, wait_until
+from processes import celery_worker, stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher, PipelinedCeleryDispatcher
@@ -132,26 +129,13 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         pause_after_failures=2,
         template={"task": "rp.bad"},
     )
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(app_dir), env.get("PYTHONPATH")])),
-        RP_BROKER=redis_url,
-        RP_PREFIX=prefix,
-        RP_QUEUE=queue,
+    worker, log = celery_worker(
+        app_dir,
+        "rp_app",
+        queue,
+        {"RP_BROKER": redis_url, "RP_PREFIX": prefix, "RP_QUEUE": queue},
+        concurrency=6,
     )
-    log = app_dir / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "rp_app", "worker", "-Q", queue),
-                *("-c", "6", "-P", "prefork", "-l", "info", "--without-mingle"),
-                "--without-gossip",
-            ],
-            cwd=app_dir,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     sender = Celery("rp-sender", broker=redis_url)
     sender.conf.update(result_backend=None, task_default_queue=queue)
     pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.5)

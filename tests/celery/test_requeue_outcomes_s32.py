@@ -19,9 +19,6 @@ On a Redis and on a RabbitMQ broker. Found by a probe (session 32):
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import uuid
@@ -33,7 +30,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from processes import stop, wait_until
+from processes import celery_worker, stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
@@ -143,27 +140,13 @@ def stack(
         repeat.register(
             queue, name, every="1h", overlap="skip", immediately=True, template={"task": task}
         )
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(app_dir), env.get("PYTHONPATH")])),
-        RQ_BROKER=broker_url,
-        RQ_REDIS=redis_url,
-        RQ_PREFIX=prefix,
-        RQ_QUEUE=queue,
+    worker, log = celery_worker(
+        app_dir,
+        "rq_app",
+        queue,
+        {"RQ_BROKER": broker_url, "RQ_REDIS": redis_url, "RQ_PREFIX": prefix, "RQ_QUEUE": queue},
+        concurrency=3,
     )
-    log = app_dir / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "rq_app", "worker", "-Q", queue),
-                *("-c", "3", "-P", "prefork", "-l", "info", "--without-mingle"),
-                "--without-gossip",
-            ],
-            cwd=app_dir,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     sender = Celery("rq-sender", broker=broker_url)
     sender.conf.update(result_backend=None, task_default_queue=queue)
     # A real pump, running all along: it sends the first slots and marks lost what is lost.

@@ -24,19 +24,25 @@ def ms(*parts: int) -> int:
     return int(datetime(*parts, tzinfo=timezone.utc).timestamp() * 1000)
 
 
+def frozen_past_its_last_run(
+    client: object, prefix: str, queue: str = "frz", task: str = "t", source: str | None = None
+) -> tuple[Repeat, RecordingDispatcher]:
+    """An hourly schedule excluded from 2026-12-08 to the end of 9999, fired at its last slot
+    (2026-12-07 23:00 UTC): it has no run left."""
+    clock = ManualClock(ms(2026, 12, 7, 22, 30))
+    repeat = Repeat(client, prefix, clock=clock)
+    definition = define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": task})
+    repeat.upsert_many([(queue, "h", definition)], source=source)
+    dispatcher = RecordingDispatcher()
+    clock.set(ms(2026, 12, 7, 23, 0))
+    Pump(repeat, [queue], dispatcher).run_once()
+    return repeat, dispatcher
+
+
 def test_an_exclusion_to_the_end_of_9999_leaves_no_next_run(
     client: object, redis_url: str, prefix: str
 ) -> None:
-    clock = ManualClock(ms(2026, 12, 7, 22, 30))
-    repeat = Repeat(client, prefix, clock=clock)
-    repeat.upsert(
-        "frz",
-        "h",
-        definition=define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": "t"}),
-    )
-    dispatcher = RecordingDispatcher()
-    clock.set(ms(2026, 12, 7, 23, 0))
-    Pump(repeat, ["frz"], dispatcher).run_once()
+    repeat, dispatcher = frozen_past_its_last_run(client, prefix)
     assert [o.due_ms for o in dispatcher.occurrences] == [ms(2026, 12, 7, 23)]
     found = repeat.get("frz", "h")
     assert found is not None and found.completed is None
@@ -58,15 +64,7 @@ def test_a_paused_schedule_with_no_run_left_resumes_and_stays_so(
 ) -> None:
     # The review of session 36: with `next_run_ms` None, resume took it for a schedule
     # with no parked run and computed a first run, which the exclusions refuse: exit 1.
-    clock = ManualClock(ms(2026, 12, 7, 22, 30))
-    repeat = Repeat(client, prefix, clock=clock)
-    repeat.upsert(
-        "frz",
-        "h",
-        definition=define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": "t"}),
-    )
-    clock.set(ms(2026, 12, 7, 23, 0))
-    Pump(repeat, ["frz"], RecordingDispatcher()).run_once()
+    repeat, _ = frozen_past_its_last_run(client, prefix)
     assert repeat.pause("frz", "h")
     assert repeat.resume("frz", "h")
     found = repeat.get("frz", "h")
@@ -79,12 +77,7 @@ def test_an_apps_sync_beside_an_imported_schedule_with_no_run_left_keeps_it(
     # The second review of session 36: a takeover seed read from `no_run_left` tried to
     # move such a registration to the app's queue, cancelled it, then its create was refused
     # ("would never run"): the record was gone and the sync failed. It is not taken over.
-    clock = ManualClock(ms(2026, 12, 7, 22, 30))
-    repeat = Repeat(client, prefix, clock=clock)
-    frozen = define(every="1h", exclude=["2026-12-08..9999-12-31"], template={"task": "app.t"})
-    repeat.upsert_many([("celery", "h", frozen)], source="import:redbeat")
-    clock.set(ms(2026, 12, 7, 23, 0))
-    Pump(repeat, ["celery"], RecordingDispatcher()).run_once()
+    repeat, _ = frozen_past_its_last_run(client, prefix, "celery", "app.t", "import:redbeat")
     declared = Declaration("app", "h", define(every="1h", template={"task": "app.t"}))
     sync(repeat, [declared], "beat", read_queues=("celery",))
     kept = repeat.get("celery", "h")
