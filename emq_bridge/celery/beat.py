@@ -78,6 +78,14 @@ class BeatRefused(SystemExit):
         return str(self.error)
 
 
+# The scheduler this thread is building, if any. Celery's stop handler (`Service.sync`, a
+# SIGTERM or SIGINT handler installed before the service builds its scheduler) reads
+# `Service.scheduler`, a cached property not yet set while the first is being built, so a
+# stop during the boot would build a second scheduler inside the handler: a second boot
+# sync, a second pump and watch, while the first one is suspended.
+_building = threading.local()
+
+
 class RepeatScheduler(Scheduler):  # type: ignore[misc]
     """`celery beat` on the Repeat registry: any number of beats, each occurrence sent once.
 
@@ -106,7 +114,18 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         # Set once Celery's beat service runs this scheduler (`beat_init`): from then on a
         # tick sleeps itself, waking at a registry change (see `tick`).
         self.in_service = False
-        super().__init__(app, *args, **kwargs)
+        # The scheduler this one stands in for: set when built while another is being built
+        # in this thread, i.e. by Celery's stop handler during the boot (`_building`).
+        self._stands_for: RepeatScheduler | None = getattr(_building, "scheduler", None)
+        if self._stands_for is not None:
+            kwargs["lazy"] = True  # it syncs nothing: its `close` stops the one being built
+            super().__init__(app, *args, **kwargs)
+            return
+        _building.scheduler = self
+        try:
+            super().__init__(app, *args, **kwargs)
+        finally:
+            _building.scheduler = None
         signals.beat_init.connect(self._on_beat_init, weak=True)
 
     def _on_beat_init(self, sender: Any = None, **_: Any) -> None:
@@ -268,6 +287,9 @@ class RepeatScheduler(Scheduler):  # type: ignore[misc]
         that does not answer); the heartbeat then expires. Celery calls it twice (its signal
         handler, then the service's exit): the second does nothing more.
         """
+        if self._stands_for is not None:
+            self._stands_for.close()
+            return
         signals.beat_init.disconnect(self._on_beat_init)
         pump = self.pump
         if pump is not None:
