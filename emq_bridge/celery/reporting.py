@@ -79,6 +79,7 @@ from celery.exceptions import Retry
 from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
+from ..keys import MAX_NAME_BYTES
 from ..lifecycle import MAX_RESENDS, check_history_size, report_of
 from ..occurrence import occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
@@ -304,14 +305,24 @@ def _split_schedule(
     app: Celery, schedule: str, ident: str, due_ms: int, triggered: bool
 ) -> tuple[str, str]:
     """Cut `"<queue>/<name>"`. Both may hold '/': then the cut whose occurrence id is the
-    task id is the one (else the first '/')."""
+    task id is the one (else the first '/'). Only cuts into two parts of a name's length are
+    tried: a header of any other length is refused before any id is computed (a message
+    another service made, of a megabyte of '/', would otherwise take an id per '/', each of
+    the whole header: minutes of the worker's main process)."""
     first = schedule.find("/")
     if first < 0:
         raise ValueError(f"its {SCHEDULE_HEADER} header is not '<queue>/<name>': {schedule!r}")
+    if len(schedule) > 2 * MAX_NAME_BYTES + 1:  # a character is at least a byte
+        raise ValueError(
+            f"its {SCHEDULE_HEADER} header is {len(schedule)} characters long; a queue and a "
+            f"name are {MAX_NAME_BYTES} bytes at most"
+        )
     if schedule.find("/", first + 1) >= 0:
         prefix = registry_prefix(app)
         for cut in (index for index, char in enumerate(schedule) if char == "/"):
             queue, name = schedule[:cut], schedule[cut + 1 :]
+            if len(queue) > MAX_NAME_BYTES or len(name) > MAX_NAME_BYTES:
+                continue
             if occurrence_id(prefix, queue, name, due_ms, triggered=triggered) == ident:
                 return queue, name
     return schedule[:first], schedule[first + 1 :]
