@@ -33,7 +33,8 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- The `inflight` occurrence, those in flight beside it (`inflight_also`, report.lua), and
 -- the newest nominal time the history holds.
-local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due')
+local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due',
+                       'inflight_run')
 -- The history holds no entry of an occurrence later than its newest (`history_due`): a first
 -- copy, the usual case, is not searched for; a copy is nearly always among the newest.
 local function entry_of(id)
@@ -56,7 +57,12 @@ local entry = newest and tonumber(ARGV[6]) <= newest and entry_of(ARGV[4])
 if entry and ENDED[entry[6]] and tonumber(entry[7]) >= tonumber(ARGV[5]) then return -2 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if entry and entry[6] == 'running' and tonumber(entry[7]) == tonumber(ARGV[5]) then
+-- This attempt runs now: its history entry says so, or, before its start report landed (the
+-- reporter sends it within its linger), the mark of the worker that started it (below): a
+-- copy of a run whose process died at once is held as one whose process died later.
+local run = ARGV[4] .. ' ' .. ARGV[5]
+local started = entry and entry[6] == 'running' and tonumber(entry[7]) == tonumber(ARGV[5])
+if started or (cur[1] == ARGV[1] and cur[4] == run) then
   local live = redis.call('ZSCORE', KEYS[2], ARGV[1])
   if live and tonumber(live) > now then return -3 end
 end
@@ -69,6 +75,8 @@ for _, other in ipairs(others) do
   end
 end
 if ARGV[3] == '1' then return 1 end
-redis.call('HSET', KEYS[1], 'inflight', ARGV[1])
+-- `inflight_run`: which run of the occurrence a worker started (the claim marks the slot
+-- in flight before any worker has it), for the copy check above.
+redis.call('HSET', KEYS[1], 'inflight', ARGV[1], 'inflight_run', run)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 return 1

@@ -352,8 +352,8 @@ for i, report in ipairs(reports) do
           if inflight == member and promoted then
             set('inflight', promoted)
           elseif inflight == member then
-            nd = nd + 1
-            drop[nd] = 'inflight'
+            drop[nd + 1], drop[nd + 2] = 'inflight', 'inflight_run'  -- begin.lua's mark
+            nd = nd + 2
           end
           if ns > 0 then redis.call('HSET', record, unpack(sets, 1, ns)) end
           if nd > 0 then redis.call('HDEL', record, unpack(drop, 1, nd)) end
