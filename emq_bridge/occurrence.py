@@ -14,7 +14,7 @@ from typing import Any
 
 from .keys import lease_member
 
-__all__ = ["Occurrence", "occurrence_id"]
+__all__ = ["Occurrence", "is_occurrence_id", "occurrence_id"]
 
 _OCCURRENCE_NAMESPACE = uuid.UUID("6f1c6c2e-3b0e-5d7a-9a57-8c1f3f4b2e10")
 _NAMESPACE_BYTES = _OCCURRENCE_NAMESPACE.bytes
@@ -31,6 +31,16 @@ def occurrence_id(
     """
     seed = f"{_escape(prefix)}:{_escape(queue)}:{_escape(name)}:{due_ms}"
     return _uuid5(f"{seed}:manual" if triggered else seed)
+
+
+def is_occurrence_id(
+    ident: str, prefix: str, queue: str, name: str, due_ms: int, *, triggered: bool = False
+) -> bool:
+    """Whether `ident` is the id a pump of the registry under `prefix` gives the occurrence
+    of `name` due at `due_ms`: what tells a message a pump sent from one that only carries
+    its headers or options (copied onto a child task by user code, a fan-out copy under a
+    new id, a message of another deployment's prefix, a forged one)."""
+    return ident == occurrence_id(prefix, queue, name, due_ms, triggered=triggered)
 
 
 def _escape(part: str) -> str:

@@ -81,7 +81,7 @@ from celery.worker import state as worker_state
 from ..errors import ConfigError, EmqError
 from ..keys import MAX_NAME_BYTES
 from ..lifecycle import MAX_RESENDS, check_history_size, report_of
-from ..occurrence import occurrence_id
+from ..occurrence import is_occurrence_id, occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
 from ..reporting import HEARTBEAT_S, Reporter
@@ -246,6 +246,8 @@ def occurrence_of(request: Any, app: Celery) -> dict[str, Any] | None:
     due_ms = int(due)
     triggered = bool(get(TRIGGERED_HEADER))
     queue, name = _split_schedule(app, schedule, str(ident), due_ms, triggered)
+    if not _sent_as(app, str(ident), queue, name, due_ms, triggered, schedule):
+        return None
     return {
         "id": str(ident),
         "queue": queue,
@@ -285,20 +287,51 @@ def started_report(request: Any, app: Celery, attempt: int) -> Report | None:
     due, ident = fields.get(DUE_HEADER), fields.get("id")
     if due is None or not ident:
         return None
+    due_ms, triggered = int(due), bool(fields.get(TRIGGERED_HEADER))
+    if not _sent_as(app, str(ident), cut[0], cut[1], due_ms, triggered, str(schedule)):
+        return None
     released = fields.get(RELEASED_HEADER)
     return Report(
         "started",
         cut[0],
         cut[1],
         str(ident),
-        int(due),
+        due_ms,
         _now_ms(),
         attempt,
         None if released in (None, "") else int(released),
         bool(fields.get(REDELIVERED_HEADER)),
-        bool(fields.get(TRIGGERED_HEADER)),
+        triggered,
         backfill=bool(fields.get(BACKFILL_HEADER)),
     )
+
+
+# Schedule headers of tasks that carried them under another id, each warned of once (bounded).
+_FOREIGN: set[str] = set()
+_MAX_FOREIGN = 1_000
+
+
+def _sent_as(
+    app: Celery, ident: str, queue: str, name: str, due_ms: int, triggered: bool, schedule: str
+) -> bool:
+    """Whether the task `ident` is the occurrence its headers name, as a pump sent it (its
+    id is the occurrence's: `is_occurrence_id`). One that only carries them (user code that
+    passed a task's headers on to a child, a message of another deployment's prefix, a
+    forged one) runs as a plain task: not reported, not guarded, said once per schedule."""
+    if is_occurrence_id(ident, registry_prefix(app), queue, name, due_ms, triggered=triggered):
+        return True
+    if schedule not in _FOREIGN and len(_FOREIGN) < _MAX_FOREIGN:
+        _FOREIGN.add(schedule)
+        log.warning(
+            "emq-bridge: task %s carries the headers of an occurrence of %s/%s but not its id "
+            "(headers passed on to another task, or a registry prefix other than %r?): run as "
+            "a plain task, not reported",
+            ident,
+            queue,
+            name,
+            registry_prefix(app),
+        )
+    return False
 
 
 def _split_schedule(

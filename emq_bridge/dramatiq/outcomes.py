@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..lifecycle import BeginVerdict, checked_name
+from ..occurrence import is_occurrence_id
 from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
 from .schedule import (
@@ -51,6 +52,9 @@ from .schedule import (
 __all__ = ["MessageOutcomes"]
 
 log = logging.getLogger(__name__)
+
+# Registrations whose options came on a message under another id, each said once (bounded).
+_MAX_FOREIGN = 1_000
 
 
 def _now_ms() -> int:
@@ -117,11 +121,17 @@ class MessageOutcomes:
     """Report the occurrences a worker process runs (see the module docstring).
 
     `reporter` is called once, on the first report, to build this process's `Reporter`.
-    Every method is a hook's body and never raises.
+    A message is an occurrence only when its id is the one a pump of the reporter's registry
+    gives it (`is_occurrence_id`, with the registry's prefix); a message that only carries
+    the options (a `message.copy(message_id=...)` fan-out, a message of another
+    deployment's prefix, a forged one) is processed as a plain one, reported and guarded not
+    at all, and said once per registration. Every method is a hook's body and never raises.
     """
 
     def __init__(self, reporter: Callable[[], Reporter]) -> None:
         self._make_reporter = reporter
+        self._prefix: str | None = None  # the registry's, read once
+        self._foreign: set[tuple[str, str]] = set()  # (queue, name) said once, bounded
         self._reporter: Reporter | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -258,7 +268,7 @@ class MessageOutcomes:
             if not create:
                 return None
             start = start_report(message, _now_ms())
-            if start is None:
+            if start is None or not self._sent_as(start):
                 return None
             run = _Run(message, message_id, start, time.monotonic())
         except Exception as exc:  # a message that is not one: never into the worker
@@ -266,6 +276,30 @@ class MessageOutcomes:
             return None
         self._local.run = run
         return run
+
+    def _sent_as(self, start: Report) -> bool:
+        """Whether the message `start` was read from is the occurrence it names, as a pump
+        sent it (see the class docstring)."""
+        prefix = self._prefix
+        if prefix is None:
+            prefix = self._prefix = self.reporter.registry().prefix
+        if is_occurrence_id(
+            start.id, prefix, start.queue, start.name, start.due_ms, triggered=start.triggered
+        ):
+            return True
+        where = (start.queue, start.name)
+        if where not in self._foreign and len(self._foreign) < _MAX_FOREIGN:
+            self._foreign.add(where)
+            log.warning(
+                "emq-bridge: message %s carries the options of an occurrence of %s/%s but not "
+                "its id (a copy under a new message_id, or a registry prefix other than %r?): "
+                "processed as a plain message, not reported",
+                start.id,
+                start.queue,
+                start.name,
+                prefix,
+            )
+        return False
 
     def _send(
         self,

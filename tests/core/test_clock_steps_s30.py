@@ -118,8 +118,11 @@ def test_dramatiq_outcomes_time_the_run_from_its_start_on_the_monotonic_clock(
 ) -> None:
     due = _registered(repeat, "a")
     options = {OPTION_DUE_MS: due, OPTION_NAME: "a", OPTION_QUEUE: "q"}
+    ident = occurrence_id(repeat.prefix, "q", "a", due)  # as the pump sends it
     message = MessageProxy(
-        Message(queue_name="q", actor_name="a", args=(), kwargs={}, options=options)
+        Message(
+            queue_name="q", actor_name="a", args=(), kwargs={}, options=options, message_id=ident
+        )
     )
     reporter = Reporter(repeat, linger_s=0.0)
     outcomes = MessageOutcomes(lambda: reporter)
