@@ -65,6 +65,9 @@ MAX_HISTORY_SIZE = 10_000
 MAX_ERROR_CHARS = 200
 # An occurrence id is a UUID (`occurrence_id`); a longer one is not one.
 MAX_ID_CHARS = 200
+# No framework retries a task this often; past it an attempt is garbage (and past 2**53 the
+# script's numbers would round it).
+MAX_ATTEMPT = 2**31 - 1
 
 
 def error_text(error: BaseException | str | None) -> str:
@@ -164,11 +167,14 @@ class Report:
             and type(attempt) is int
             and 0 <= due <= LATEST_MS
             and 0 <= at <= LATEST_MS
-            and attempt >= 1
+            and 1 <= attempt <= MAX_ATTEMPT
             and self.kind in REPORT_KINDS
             and type(ident) is str
             and 0 < len(ident) <= MAX_ID_CHARS
             and ident.isascii()
+            and ident.isprintable()
+            and '"' not in ident
+            and "\\" not in ident
             and type(self.queue) is str
             and self.queue in _CHECKED_NAMES
             and type(self.name) is str
@@ -302,13 +308,21 @@ def _check_report(report: Report) -> None:
         raise ScheduleError(
             f"report id is {len(report.id)} characters long; the limit is {MAX_ID_CHARS}"
         )
+    # The history finds an entry by the start of its JSON, `["<id>"`: an id JSON escapes
+    # would never be found again, so its reports would each make an entry of their own.
+    if any(char in '"\\' or not char.isprintable() for char in report.id):
+        raise ScheduleError(
+            f"report id must hold no quote, backslash or control character, got {shown(report.id)}"
+        )
     checked_name(report.queue, "queue")
     checked_name(report.name, "registration name")
     _check_ms(report.due_ms, "due_ms")
     _check_ms(report.at_ms, "at_ms")
     attempt = report.attempt
-    if type(attempt) is not int or attempt < 1:  # not a bool, nor an int subclass
-        raise ScheduleError(f"report attempt must be an int from 1, got {shown(attempt)}")
+    if type(attempt) is not int or not 1 <= attempt <= MAX_ATTEMPT:  # not a bool either
+        raise ScheduleError(
+            f"report attempt must be an int from 1 to {MAX_ATTEMPT}, got {shown(attempt)}"
+        )
     for optional, field in ((report.released_ms, "released_ms"), (report.started_ms, "started_ms")):
         if optional is not None:
             _check_ms(optional, field)
