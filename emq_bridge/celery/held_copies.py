@@ -38,10 +38,11 @@ RESENT_HEADER = "emq_bridge_resent"
 
 
 def times_resent(message: Any) -> int:
-    """How often the copy `message` was sent again by `_resend` (its header; 0 if none)."""
+    """How often the copy `message` was sent again by `_resend` (its header; 0 if none, or
+    if it is not a count: a negative one would have put the bound off)."""
     headers = getattr(message, "headers", None) or {}
     value = headers.get(RESENT_HEADER, 0) if isinstance(headers, dict) else 0
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return max(value, 0) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class _Holding:

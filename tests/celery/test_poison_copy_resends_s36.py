@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -26,6 +27,7 @@ from processes import celery_worker, stop, wait_until
 
 from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
+from emq_bridge.celery.held_copies import RESENT_HEADER, times_resent
 from emq_bridge.lifecycle import MAX_RESENDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -122,3 +124,11 @@ def test_a_copy_whose_runs_kill_their_process_is_sent_again_a_bounded_number_of_
         stop(worker)
         sender.close()
         side.close()
+
+
+def test_a_resent_count_that_is_not_a_count_reads_as_none() -> None:
+    """A negative count (a forged header) would have put the bound off by as much."""
+    for value, expected in ((2, 2), (-1_000, 0), (True, 0), ("3", 0), (None, 0)):
+        message = SimpleNamespace(headers={RESENT_HEADER: value})
+        assert times_resent(message) == expected, value
+    assert times_resent(SimpleNamespace(headers=None)) == 0
