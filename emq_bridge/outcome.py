@@ -308,12 +308,6 @@ def _check_report(report: Report) -> None:
         raise ScheduleError(
             f"report id is {len(report.id)} characters long; the limit is {MAX_ID_CHARS}"
         )
-    # The history finds an entry by the start of its JSON, `["<id>"`: an id JSON escapes
-    # would never be found again, so its reports would each make an entry of their own.
-    if any(char in '"\\' or not char.isprintable() for char in report.id):
-        raise ScheduleError(
-            f"report id must hold no quote, backslash or control character, got {shown(report.id)}"
-        )
     checked_name(report.queue, "queue")
     checked_name(report.name, "registration name")
     _check_ms(report.due_ms, "due_ms")
@@ -333,6 +327,12 @@ def _check_report(report: Report) -> None:
         )
     # What travels in the script's JSON must be valid UTF-8 (see `error_text`).
     check_utf8(report.id, "report id")
+    # The history finds an entry by the start of its JSON, `["<id>"`: an id JSON escapes
+    # would never be found again, so its reports would each make an entry of their own.
+    if any(char in '"\\' or not char.isprintable() for char in report.id):
+        raise ScheduleError(
+            f"report id must hold no quote, backslash or control character, got {shown(report.id)}"
+        )
     check_utf8(report.error, "report error")
     for flag, field in (
         (report.redelivered, "redelivered"),

@@ -187,12 +187,19 @@ for i, report in ipairs(reports) do
       -- broker's redelivery of a message another worker still runs).
       local unrun_copy = (task_ran == 0 or task_ran == false) and entry[6] == 'running'
         and attempt == old_attempt
+      -- The same attempt run again after it ended, a start later than its end: a message
+      -- sent again by hand (from a dead-letter queue) or by a middleware that postponed it.
+      -- What that run reports is what happened last. (A guarded registration's worker drops
+      -- such a copy before it runs: begin.lua.)
+      local rerun = attempt == old_attempt and old_rank == RANK.succeeded and carried
+        and carried ~= '' and tonumber(entry[5]) and tonumber(carried) > tonumber(entry[5])
       if not hides_loss and not unrun_copy and (fresh or attempt > old_attempt
           or (attempt == old_attempt and RANK[status] > old_rank)
-          or (kind == 'started' and restarted)) then
+          or (kind == 'started' and restarted) or rerun) then
         applied = applied + 1
         -- A folded start counts where a `started` report alone would have applied.
         local take_start = fresh or attempt > old_attempt or old_rank < RANK.running or restarted
+          or rerun
         local folded = started_at and started_at ~= '' and take_start
         local was = fresh and '' or entry[6]
         local was_lost = was == 'lost'
