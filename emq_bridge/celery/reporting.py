@@ -546,6 +546,12 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         worker_state.revoked.add(request.id)  # what the revoke command does: never run
         if verdict == "skip":
             why = "another occurrence of its schedule is in flight (overlap)"
+        elif verdict == "copy":
+            why = (
+                "a copy of it runs or ran already (this attempt ended: delivered twice, or "
+                "sent again by hand; a guarded occurrence runs once, and `emq-bridge trigger "
+                "QUEUE NAME` runs the schedule now)"
+            )
         else:
             why = "a copy of it runs or ran already (delivered twice)"
             resent = times_resent(getattr(request, "message", None))

@@ -281,6 +281,13 @@ class RecurringMiddleware(Middleware):
                 raise SkipMessage("another occurrence of its schedule is in flight (overlap)")
             if verdict == "copy":
                 _keep_first_result(message)
+                log.info(
+                    "emq-bridge: message %s dropped: this attempt of its occurrence ran already "
+                    "(delivered twice, or sent again by hand, from a dead-letter queue or by a "
+                    "middleware that postponed it: a guarded occurrence runs once; "
+                    "`emq-bridge trigger QUEUE NAME` runs the schedule now)",
+                    message.message_id,
+                )
                 raise SkipMessage("a copy of this occurrence ran already (delivered twice)")
             if verdict == "running":
                 # A copy delivered while its first copy runs elsewhere, heartbeated: not run

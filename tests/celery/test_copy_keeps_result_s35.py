@@ -104,6 +104,9 @@ def test_a_copy_after_a_failed_run_leaves_its_failure_in_the_result_backend(
             "the copy dropped on receipt",
             then=lambda: log.read_text(errors="replace")[-3000:],
         )
+        # An attempt that ended: it says what runs the schedule again instead.
+        assert "this attempt ended" in log.read_text(errors="replace")
+        assert "`emq-bridge trigger QUEUE NAME` runs the schedule now" in log.read_text()
         fresh = Celery("cr-reader", backend=redis_url).AsyncResult(occurrence.id)
         assert fresh.state == "FAILURE", fresh.state
         assert isinstance(fresh.result, ValueError)
