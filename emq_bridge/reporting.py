@@ -27,6 +27,7 @@ queued stays the parent's.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -598,3 +599,23 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_after_fork)
+
+# How long a process that ends waits, in all, for its reporters to send what they hold.
+EXIT_FLUSH_S = 2.0
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Send what the process's reporters still hold as the interpreter exits (their thread is
+    a daemon: it would die with them queued), within `EXIT_FLUSH_S` in all. A process that
+    leaves through `os._exit` (a `multiprocessing` pool's child) or is killed runs no exit
+    hook: what it did not flush is lost."""
+    deadline = time.monotonic() + EXIT_FLUSH_S
+    for reporter in list(_LIVE):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            reporter.flush(left)
+        except Exception:  # never in the way of the exit
+            return

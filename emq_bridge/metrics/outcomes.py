@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,7 @@ class OutcomeMetrics(OutcomeEvents):
         # may report at once.
         self._queues: OrderedDict[str, _QueueSeries] = OrderedDict()
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     @property
     def families(self) -> OutcomeFamilies:
@@ -126,3 +129,19 @@ class OutcomeMetrics(OutcomeEvents):
             if report.started_ms is not None:  # a start folded into this final report
                 self._started(report, report.started_ms)
             self._count(report.queue, kind)
+
+
+# Each `OutcomeMetrics` of this process: a forked child gets a new lock for each. The one it
+# inherits may have been held by another thread of the parent at the fork (the reporter's
+# thread, a `Repeat.finished` caller), and would then block the child's first report for
+# ever (a user's fork pool reporting from its jobs, with `install_outcomes()` at import).
+_LIVE: weakref.WeakSet[OutcomeMetrics] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for metrics in list(_LIVE):
+        metrics._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork)
