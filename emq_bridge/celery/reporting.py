@@ -306,9 +306,22 @@ def started_report(request: Any, app: Celery, attempt: int) -> Report | None:
     )
 
 
-# Schedule headers of tasks that carried them under another id, each warned of once (bounded).
-_FOREIGN: set[str] = set()
-_MAX_FOREIGN = 1_000
+def _reporting_prefix(app: Celery) -> str:
+    """The prefix of the registry this process reports `app`'s tasks to: the app's, or that
+    of the registry `report_to` named (a test's), whose pumps sent what the tasks run."""
+    reporter = reporter_for(app)
+    if reporter is not None:
+        try:
+            return reporter.registry().prefix
+        except Exception:  # a registry that cannot be built: the reports say so themselves
+            pass
+    return registry_prefix(app)
+
+
+# Whether this process said at WARNING that a task carried an occurrence's headers under
+# another id: once (a worker whose registry prefix is not the pump's would say it of every
+# task), the others at DEBUG.
+_FOREIGN_SAID = False
 
 
 def _sent_as(
@@ -317,20 +330,23 @@ def _sent_as(
     """Whether the task `ident` is the occurrence its headers name, as a pump sent it (its
     id is the occurrence's: `is_occurrence_id`). One that only carries them (user code that
     passed a task's headers on to a child, a message of another deployment's prefix, a
-    forged one) runs as a plain task: not reported, not guarded, said once per schedule."""
-    if is_occurrence_id(ident, registry_prefix(app), queue, name, due_ms, triggered=triggered):
+    forged one) runs as a plain task: not reported, not guarded, said once a process."""
+    global _FOREIGN_SAID
+    prefix = _reporting_prefix(app)
+    if is_occurrence_id(ident, prefix, queue, name, due_ms, triggered=triggered):
         return True
-    if schedule not in _FOREIGN and len(_FOREIGN) < _MAX_FOREIGN:
-        _FOREIGN.add(schedule)
-        log.warning(
-            "emq-bridge: task %s carries the headers of an occurrence of %s/%s but not its id "
-            "(headers passed on to another task, or a registry prefix other than %r?): run as "
-            "a plain task, not reported",
-            ident,
-            queue,
-            name,
-            registry_prefix(app),
-        )
+    said, _FOREIGN_SAID = _FOREIGN_SAID, True
+    log.log(
+        logging.DEBUG if said else logging.WARNING,
+        "emq-bridge: task %s carries the headers of an occurrence of %s (%s) but not its id "
+        "(headers passed on to another task, or a registry prefix other than %r?): run as a "
+        "plain task, not reported%s",
+        ident,
+        schedule,
+        "triggered" if triggered else f"due {due_ms}",
+        prefix,
+        "" if said else " (said once; the others at DEBUG)",
+    )
     return False
 
 

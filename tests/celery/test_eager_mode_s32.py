@@ -164,7 +164,9 @@ def test_report_to_sends_the_reports_to_the_tests_registry_not_the_apps(
     configured = Repeat(client, prefix)
     sync_app(app, configured)
     clock = ManualClock(START)
-    repeat = fake_repeat(clock=clock)
+    # The test's registry under the app's prefix: a worker takes a task for an occurrence
+    # only when its id is the one its reporting registry's pumps give it.
+    repeat = fake_repeat(prefix, clock=clock)
     sync_app(app, repeat)
     pump = manual_pump(repeat, [queue], clock, CeleryDispatcher(app))
 
