@@ -53,9 +53,6 @@ __all__ = ["MessageOutcomes"]
 
 log = logging.getLogger(__name__)
 
-# Registrations whose options came on a message under another id, each said once (bounded).
-_MAX_FOREIGN = 1_000
-
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -125,13 +122,15 @@ class MessageOutcomes:
     gives it (`is_occurrence_id`, with the registry's prefix); a message that only carries
     the options (a `message.copy(message_id=...)` fan-out, a message of another
     deployment's prefix, a forged one) is processed as a plain one, reported and guarded not
-    at all, and said once per registration. Every method is a hook's body and never raises.
+    at all, and said once a process. Every method is a hook's body and never raises.
     """
 
     def __init__(self, reporter: Callable[[], Reporter]) -> None:
         self._make_reporter = reporter
         self._prefix: str | None = None  # the registry's, read once
-        self._foreign: set[tuple[str, str]] = set()  # (queue, name) said once, bounded
+        # Said once at WARNING (a worker whose prefix is not the pump's would say it of every
+        # message), the others at DEBUG.
+        self._foreign_said = False
         self._reporter: Reporter | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -287,18 +286,18 @@ class MessageOutcomes:
             start.id, prefix, start.queue, start.name, start.due_ms, triggered=start.triggered
         ):
             return True
-        where = (start.queue, start.name)
-        if where not in self._foreign and len(self._foreign) < _MAX_FOREIGN:
-            self._foreign.add(where)
-            log.warning(
-                "emq-bridge: message %s carries the options of an occurrence of %s/%s but not "
-                "its id (a copy under a new message_id, or a registry prefix other than %r?): "
-                "processed as a plain message, not reported",
-                start.id,
-                start.queue,
-                start.name,
-                prefix,
-            )
+        said, self._foreign_said = self._foreign_said, True
+        log.log(
+            logging.DEBUG if said else logging.WARNING,
+            "emq-bridge: message %s carries the options of an occurrence of %s/%s but not its "
+            "id (a copy under a new message_id, or a registry prefix other than %r?): processed "
+            "as a plain message, not reported%s",
+            start.id,
+            start.queue,
+            start.name,
+            prefix,
+            "" if said else " (said once; the others at DEBUG)",
+        )
         return False
 
     def _send(
