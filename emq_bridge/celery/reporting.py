@@ -367,7 +367,7 @@ def _split_schedule(
             f"name are {MAX_NAME_BYTES} bytes at most"
         )
     if schedule.find("/", first + 1) >= 0:
-        prefix = registry_prefix(app)
+        prefix = _reporting_prefix(app)
         for cut in (index for index, char in enumerate(schedule) if char == "/"):
             queue, name = schedule[:cut], schedule[cut + 1 :]
             if len(queue) > MAX_NAME_BYTES or len(name) > MAX_NAME_BYTES:
