@@ -187,13 +187,19 @@ for i, report in ipairs(reports) do
       -- broker's redelivery of a message another worker still runs).
       local unrun_copy = (task_ran == 0 or task_ran == false) and entry[6] == 'running'
         and attempt == old_attempt
-      -- The same attempt run again after it ended, a start later than its end: a message
-      -- sent again by hand (from a dead-letter queue) or by a middleware that postponed it.
-      -- What that run reports is what happened last. (A guarded registration's worker drops
-      -- such a copy before it runs: begin.lua.)
-      local rerun = attempt == old_attempt and old_rank == RANK.succeeded and carried
-        and carried ~= '' and tonumber(entry[5]) and tonumber(carried) > tonumber(entry[5])
-      if not hides_loss and not unrun_copy and (fresh or attempt > old_attempt
+      -- The same attempt run after a worker skipped it, a start later than the skip: a copy
+      -- a middleware postponed (`SkipMessage`, and the message enqueued again). What that run
+      -- reports is what happened. Only a skip gives way so: a second delivery of a run that
+      -- ended otherwise (at least once: an ack lost with its worker) would count its failure
+      -- twice, or flip a success. (A guarded registration's worker drops such a copy before
+      -- it runs: begin.lua.)
+      local rerun = attempt == old_attempt and entry[6] == 'skipped' and status ~= 'skipped'
+        and carried and carried ~= '' and tonumber(entry[5])
+        and tonumber(carried) > tonumber(entry[5])
+      -- A skip from before the run in hand started (a report of it sent again) is stale.
+      local stale_skip = status == 'skipped' and entry[6] == 'running'
+        and attempt == old_attempt and tonumber(entry[4]) and tonumber(at) < tonumber(entry[4])
+      if not hides_loss and not unrun_copy and not stale_skip and (fresh or attempt > old_attempt
           or (attempt == old_attempt and RANK[status] > old_rank)
           or (kind == 'started' and restarted) or rerun) then
         applied = applied + 1

@@ -1,12 +1,14 @@
-"""The same attempt of an occurrence run again after it ended is recorded as what happened.
+"""The same attempt of an occurrence run after a worker skipped it is recorded as what happened;
+a second run of an attempt that ended otherwise changes nothing.
 
-A message re-enqueued by hand from a dead-letter queue, or by a middleware that postpones it
-(`broker.enqueue(message.copy(...))` and `SkipMessage`), runs the same occurrence at the same
-attempt again. Its reports outranked nothing (a final status ties with a final status), so
-the history kept the first run's `failed` (or `skipped`) while the run that came after
-succeeded, the failure streak was not cleared and `last_success` did not move (a probe of
-Dramatiq compositions, session 37). A report whose run started after the entry's end now
-replaces it; a repeated report of the first run still changes nothing.
+A middleware that postpones a message (`SkipMessage`, and the message enqueued again a moment
+later) has the same attempt of the same occurrence run after its `skipped` was reported. That
+run's reports outranked nothing (a final status ties with a final status), so the history kept
+`skipped` while it ran and succeeded (a probe of Dramatiq compositions, session 37). A report
+whose run started after a skip's end now replaces it. Only a skip gives way so: a second
+delivery of a run that succeeded or failed (at least once: an ack lost with its worker) would
+count a failure twice or flip the outcome (the review of that first version), so it changes
+nothing, as before.
 """
 
 from __future__ import annotations
@@ -32,35 +34,17 @@ def _report(
     )
 
 
-def test_a_run_after_the_attempt_ended_replaces_its_outcome(repeat: Repeat) -> None:
-    repeat.upsert("q", "a", every="1h", template={"task": "t"}, now_ms=DUE - 1)
-    failed = _report(repeat, "failed", DUE + 2_000, DUE + 1_000, error="ValueError: no")
-    assert repeat.report([failed]) == 1
-    assert repeat.report([failed]) == 0  # repeated: nothing changes
-    registration = repeat.get("q", "a")
-    assert registration is not None and registration.failures == 1
-
-    # A report of the first run that comes late (its start before that end) changes nothing.
-    assert repeat.report([_report(repeat, "succeeded", DUE + 2_500, DUE + 1_000)]) == 0
-
-    # Sent again from the dead-letter queue: it starts after that end, and succeeds.
-    assert repeat.report([_report(repeat, "started", DUE + 60_000)]) == 1
-    (entry,) = repeat.history("q", "a")
-    assert (entry.status, entry.started_ms, entry.finished_ms) == ("running", DUE + 60_000, None)
-    assert repeat.report([_report(repeat, "succeeded", DUE + 61_000, DUE + 60_000)]) == 1
-    (entry,) = repeat.history("q", "a")
-    assert (entry.status, entry.attempt, entry.started_ms) == ("succeeded", 1, DUE + 60_000)
-    registration = repeat.get("q", "a")
-    assert registration is not None
-    assert registration.failures == 0 and registration.last_status == "succeeded"
-    assert registration.last_success_ms == DUE + 61_000
+def _registered(repeat: Repeat) -> Repeat:
+    repeat.upsert(
+        "q", "a", every="1h", template={"task": "t"}, pause_after_failures=2, now_ms=DUE - 1
+    )
+    return repeat
 
 
 def test_a_postponed_copy_of_a_skipped_run_is_recorded_when_it_runs(repeat: Repeat) -> None:
-    repeat.upsert("q", "a", every="1h", template={"task": "t"}, now_ms=DUE - 1)
+    _registered(repeat)
     # Another middleware skipped it before its actor ran (and sent a copy on, delayed).
-    skipped = _report(repeat, "skipped", DUE + 1_000, task_ran=False)
-    assert repeat.report([skipped]) == 1
+    assert repeat.report([_report(repeat, "skipped", DUE + 1_000, task_ran=False)]) == 1
     # The copy runs a second later; its start and end come folded into one report.
     assert repeat.report([_report(repeat, "succeeded", DUE + 2_500, DUE + 2_000)]) == 1
     (entry,) = repeat.history("q", "a")
@@ -69,3 +53,42 @@ def test_a_postponed_copy_of_a_skipped_run_is_recorded_when_it_runs(repeat: Repe
         DUE + 2_000,
         DUE + 2_500,
     )
+    registration = repeat.get("q", "a")
+    assert registration is not None and registration.skipped == 1  # counted once, as before
+    assert registration.last_success_ms == DUE + 2_500
+
+
+def test_a_copy_started_after_a_skip_then_a_stale_repeat_of_the_skip(repeat: Repeat) -> None:
+    _registered(repeat)
+    # Skipped by a middleware after emq-bridge's (its start seen, so `task_ran` stays true).
+    skipped = _report(repeat, "skipped", DUE + 1_000)
+    assert repeat.report([skipped]) == 1
+    assert repeat.report([_report(repeat, "started", DUE + 5_000)]) == 1  # the copy starts
+    assert repeat.report([skipped]) == 0  # the skip sent again: from before this run
+    assert repeat.report([_report(repeat, "failed", DUE + 6_000, error="E: x")]) == 1
+    (entry,) = repeat.history("q", "a")
+    assert (entry.status, entry.started_ms) == ("failed", DUE + 5_000)
+
+
+def test_a_second_run_of_an_attempt_that_ended_changes_nothing(repeat: Repeat) -> None:
+    _registered(repeat)
+    failed = _report(repeat, "failed", DUE + 2_000, DUE + 1_000, error="ValueError: no")
+    assert repeat.report([failed]) == 1
+    # Delivered again (at least once) and run again, after the first run ended: once.
+    again = _report(repeat, "failed", DUE + 9_000, DUE + 8_000, error="ValueError: no")
+    assert repeat.report([again]) == 0
+    assert repeat.report([_report(repeat, "succeeded", DUE + 9_500, DUE + 9_000)]) == 0
+    assert repeat.report([_report(repeat, "started", DUE + 10_000)]) == 0
+    (entry,) = repeat.history("q", "a")
+    assert (entry.status, entry.started_ms) == ("failed", DUE + 1_000)
+    registration = repeat.get("q", "a")
+    assert registration is not None and registration.failures == 1
+    assert not registration.paused  # one failed occurrence, under pause_after_failures=2
+
+
+def test_a_skip_twice_is_counted_once(repeat: Repeat) -> None:
+    _registered(repeat)
+    assert repeat.report([_report(repeat, "skipped", DUE + 2_000, DUE + 1_000)]) == 1
+    assert repeat.report([_report(repeat, "skipped", DUE + 9_000, DUE + 8_000)]) == 0
+    registration = repeat.get("q", "a")
+    assert registration is not None and registration.skipped == 1
