@@ -336,6 +336,12 @@ class Reporter:
             return
         self.begin(start)
 
+    def known_prefix(self) -> str | None:
+        """The prefix of this reporter's registry when it is known without building it (it
+        was given as a `Repeat`, or is built already); else None."""
+        built = self._repeat if self._repeat is not None else self._repeat_source
+        return built.prefix if isinstance(built, Repeat) else None
+
     def registry(self) -> Repeat:
         """This process's `Repeat`, built on first use (in whichever thread needs it)."""
         if self._repeat is None:
@@ -613,9 +619,13 @@ def _flush_at_exit() -> None:
     deadline = time.monotonic() + EXIT_FLUSH_S
     for reporter in list(_LIVE):
         left = deadline - time.monotonic()
-        if left <= 0:
+        # Its lock is held while its thread builds the registry (a connect that hangs, with
+        # no timeout): not waited for past the deadline.
+        if left <= 0 or not reporter._lock.acquire(timeout=left):
             return
         try:
-            reporter.flush(left)
+            reporter.flush(max(0.0, deadline - time.monotonic()))
         except Exception:  # never in the way of the exit
             return
+        finally:
+            reporter._lock.release()

@@ -307,15 +307,12 @@ def started_report(request: Any, app: Celery, attempt: int) -> Report | None:
 
 
 def _reporting_prefix(app: Celery) -> str:
-    """The prefix of the registry this process reports `app`'s tasks to: the app's, or that
-    of the registry `report_to` named (a test's), whose pumps sent what the tasks run."""
+    """The prefix of the registry this process reports `app`'s tasks to: that of the registry
+    `report_to` named (a test's), whose pumps sent what the tasks run, else the app's. Read
+    without building the registry (that is the reporter thread's, off the task's path)."""
     reporter = reporter_for(app)
-    if reporter is not None:
-        try:
-            return reporter.registry().prefix
-        except Exception:  # a registry that cannot be built: the reports say so themselves
-            pass
-    return registry_prefix(app)
+    known = reporter.known_prefix() if reporter is not None else None
+    return known if known is not None else registry_prefix(app)
 
 
 # Whether this process said at WARNING that a task carried an occurrence's headers under

@@ -252,7 +252,7 @@ class RecurringMiddleware(Middleware):
         # The pump thread's dispatcher, built at boot so that a broker it cannot send to
         # stops the worker (`before_worker_boot`), not only its pump (`after_worker_boot`).
         self._dispatcher: Any = None
-        self.outcomes = MessageOutcomes(self._new_reporter)
+        self.outcomes = MessageOutcomes(self._new_reporter, self._registry_prefix)
 
     @property
     def actor_options(self) -> set[str]:
@@ -379,6 +379,11 @@ class RecurringMiddleware(Middleware):
         registry yet. `worker.stop()` flushes them too.
         """
         return self.outcomes.flush(timeout_s)
+
+    def _registry_prefix(self) -> str:
+        """The prefix of the registry, without building it: the given `Repeat`'s, else
+        `prefix` (what `registry` builds it with)."""
+        return self.repeat.prefix if self.repeat is not None else self.prefix
 
     def _new_reporter(self) -> Reporter:
         """This process's reporter: it opens the registry in its own thread, on first send."""

@@ -119,15 +119,21 @@ class MessageOutcomes:
 
     `reporter` is called once, on the first report, to build this process's `Reporter`.
     A message is an occurrence only when its id is the one a pump of the reporter's registry
-    gives it (`is_occurrence_id`, with the registry's prefix); a message that only carries
-    the options (a `message.copy(message_id=...)` fan-out, a message of another
-    deployment's prefix, a forged one) is processed as a plain one, reported and guarded not
-    at all, and said once a process. Every method is a hook's body and never raises.
+    gives it (`is_occurrence_id`, with that registry's prefix, which `prefix` says); a
+    message that only carries the options (a `message.copy(message_id=...)` fan-out, a
+    message of another deployment's prefix, a forged one) is processed as a plain one,
+    reported and guarded not at all, and said once a process. Every method is a hook's body
+    and never raises.
     """
 
-    def __init__(self, reporter: Callable[[], Reporter]) -> None:
+    def __init__(
+        self, reporter: Callable[[], Reporter], prefix: Callable[[], str] | None = None
+    ) -> None:
         self._make_reporter = reporter
-        self._prefix: str | None = None  # the registry's, read once
+        # The registry's prefix, read once, without building the registry (that is the
+        # reporter thread's, off the actor's path): `prefix`, else the reporter's registry's.
+        self._prefix_of = prefix
+        self._prefix: str | None = None
         # Said once at WARNING (a worker whose prefix is not the pump's would say it of every
         # message), the others at DEBUG.
         self._foreign_said = False
@@ -281,7 +287,8 @@ class MessageOutcomes:
         sent it (see the class docstring)."""
         prefix = self._prefix
         if prefix is None:
-            prefix = self._prefix = self.reporter.registry().prefix
+            known = self._prefix_of() if self._prefix_of else self.reporter.known_prefix()
+            prefix = self._prefix = known or self.reporter.registry().prefix
         if is_occurrence_id(
             start.id, prefix, start.queue, start.name, start.due_ms, triggered=start.triggered
         ):
