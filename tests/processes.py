@@ -7,10 +7,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from celery import Celery
+
+from emq_bridge import Pump, Repeat
+from emq_bridge.celery import CeleryDispatcher
 
 # The `emq-bridge` script of the interpreter running the tests.
 EMQ_BRIDGE = str(Path(sys.executable).parent / "emq-bridge")
@@ -96,3 +103,21 @@ def celery_worker(
             stderr=subprocess.STDOUT,
         )
     return worker, log
+
+
+@contextmanager
+def celery_pump(repeat: Repeat, queue: str, broker_url: str) -> Iterator[Pump]:
+    """Run a pump of `queue` on a thread of its own for the block, sending through a Celery
+    app of its own on `broker_url` (`CeleryDispatcher`); stop it and close that app after."""
+    sender = Celery(f"{queue}-sender", broker=broker_url)
+    sender.conf.update(result_backend=None, task_default_queue=queue)
+    pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.5)
+    halt = threading.Event()
+    thread = threading.Thread(target=pump.run, args=(halt,), daemon=True)
+    thread.start()
+    try:
+        yield pump
+    finally:
+        halt.set()
+        thread.join(10)
+        sender.close()

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import json
 import textwrap
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
-from processes import celery_worker, stop, wait_until
+from processes import celery_pump, celery_worker, stop, wait_until
 
-from emq_bridge import Pump, Repeat
-from emq_bridge.celery import CeleryDispatcher
+from emq_bridge import Repeat
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -84,28 +81,19 @@ def test_a_child_given_its_parents_headers_runs_as_a_plain_task_and_is_not_repor
     )
     variables = {"PO_REDIS": redis_url, "PO_PREFIX": prefix, "PO_QUEUE": queue}
     worker, log = celery_worker(tmp_path, "po_app", queue, variables)
-    sender = Celery("po-sender", broker=redis_url)
-    sender.conf.update(result_backend=None, task_default_queue=queue)
-    pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.5)
-    halt = threading.Event()
-    thread = threading.Thread(target=pump.run, args=(halt,), daemon=True)
-    thread.start()
 
     def runs(kind: str) -> list[str]:
         found = [json.loads(r) for r in side.lrange(f"{prefix}:runs", 0, -1)]
         return [ident for each, ident in found if each == kind]
 
     try:
-        wait_until(
-            lambda: len(runs("child")) >= 4,
-            60,
-            "four children run",
-            then=lambda: log.read_text(errors="replace")[-3000:],
-        )
-    finally:
-        halt.set()
-        thread.join(10)
-    try:
+        with celery_pump(repeat, queue, redis_url):
+            wait_until(
+                lambda: len(runs("child")) >= 4,
+                60,
+                "four children run",
+                then=lambda: log.read_text(errors="replace")[-3000:],
+            )
         parents, children = set(runs("parent")), set(runs("child"))
         wait_until(
             lambda: {e.id for e in repeat.history(queue, "parent")} >= parents,
@@ -124,6 +112,5 @@ def test_a_child_given_its_parents_headers_runs_as_a_plain_task_and_is_not_repor
         assert "carries the headers of an occurrence of" in log.read_text(errors="replace")
     finally:
         stop(worker)
-        sender.close()
         side.close()
         repeat.close()

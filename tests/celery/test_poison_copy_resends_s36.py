@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,11 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 import redis
-from celery import Celery
-from processes import celery_worker, stop, wait_until
+from processes import celery_pump, celery_worker, stop, wait_until
 
-from emq_bridge import Pump, Repeat
-from emq_bridge.celery import CeleryDispatcher
+from emq_bridge import Repeat
 from emq_bridge.celery.held_copies import RESENT_HEADER, times_resent
 from emq_bridge.lifecycle import MAX_RESENDS
 
@@ -95,34 +92,26 @@ def test_a_copy_whose_runs_kill_their_process_is_sent_again_a_bounded_number_of_
         queue,
         {"PZ_REDIS": redis_url, "PZ_PREFIX": prefix, "PZ_QUEUE": queue, "PZ_SLEEP_S": str(sleep_s)},
     )
-    sender = Celery("pz-sender", broker=redis_url)
-    sender.conf.update(result_backend=None, task_default_queue=queue)
-    pump = Pump(repeat, [queue], CeleryDispatcher(sender), max_sleep_s=0.5)
-    halt = threading.Event()
-    thread = threading.Thread(target=pump.run, args=(halt,), daemon=True)
-    thread.start()
 
     def output() -> str:
         return log.read_text(errors="replace")
 
     try:
-        wait_until(
-            lambda: "dropped on receipt: a copy of it was sent again" in output(),
-            200,
-            "the copy dropped past the bound",
-            then=lambda: output()[-4000:],
-        )
-        time.sleep(2 * HEARTBEAT_S)  # nothing runs it again after that
-        runs = [json.loads(r)["id"] for r in side.lrange(f"{prefix}:runs", 0, -1)]
-        assert len(set(runs)) == 1, runs  # one occurrence
-        assert len(runs) == MAX_RESENDS + 1, (runs, output()[-4000:])  # its run, then re-sends
-        assert output().count("held back is sent again") == MAX_RESENDS
-        assert f"sent again {MAX_RESENDS} times already" in output()
+        with celery_pump(repeat, queue, redis_url):
+            wait_until(
+                lambda: "dropped on receipt: a copy of it was sent again" in output(),
+                200,
+                "the copy dropped past the bound",
+                then=lambda: output()[-4000:],
+            )
+            time.sleep(2 * HEARTBEAT_S)  # nothing runs it again after that
+            runs = [json.loads(r)["id"] for r in side.lrange(f"{prefix}:runs", 0, -1)]
+            assert len(set(runs)) == 1, runs  # one occurrence
+            assert len(runs) == MAX_RESENDS + 1, (runs, output()[-4000:])  # its run, re-sends
+            assert output().count("held back is sent again") == MAX_RESENDS
+            assert f"sent again {MAX_RESENDS} times already" in output()
     finally:
-        halt.set()
-        thread.join(10)
         stop(worker)
-        sender.close()
         side.close()
 
 
