@@ -39,6 +39,9 @@ class _Process:
         # Task id -> the start of its run here (`_START`), for runs a BaseException ended
         # (`_escaped`): the `task_failure` that may follow carries no request. Oldest first.
         self.escaped: dict[str, tuple[Reporter, Report, float]] = {}
+        # The id of a message delivered twice into this worker while Celery discards it
+        # (`_discard_alone`): its `task_revoked` is not its occurrence's.
+        self.discarding: str | None = None
         # Whether `_on_before_publish` is connected in this process (`_watch_replacements`).
         self.watching = False
 

@@ -540,6 +540,17 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             return
         attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
         item = report_of("started", occurrence, attempt=attempt)
+        twin = _twin_here(request, fields, attempt)
+        if twin is not None:
+            _discard_alone(request, twin)
+            log.info(
+                "emq-bridge: task %s (%s/%s) dropped on receipt: another copy of it waits or "
+                "runs in this worker (the same message delivered twice)",
+                request.id,
+                occurrence["queue"],
+                occurrence["name"],
+            )
+            return
         verdict = reporter.begin(item, mark=False)
         if verdict == "run":
             return
@@ -595,6 +606,56 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         )
     except Exception as exc:  # never into the worker: the task runs
         log.warning("emq-bridge: the overlap check of a received task failed: %s", exc)
+
+
+def _twin_here(request: Any, fields: dict[str, Any], attempt: int) -> Any:
+    """Another message of `request`'s task id and attempt that this worker received and
+    has not ended (Celery's `worker_state.requests`: waiting for a pool process, or
+    running), or None: the same message delivered twice into one worker, as the Redis
+    transport restores an unacked message that waited in a busy worker's prefetch past its
+    visibility timeout. Neither copy may have started, so the registry cannot tell them
+    apart, and a pool process cannot refuse a task: the first one received runs."""
+    if fields.get(REPLACES_HEADER) or request.id in worker_state.revoked:
+        return None  # a replacement runs while the task it replaces ends, under its id
+    other = worker_state.requests.get(request.id)
+    if other is None or other is request:
+        return None
+    theirs = getattr(other, "request_dict", None) or {}
+    try:
+        same = _attempt(theirs.get("retries"), theirs.get(REPLACES_HEADER)) == attempt
+    except (ValueError, TypeError):
+        return None
+    return other if same else None
+
+
+def _discard_alone(request: Any, twin: Any) -> None:
+    """Have Celery discard `request` when it would hand it to a pool process (it checks then,
+    not on receipt, while the pool is busy), as a revoke by its id does, without taking
+    `twin`, which has the same id, with it: the id is in Celery's revoked set only during
+    `request`'s own check. Its `task_revoked` reports nothing (`_on_revoked`), and Celery's
+    request of the id is `twin` again after the discard dropped it."""
+    check = request.revoked
+
+    def revoked() -> bool:
+        if request.id in worker_state.revoked:
+            return bool(check())  # an operator's revoke came first: Celery's own way
+        worker_state.revoked.add(request.id)
+        _process.discarding = request.id
+        try:
+            return bool(check())
+        finally:
+            _process.discarding = None
+            worker_state.revoked.discard(request.id)
+            live = (
+                worker_state.active_requests,
+                worker_state.reserved_requests,
+                worker_state.scheduled_requests,  # waiting for its eta
+            )
+            if any(twin in requests for requests in live):
+                worker_state.requests[request.id] = twin
+
+    request.revoked = revoked
+    _quiet(request)
 
 
 def _quiet(request: Any) -> None:
@@ -689,6 +750,8 @@ def _on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     ident = getattr(request, "id", None)
+    if ident is not None and ident == _process.discarding:
+        return  # a message delivered twice into this worker, dropped (`_discard_alone`)
     if _process.copies and ident in _process.copies:
         run = _process.copies[ident]
         live = worker_state.active_requests, worker_state.reserved_requests
