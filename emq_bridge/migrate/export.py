@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tomllib import loads as _toml_loads
 from typing import Any, Literal
 
-from ..cadence import Cron, Every
+from ..cadence import At, Cron, Every
 from ..calendars import Calendar, Excluding
 from ..config import declaration_from_entry
 from ..errors import ConfigError, EmqError, ScheduleError
@@ -119,6 +119,17 @@ def export_registry(
         out.notes.append(
             f"note: {paused} paused schedule(s) are written as definitions only: synced into "
             "a registry that does not hold them, they are active"
+        )
+    pending = sum(
+        1
+        for r in registrations
+        if isinstance(r.definition.cadence, At) and r.next_run_ms is not None
+    )
+    if pending:  # its runs left are instants: one past when it is synced is not run
+        out.notes.append(
+            f"note: {pending} one-off schedule(s) with a run still to come are written as "
+            "definitions only: synced into a registry that does not hold them, a run whose "
+            "time has passed by then is not sent (the schedule is complete)"
         )
     for queue in sorted(set(queues or ())):
         if not any(r.queue == queue for r in registrations):

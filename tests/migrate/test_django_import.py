@@ -430,6 +430,46 @@ def test_a_reimport_once_a_start_time_passed_changes_nothing(
         PeriodicTask.objects.using("default").all().delete()
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"one_off": True}, {"last_run_at": "recent"}],
+    ids=["plain", "one-off", "ran-lately"],
+)
+def test_a_crontab_with_a_start_time_ahead_first_runs_at_its_first_slot_from_then(
+    databases: dict[str, str], repeat: Repeat, redis_url: str, extra: dict[str, Any]
+) -> None:
+    # Found by a probe (session 38): the row's first run was its start_time itself, which is
+    # no slot of its crontab (an admin's start of 09:15 on `0 9-17 * * *` fired at 09:15);
+    # django-celery-beat waits for the first slot from then (`PeriodicTask.due_start_time`).
+    from django.core.management import call_command
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+    now = datetime.now(timezone.utc)
+    hourly = CrontabSchedule.objects.using("default").create(
+        minute="0", hour="*/3", timezone="Europe/Paris"
+    )
+    fields = dict(extra)
+    if fields.get("last_run_at") == "recent":
+        fields["last_run_at"] = now - timedelta(minutes=5)
+    row = PeriodicTask.objects.using("default").create(
+        name="later-cron",
+        task="proj.tasks.run",
+        crontab=hourly,
+        start_time=now + timedelta(hours=4, minutes=15),
+        **fields,
+    )
+    options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": "default"}
+    try:
+        call_command("emq_import", stdout=io.StringIO(), stderr=io.StringIO(), **options)
+        registration = repeat.get("celery", "later-cron")
+        assert registration is not None
+        peer_first = row.due_start_time(timezone.utc)  # the peer's own answer
+        assert registration.next_run_ms == ms(peer_first)
+        assert registration.definition.bounds.start_ms == pytest.approx(ms(row.start_time), abs=1)
+    finally:
+        PeriodicTask.objects.using("default").all().delete()
+
+
 def test_a_task_enabled_again_in_django_celery_beat_gets_the_resume_command_on_reimport(
     databases: dict[str, str], repeat: Repeat, redis_url: str
 ) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli_run import Run
+from click.testing import CliRunner
 
 from emq_bridge import Repeat
+from emq_bridge.cli import cli
 from emq_bridge.template import TaskTemplate
 
 TASK = TaskTemplate("app.t").to_dict()
@@ -88,3 +90,35 @@ def test_an_export_notes_the_paused_schedules_it_writes_as_definitions(
         "that does not hold them, they are active",
         "exported 2 schedule(s), 0 left out",
     ]
+
+
+def test_an_export_notes_the_one_offs_whose_run_is_still_to_come(
+    run: Run, repeat: Repeat, tmp_path: Path, redis_url: str
+) -> None:
+    # Session 38 (a probe of the migration round trip): a one-off imported overdue, pending
+    # in its registry, came back complete from its file synced elsewhere, never run, and the
+    # export said nothing. The note says it; what it says is what the sync does.
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    soon = datetime.now(timezone.utc) + timedelta(seconds=1)
+    repeat.upsert("celery", "once", at=soon, template=TASK, source="app-a")
+    repeat.upsert("celery", "every", every="1m", template=TASK, source="app-a")
+    path = tmp_path / "a.json"
+    exported = run("export", "--source", "app-a", "--format", "json", "-o", str(path))
+    assert exported.exit_code == 0, exported.output
+    assert exported.stderr.splitlines() == [
+        "note: 1 one-off schedule(s) with a run still to come are written as definitions "
+        "only: synced into a registry that does not hold them, a run whose time has passed "
+        "by then is not sent (the schedule is complete)",
+        "exported 2 schedule(s), 0 left out",
+    ]
+    time.sleep(max(0.0, soon.timestamp() - time.time()) + 0.2)
+    # A registry of its own under the test's prefix (dropped with it).
+    elsewhere = Repeat(repeat.client, f"{repeat.prefix}b")
+    synced = CliRunner().invoke(
+        cli, ["--redis-url", redis_url, "--prefix", elsewhere.prefix, "sync", str(path)]
+    )
+    assert synced.exit_code == 0, synced.output
+    once = elsewhere.get("celery", "once")
+    assert once is not None and once.completed and once.fired == 0

@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from ....cadence import At
+from ....cadence import At, Cron
 from ....definition import Declaration, Definition
 from ....errors import ConfigError, EmqError, ScheduleError
 from ....keys import validate_name
@@ -226,6 +226,10 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         # Kept once it passed too: a bound that went away when the start passed made the next
         # re-import an update, which fired the start slot a second time.
         start_ms = epoch_ms(_aware(row.start_time))
+        if isinstance(carried.cadence, Cron) and start_ms > first_run_ms:
+            # Not the start itself, which is no slot of it: its first slot from then on, as
+            # django-celery-beat waits for (`PeriodicTask.due_start_time`).
+            first_run_ms = carried.cadence.next_after(start_ms - 1)
         first_run_ms = max(first_run_ms, start_ms)
         rhythm_ms = None if rhythm_ms is None else max(rhythm_ms, start_ms)
     if expires is not None and end_ms is not None and first_run_ms > end_ms:
