@@ -197,7 +197,8 @@ class RegistryWatch(PumpEvents):
             return
         refused = [p for p in plans if p.refused_by is not None]
         log.info(
-            "emq-bridge: %s gone from the registry; synced again: nothing of %s was lost%s",
+            "emq-bridge: %s gone from the registry; synced again: every schedule of %s was "
+            "there (none was lost, or another process put them back first)%s",
             ", ".join(gone),
             ", ".join(dict.fromkeys(plan.source for plan in plans)) or "this process",
             f" (a newer generation, {refused[0].refused_by}, is live)" if refused else "",
