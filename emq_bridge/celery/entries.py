@@ -430,15 +430,21 @@ def _check_schedule_value(value: Any, label: str) -> None:
 def _interval(value: timedelta, label: str) -> Every:
     """The cadence of a plain interval, on the grid; `ConfigError` unless at least 1 ms and
     within `Every`'s bound."""
+    seconds = _checked_seconds(value, label)
+    try:
+        return _every(round(seconds * 1000))
+    except ScheduleError as exc:
+        raise ConfigError(f"{label}: {exc}") from exc
+
+
+def _checked_seconds(value: timedelta, label: str) -> float:
+    """The seconds of an interval; `ConfigError` unless at least 1 ms."""
     seconds = value.total_seconds()
     if seconds <= 0:
         raise ConfigError(f"{label}: the interval must be positive, got {seconds}s")
     if seconds * 1000 < 1:
         raise ConfigError(f"{label}: the interval must be at least 1 ms, got {seconds}s")
-    try:
-        return _every(round(seconds * 1000))
-    except ScheduleError as exc:
-        raise ConfigError(f"{label}: {exc}") from exc
+    return seconds
 
 
 def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
@@ -457,12 +463,12 @@ def convert_schedule(value: Any, app: Celery, label: str) -> Cadence:
     # A schedule with a clock of its own (`nowfun`: a shifted or zoned `now`) is checked as
     # Celery's beat checks it, by that clock; a cron expression or an interval would drop it.
     own_clock = getattr(value, "nowfun", None) is not None
-    if (
-        _plain(value, schedule, "is_due", "remaining_estimate")
-        and not value.relative
-        and not own_clock
-    ):
-        return _interval(value.run_every, label)
+    if _plain(value, schedule, "is_due", "remaining_estimate"):
+        if not value.relative and not own_clock:
+            return _interval(value.run_every, label)
+        # Checked as Celery checks it (below), but its interval as a plain one's: a negative
+        # one would be due at every check, sent once a second.
+        _checked_seconds(value.run_every, label)
     if _plain(value, crontab, "is_due", "remaining_estimate", "remaining_delta") and not own_clock:
         expr, day_and = crontab_expr(value)
         try:
@@ -801,8 +807,13 @@ def convert_entry(
     else:
         raise ConfigError(f"{label} must be a dict, got {type(raw).__name__}")
     task = entry.task
-    if not isinstance(task, str) or not task:
+    if task is None or task == "":
         raise ConfigError(f"{label} has no 'task' (the name of the task to send)")
+    if not isinstance(task, str):
+        raise ConfigError(
+            f"{label}: its 'task' must be a string (the name of the task to send), "
+            f"got {type(task).__name__}"
+        )
     try:
         check_task_name(task)
     except ScheduleError as exc:

@@ -278,6 +278,23 @@ def test_a_solar_schedule_follows_celerys_own_sun_computation() -> None:
         ({"task": "t.noop", "schedule": None}, "is not a schedule"),
         ({"task": "t.noop", "shedule": 5}, "Celery rejects this entry"),
         ({"schedule": 5}, "has no 'task'"),
+        ({"task": "", "schedule": 5}, "has no 'task'"),
+        # Session 38 (the beat parity probe): these were "has no 'task'", and a relative or
+        # own-clock interval of no length was sent at every check, once a second.
+        ({"task": 123, "schedule": 5}, "its 'task' must be a string .*, got int"),
+        ({"task": ["t.noop"], "schedule": 5}, "its 'task' must be a string .*, got list"),
+        (
+            {"task": "t.noop", "schedule": schedule(timedelta(seconds=-1), relative=True)},
+            "the interval must be positive, got -1.0s",
+        ),
+        (
+            {"task": "t.noop", "schedule": schedule(timedelta(0), relative=True)},
+            "the interval must be positive",
+        ),
+        (
+            {"task": "t.noop", "schedule": schedule(-5, nowfun=datetime.now)},
+            "the interval must be positive",
+        ),
         (
             {"task": "t.noop", "schedule": 5, "options": {"eta": datetime(2030, 1, 1)}},
             "relative value",
