@@ -478,8 +478,9 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if isinstance(app, Celery):
         warn_unread_settings(app)  # here, before the pool forks: once, not once a child
         reporter = reporter_for(app)
-        if reporter is not None and _prefork(getattr(sender, "pool_cls", None)):
-            reporter.watch(lambda: _pool_runs(app))
+        if reporter is not None:
+            prefork = _prefork(getattr(sender, "pool_cls", None))
+            reporter.watch(lambda: (_pool_runs(app) if prefork else []) + _waiting_runs(app))
 
 
 def _prefork(pool: Any) -> bool:
@@ -520,6 +521,45 @@ def _pool_runs(app: Celery) -> list[Report]:
                 runs.append(report_of("heartbeat", occurrence, attempt=attempt))
         except (EmqError, ValueError, TypeError):  # garbled headers: its run reports nothing
             continue
+    return runs
+
+
+def _waiting_runs(app: Celery) -> list[Report]:
+    """The heartbeats of the guarded occurrences of `app` this worker received and has not
+    started (`worker_state.reserved_requests`, waiting for a pool process, and
+    `scheduled_requests`, for their eta), but those revoked on receipt. Such an occurrence
+    holds its schedule in flight; heartbeated, it is marked lost `3 * heartbeat_s` after
+    this worker dies with it, not at its start timeout (10 minutes: every slot between
+    skipped). Called from the reporter's thread."""
+    runs = []
+    active = worker_state.active_requests
+    for waiting in (worker_state.reserved_requests, worker_state.scheduled_requests):
+        for _ in range(3):
+            try:  # WeakSets the main thread changes: copied again if one changed meanwhile
+                requests = list(waiting)
+                break
+            except RuntimeError:
+                continue
+        else:
+            continue
+        for request in requests:
+            fields = getattr(request, "request_dict", None)
+            task = getattr(request, "task", None)
+            if (
+                not fields
+                or not fields.get(GUARDED_HEADER)
+                or getattr(task, "app", None) is not app
+                or request in active  # started: `_pool_runs`, or its own process's reports
+                or request.id in worker_state.revoked
+            ):
+                continue
+            try:
+                occurrence = occurrence_of(SimpleNamespace(**fields), app)
+                if occurrence is not None:
+                    attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
+                    runs.append(report_of("heartbeat", occurrence, attempt=attempt))
+            except (EmqError, ValueError, TypeError):  # garbled headers: nothing to keep
+                continue
     return runs
 
 
