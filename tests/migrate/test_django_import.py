@@ -470,6 +470,37 @@ def test_a_crontab_with_a_start_time_ahead_first_runs_at_its_first_slot_from_the
         PeriodicTask.objects.using("default").all().delete()
 
 
+def test_a_crontab_whose_start_time_passed_and_that_missed_a_slot_fires_at_once_as_the_peer(
+    databases: dict[str, str], repeat: Repeat, redis_url: str
+) -> None:
+    # The other side of the test above: once the start passed, django-celery-beat asks the
+    # crontab's is_due from the last run, and a slot missed since is due now.
+    from django.core.management import call_command
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+    from django_celery_beat.schedulers import ModelEntry
+
+    now = datetime.now(timezone.utc)
+    daily = CrontabSchedule.objects.using("default").create(
+        minute="0", hour="3", timezone="Europe/Paris"
+    )
+    row = PeriodicTask.objects.using("default").create(
+        name="missed-cron",
+        task="proj.tasks.run",
+        crontab=daily,
+        start_time=now - timedelta(minutes=10),
+        last_run_at=now - timedelta(days=2),
+    )
+    options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": "default"}
+    try:
+        assert ModelEntry(row).is_due().is_due  # the peer would send it now
+        call_command("emq_import", stdout=io.StringIO(), stderr=io.StringIO(), **options)
+        registration = repeat.get("celery", "missed-cron")
+        assert registration is not None and registration.next_run_ms is not None
+        assert registration.next_run_ms <= ms(datetime.now(timezone.utc))
+    finally:
+        PeriodicTask.objects.using("default").all().delete()
+
+
 def test_a_task_enabled_again_in_django_celery_beat_gets_the_resume_command_on_reimport(
     databases: dict[str, str], repeat: Repeat, redis_url: str
 ) -> None:

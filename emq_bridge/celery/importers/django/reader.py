@@ -226,9 +226,10 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         # Kept once it passed too: a bound that went away when the start passed made the next
         # re-import an update, which fired the start slot a second time.
         start_ms = epoch_ms(_aware(row.start_time))
-        if isinstance(carried.cadence, Cron) and start_ms > first_run_ms:
+        if isinstance(carried.cadence, Cron) and start_ms > now_ms:
             # Not the start itself, which is no slot of it: its first slot from then on, as
-            # django-celery-beat waits for (`PeriodicTask.due_start_time`).
+            # django-celery-beat waits for (`PeriodicTask.due_start_time`). (Once the start
+            # passed, its crontab's `is_due` from the last run decides, as `carry` does.)
             first_run_ms = carried.cadence.next_after(start_ms - 1)
         first_run_ms = max(first_run_ms, start_ms)
         rhythm_ms = None if rhythm_ms is None else max(rhythm_ms, start_ms)
