@@ -1428,6 +1428,15 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         """
         return self._resume(queue, name, catchup, now_ms, seed, None)
 
+    def resume_parked(self, queue: str, name: str, *, now_ms: int | None = None) -> bool:
+        """Resume `name` as `resume` does, but only if a pump parked it for a dispatch that
+        could not work (an actor or task its process did not know: `park.lua`) and nothing
+        else paused it (a pause by hand, a failure streak's); True if it was resumed. A sync
+        of the code that declares it calls it: that code may send what the parking one could
+        not (a rollback's pump parked the newer version's schedules). Decided in
+        `resume.lua`, from the record as it stands."""
+        return self._resume(queue, name, False, now_ms, None, None, only_parked=True)
+
     def _resume(
         self,
         queue: str,
@@ -1436,9 +1445,11 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         now_ms: int | None,
         seed: Seed | None,
         told: builtins.list[tuple[str, int]] | None,
+        *,
+        only_parked: bool = False,
     ) -> bool:
         """`resume`; the slots dropped at the resume are added to `told` instead of logged
-        when it is given."""
+        when it is given. `only_parked`: `resume_parked`."""
         if not isinstance(catchup, bool):  # "no" would be taken as True
             raise ScheduleError(f"catchup must be True or False, got {type(catchup).__name__}")
         now_arg(now_ms)
@@ -1483,6 +1494,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         args=[
                             *(name, min(next_ms, NEVER_MS), keys.wake_channel, *as_read, now),
                             dropped,
+                            "dispatch" if only_parked else "",
                             *_flatten(_counters(seed)),
                         ],
                     )
@@ -1792,8 +1804,12 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         with redis_errors(f"list {queue}"):
             return [text(n) for n in self.client.zrange(keys.registry, offset, stop)]
 
-    def digests(self, queue: str) -> dict[str, tuple[str | None, str | None]]:
-        """Return `{name: (stored digest, owner)}` for every registration of `queue`.
+    def digests(
+        self, queue: str, *, parked: set[str] | None = None
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """Return `{name: (stored digest, owner)}` for every registration of `queue`; add to
+        `parked`, if given, the names a pump parked for a dispatch that could not work
+        (`resume_parked`).
 
         One round trip for the names, then one fetch per `FETCH_CHUNK` records, each sent
         before the reply of the one before is read (`overlapped_calls`), and no decoding:
@@ -1804,7 +1820,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
             return {}
         keys = self.keys(queue)
         chunks = [names[start : start + FETCH_CHUNK] for start in range(0, len(names), FETCH_CHUNK)]
-        calls = (([keys.record(n) for n in chunk], ["digest", "source"]) for chunk in chunks)
+        fields = ["digest", "source"] if parked is None else ["digest", "source", "parked_dispatch"]
+        calls = (([keys.record(n) for n in chunk], fields) for chunk in chunks)
         found: dict[str, tuple[str | None, str | None]] = {}
         with redis_errors(f"load {queue}"):
             replies = overlapped_calls(self.client, self.scripts.fetch, calls)
@@ -1813,6 +1830,8 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 for name, row in zip(chunk, json.loads(text(reply)), strict=True):
                     if isinstance(row, list) and row:
                         digest, owner = (*row, None)[:2]
+                        if parked is not None and len(row) > 2 and row[2] == "1":
+                            parked.add(name)
                         found[name] = (
                             digest if isinstance(digest, str) else None,
                             owner if isinstance(owner, str) else None,

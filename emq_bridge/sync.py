@@ -97,6 +97,11 @@ class SyncPlan:
     # The server the plan was read from (`Repeat.server_identity`), which `apply_plan`
     # checks: a Redis restarted since holds none of what the plan read.
     server: str | None = None
+    # Of the declarations it updates or leaves unchanged, those a pump parked for a dispatch
+    # that could not work (an actor or task that pump's code lacked): the sync resumes them
+    # (`Repeat.resume_parked`), since the code that declares them is here. An applied plan's
+    # are those it resumed.
+    unpark: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def changes(self) -> int:
@@ -344,7 +349,12 @@ def _plan(
     plan = SyncPlan(source)
     # The stored digest covers the definition and its owner: comparing it is enough, and
     # nothing needs decoding (a boot sync of an unchanged registry stays cheap).
-    current = {(q, name): stored for q in queues for name, stored in repeat.digests(q).items()}
+    parked: dict[str, set[str]] = {q: set() for q in queues}
+    current = {
+        (q, name): stored
+        for q in queues
+        for name, stored in repeat.digests(q, parked=parked[q]).items()
+    }
     if not current:  # an empty registry (a first boot): everything is created
         plan.create = list(wanted)
     else:
@@ -352,10 +362,13 @@ def _plan(
             stored = current.get(key)
             if stored is None:
                 plan.create.append(declaration)
-            elif stored[0] == record_digest(declaration.definition, source):
+                continue
+            if stored[0] == record_digest(declaration.definition, source):
                 plan.unchanged.append(declaration)
             else:
                 plan.update.append(declaration)
+            if key[1] in parked[key[0]]:
+                plan.unpark.append(key)
     if plan.create and current:
         plan.adopted = _imported_elsewhere(repeat, plan.create, current, set(map(_KEY, wanted)))
     owned = [key for key, (_, owner) in current.items() if owner == source] if prune else []
@@ -743,6 +756,9 @@ def _write(
             applied.remove.append((queue, name))
         elif (queue, name) in frozen:  # another source took it since the plan: not moved
             _unfreeze(repeat, [(queue, name)])
+    for queue, name in plan.unpark:
+        if repeat.resume_parked(queue, name):
+            applied.unpark.append((queue, name))
 
 
 # Who pauses the old record of a registration that moves queue (its `paused_by`). A sync
@@ -752,7 +768,10 @@ MOVING_BY = "emq-bridge sync (moving queue)"
 
 # What a paused registration that moves queue takes along as its pause (besides `paused`
 # and its next run): the note, author and instant, and the reason it was parked.
-_PAUSE_STATE = ("paused_ms", "paused_note", "paused_by", "parked_reason", "parked_ms")
+_PAUSE_STATE = (
+    *("paused_ms", "paused_note", "paused_by"),
+    *("parked_reason", "parked_ms", "parked_dispatch"),
+)
 # Its counters and its last outcome. Not what names its occurrences (the last id, the one
 # in flight): their history stays behind.
 _RUN_STATE = (
@@ -1018,6 +1037,7 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
     removed = [key for key in applied.remove if key not in moved_from]
     created = [d for d in applied.create if (d.queue, d.name) not in moved_to]
     _log_restored(applied)
+    _log_unparked(applied)
     updated = applied.update
     if applied.restored:  # named in their own line, not as updates
         restored = {(d.queue, d.name) for d in applied.restored}
@@ -1069,6 +1089,23 @@ def _log(applied: SyncPlan, old: dict[tuple[str, str], dict[str, str]]) -> None:
         f" ({len(moves)} of each a queue move)" if moves else "",
         f", {len(applied.kept)} kept" if applied.kept else "",
         _generation_note(applied),
+    )
+
+
+def _log_unparked(applied: SyncPlan) -> None:
+    """Say, in one WARNING line, which parked schedules the sync resumed (`SyncPlan.unpark`):
+    the first `CHANGED_SHOWN` named, the rest counted."""
+    if not applied.unpark:
+        return
+    names = [f"{q}/{n}" for q, n in applied.unpark[:CHANGED_SHOWN]]
+    more = len(applied.unpark) - len(names)
+    log.warning(
+        "sync %s: %d parked schedule(s) resumed: %s%s (a pump whose code could not send them "
+        "parked them; this code declares them)",
+        applied.source,
+        len(applied.unpark),
+        ", ".join(names),
+        f" and {more} more" if more else "",
     )
 
 

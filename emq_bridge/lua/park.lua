@@ -18,7 +18,7 @@
 -- ARGV[10..] lease members of the failed occurrences
 --
 -- Parked is paused (score +inf, the next run kept in `paused_next_ms`, so `resume` puts it
--- back) plus `parked_reason` and `parked_ms`, which `resume` clears. The leases still at
+-- back) plus `parked_reason`, `parked_ms` and `parked_dispatch`, which `resume` clears. The leases still at
 -- ARGV[2] are dropped: nothing of the registration is retried. A record whose template
 -- changed since the read is not parked and keeps its leases (the new template is tried when
 -- they expire). A registration paused by hand is parked too, keeping its next run.
@@ -77,6 +77,9 @@ if cur[2] ~= '1' then
   redis.call('HSET', KEYS[2], 'paused', '1', 'paused_next_ms', score or '')
   redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
 end
-redis.call('HSET', KEYS[2], 'parked_reason', ARGV[4], 'parked_ms', ARGV[5])
+-- `parked_dispatch`: parked here, for what a pump could not send, so that a sync of code that
+-- declares it may resume it (resume.lua's 'dispatch'), unlike a pause by hand or a failure
+-- streak's.
+redis.call('HSET', KEYS[2], 'parked_reason', ARGV[4], 'parked_ms', ARGV[5], 'parked_dispatch', '1')
 redis.pcall('PUBLISH', ARGV[6], ARGV[1])
 return 1

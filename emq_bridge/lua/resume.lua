@@ -13,7 +13,11 @@
 -- ARGV[7]  now, epoch ms (`completed_ms` if the resume completes it)
 -- ARGV[8]  slots to add to `missed` (those that passed before the pause, with no pump to
 --          send them, which a resume without catch-up drops; '' or 0 for none)
--- ARGV[9..] record fields and values written when it resumes (an importer's cut-over: the
+-- ARGV[9]  '' or 'dispatch': resume it only if a pump parked it for a dispatch that could
+--          not work (`parked_dispatch`, park.lua) and nothing else paused it (no `paused_ms`:
+--          no pause by hand, which park.lua keeps; a failure streak's pause has no mark):
+--          else write nothing and return 0. A sync of the code that declares it resumes so.
+-- ARGV[10..] record fields and values written when it resumes (an importer's cut-over: the
 --          replaced scheduler's run count and last run; may be absent)
 --
 -- The next run was derived from ARGV[4..6]. If one of them changed since the read (another
@@ -26,9 +30,11 @@
 -- Returns 1 resumed, 0 not paused, -1 no such registration, -2 conflict (nothing written).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local cur = redis.call(
-  'HMGET', KEYS[2], 'paused', 'paused_next_ms', 'cadence_digest', 'last_due_ms'
+  'HMGET', KEYS[2], 'paused', 'paused_next_ms', 'cadence_digest', 'last_due_ms',
+  'parked_dispatch', 'paused_ms'
 )
 if cur[1] ~= '1' then return 0 end
+if ARGV[9] == 'dispatch' and (cur[5] ~= '1' or cur[6]) then return 0 end
 for i = 2, 4 do
   if (cur[i] or '') ~= ARGV[i + 2] then return -2 end
 end
@@ -40,7 +46,7 @@ if dropped and dropped > 0 then
   local counted = redis.pcall('HINCRBY', KEYS[2], 'missed', dropped)
   if type(counted) == 'table' and counted.err then redis.call('HSET', KEYS[2], 'missed', dropped) end
 end
-if #ARGV > 8 then redis.call('HSET', KEYS[2], unpack(ARGV, 9)) end
+if #ARGV > 9 then redis.call('HSET', KEYS[2], unpack(ARGV, 10)) end
 local score = ARGV[2]
 local f = redis.call('HMGET', KEYS[2], 'end_ms', 'at', 'remaining', 'limit', 'completed')
 local last_at = f[2] and tonumber(string.match(f[2], '(%d+)$'))
@@ -58,17 +64,18 @@ elseif reason then
   score = '+inf'
   redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', ARGV[7] or '')
 end
--- `parked_reason`/`parked_ms`: a registration park.lua (or report.lua, after failures)
+-- `parked_reason`/`parked_ms`/`parked_dispatch`: a registration park.lua (or report.lua, after failures)
 -- stopped is resumed the same way; resuming clears the failure streak; `paused_note`,
--- `paused_by`, `paused_ms`: pause.lua's note. Deleted last, but a field ARGV[9..] wrote (kept
+-- `paused_by`, `paused_ms`: pause.lua's note. Deleted last, but a field ARGV[10..] wrote (kept
 -- as when the delete came first): cluster slot migration: while the queue's slot is
 -- MIGRATING, a command on a key this script emptied fails ("non local key": the server
 -- takes it for a key moved away) with the writes before it kept, so the record is not
 -- touched after a delete that could empty it.
 local cleared, written = {}, {}
-for i = 9, #ARGV - 1, 2 do written[ARGV[i]] = true end
-for _, field in ipairs({'paused', 'paused_next_ms', 'parked_reason', 'parked_ms', 'failures',
-                        'paused_note', 'paused_by', 'paused_ms'}) do
+for i = 10, #ARGV - 1, 2 do written[ARGV[i]] = true end
+for _, field in ipairs({'paused', 'paused_next_ms', 'parked_reason', 'parked_ms',
+                        'parked_dispatch', 'failures', 'paused_note', 'paused_by',
+                        'paused_ms'}) do
   if not written[field] then cleared[#cleared + 1] = field end
 end
 if #cleared > 0 then redis.call('HDEL', KEYS[2], unpack(cleared)) end

@@ -224,7 +224,7 @@ def test_a_stamp_never_holds_over_a_registry_another_writer_changed_mid_sync(
     sync_module = importlib.import_module("emq_bridge.sync")
     if point == "before the plan":
         digests = repeat.digests
-        monkeypatch.setattr(repeat, "digests", lambda q: (interfere(), digests(q))[1])
+        monkeypatch.setattr(repeat, "digests", lambda q, **kw: (interfere(), digests(q, **kw))[1])
     elif point == "after the plan":
         old_records = sync_module._old_records
         monkeypatch.setattr(
