@@ -355,8 +355,6 @@ class RecurringMiddleware(Middleware):
             raise BootError(f"recurring schedules could not be set up at boot: {exc}") from exc
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
-        if self.report:
-            self.outcomes.watch_waiting(worker)
         if self.run_pump:
             self.start_pump(broker)
 

@@ -243,41 +243,6 @@ class MessageOutcomes:
                 error = "the message failed before its actor ran"
             self._send("failed", run, run.finished_ms or run.now_ms(), error)
 
-    def watch_waiting(self, worker: Any) -> None:
-        """Have this process's reporter heartbeat, at each of its heartbeats, the guarded
-        occurrences `worker` holds received and not started: in its work queue, waiting for
-        a worker thread, or in a consumer's delay queue, for their eta (a retry's backoff).
-        Such an occurrence holds its schedule in flight; heartbeated, it is marked lost
-        `3 * heartbeat_s` after this process dies with it, not at its start timeout (10
-        minutes: every slot between skipped), while Dramatiq hands the dead worker's
-        messages on only once its broker notices (a Redis broker: a minute or more)."""
-        self.reporter.watch(lambda: self._waiting(worker))
-
-    def _waiting(self, worker: Any) -> list[Report]:
-        """The `started` reports of the guarded messages `worker`'s queues hold (read from
-        the reporter's thread: each queue's heap copied whole, as the GIL lets one copy)."""
-        try:
-            consumers = list(getattr(worker, "consumers", {}).values())
-        except RuntimeError:  # a consumer added meanwhile: the next heartbeat reads them
-            consumers = []
-        queues = [getattr(worker, "work_queue", None)]
-        queues += [getattr(consumer, "delay_queue", None) for consumer in consumers]
-        now = _now_ms()
-        runs = []
-        for queue in queues:
-            for item in list(getattr(queue, "queue", ())):
-                message = getattr(item, "message", None)
-                options = getattr(message, "options", None)
-                if not isinstance(options, dict) or not options.get(OPTION_GUARDED):
-                    continue
-                try:
-                    start = start_report(message, now)
-                    if start is not None and self._sent_as(start):
-                        runs.append(start)
-                except Exception:  # a message that is not one: nothing to keep in flight
-                    continue
-        return runs
-
     def flush(self, timeout_s: float) -> bool:
         """Send what was reported so far, at most `timeout_s`; False if some still waits."""
         return True if self._reporter is None else self._reporter.flush(timeout_s)
