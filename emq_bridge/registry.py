@@ -1428,14 +1428,24 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         """
         return self._resume(queue, name, catchup, now_ms, seed, None)
 
-    def resume_parked(self, queue: str, name: str, *, now_ms: int | None = None) -> bool:
+    def resume_parked(
+        self,
+        queue: str,
+        name: str,
+        *,
+        code: tuple[str, int | None] | None = None,
+        now_ms: int | None = None,
+    ) -> bool:
         """Resume `name` as `resume` does, but only if a pump parked it for a dispatch that
-        could not work (an actor or task its process did not know: `park.lua`) and nothing
-        else paused it (a pause by hand, a failure streak's); True if it was resumed. A sync
-        of the code that declares it calls it: that code may send what the parking one could
-        not (a rollback's pump parked the newer version's schedules). Decided in
-        `resume.lua`, from the record as it stands."""
-        return self._resume(queue, name, False, now_ms, None, None, only_parked=True)
+        could not work (an actor or task its process did not know: `park.lua`), a pump that
+        ran other code than `code` (the (source, generation) of the caller's declarations,
+        when it has a generation), and nothing else paused it (a pause by hand, a failure
+        streak's); True if it was resumed. A sync of code that declares it calls it: that
+        code may send what the parking one could not (a rollback's pump parked the newer
+        version's schedules). Decided in `resume.lua`, from the record as it stands."""
+        source, generation = code if code is not None else ("", None)
+        condition = "dispatch" if generation is None else f"dispatch {source} {generation}"
+        return self._resume(queue, name, False, now_ms, None, None, condition=condition)
 
     def _resume(
         self,
@@ -1446,10 +1456,10 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
         seed: Seed | None,
         told: builtins.list[tuple[str, int]] | None,
         *,
-        only_parked: bool = False,
+        condition: str = "",
     ) -> bool:
         """`resume`; the slots dropped at the resume are added to `told` instead of logged
-        when it is given. `only_parked`: `resume_parked`."""
+        when it is given. `condition`: resume.lua's ARGV[9] (`resume_parked`)."""
         if not isinstance(catchup, bool):  # "no" would be taken as True
             raise ScheduleError(f"catchup must be True or False, got {type(catchup).__name__}")
         now_arg(now_ms)
@@ -1494,7 +1504,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                         args=[
                             *(name, min(next_ms, NEVER_MS), keys.wake_channel, *as_read, now),
                             dropped,
-                            "dispatch" if only_parked else "",
+                            condition,
                             *_flatten(_counters(seed)),
                         ],
                     )
@@ -1830,7 +1840,7 @@ class Repeat(LifecycleMoves, HeartbeatMoves, BackfillMoves, StampMoves):
                 for name, row in zip(chunk, json.loads(text(reply)), strict=True):
                     if isinstance(row, list) and row:
                         digest, owner = (*row, None)[:2]
-                        if parked is not None and len(row) > 2 and row[2] == "1":
+                        if parked is not None and len(row) > 2 and isinstance(row[2], str):
                             parked.add(name)
                         found[name] = (
                             digest if isinstance(digest, str) else None,

@@ -757,7 +757,7 @@ def _write(
         elif (queue, name) in frozen:  # another source took it since the plan: not moved
             _unfreeze(repeat, [(queue, name)])
     for queue, name in plan.unpark:
-        if repeat.resume_parked(queue, name):
+        if repeat.resume_parked(queue, name, code=(source, generation)):
             applied.unpark.append((queue, name))
 
 

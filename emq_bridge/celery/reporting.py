@@ -584,8 +584,8 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         if twin is not None:
             _discard_alone(request, twin)
             log.info(
-                "emq-bridge: task %s (%s/%s) dropped on receipt: another copy of it waits or "
-                "runs in this worker (the same message delivered twice)",
+                "emq-bridge: task %s (%s/%s) dropped on receipt: another copy of it waits in "
+                "this worker, not started (the same message delivered twice)",
                 request.id,
                 occurrence["queue"],
                 occurrence["name"],
@@ -650,15 +650,17 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 def _twin_here(request: Any, fields: dict[str, Any], attempt: int) -> Any:
     """Another message of `request`'s task id and attempt that this worker received and
-    has not ended (Celery's `worker_state.requests`: waiting for a pool process, or
-    running), or None: the same message delivered twice into one worker, as the Redis
-    transport restores an unacked message that waited in a busy worker's prefetch past its
-    visibility timeout. Neither copy may have started, so the registry cannot tell them
-    apart, and a pool process cannot refuse a task: the first one received runs."""
+    has not started (Celery's `worker_state.requests`, but not `active_requests`: waiting
+    for a pool process or for its eta), or None: the same message delivered twice into one
+    worker, as the Redis transport restores an unacked message that waited in a busy
+    worker's prefetch past its visibility timeout. Neither copy has started, so the
+    registry cannot tell them apart, and a pool process cannot refuse a task: the first one
+    received runs. A copy of one that runs goes to the registry's check (held, and sent
+    again if that run's process dies: `held_copies`)."""
     if fields.get(REPLACES_HEADER) or request.id in worker_state.revoked:
         return None  # a replacement runs while the task it replaces ends, under its id
     other = worker_state.requests.get(request.id)
-    if other is None or other is request:
+    if other is None or other is request or other in worker_state.active_requests:
         return None
     theirs = getattr(other, "request_dict", None) or {}
     try:

@@ -77,9 +77,11 @@ if cur[2] ~= '1' then
   redis.call('HSET', KEYS[2], 'paused', '1', 'paused_next_ms', score or '')
   redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
 end
--- `parked_dispatch`: parked here, for what a pump could not send, so that a sync of code that
--- declares it may resume it (resume.lua's 'dispatch'), unlike a pause by hand or a failure
--- streak's.
-redis.call('HSET', KEYS[2], 'parked_reason', ARGV[4], 'parked_ms', ARGV[5], 'parked_dispatch', '1')
+-- `parked_dispatch`: parked here, for what a pump could not send, with that pump's code
+-- ("<source> <generation>", '-' for none), so that a sync of other code that declares it may
+-- resume it (resume.lua's 'dispatch'), unlike a pause by hand or a failure streak's.
+local parked_by = ARGV[8] ~= '' and (ARGV[7] .. ' ' .. ARGV[8]) or '-'
+redis.call('HSET', KEYS[2], 'parked_reason', ARGV[4], 'parked_ms', ARGV[5],
+           'parked_dispatch', parked_by)
 redis.pcall('PUBLISH', ARGV[6], ARGV[1])
 return 1

@@ -13,10 +13,12 @@
 -- ARGV[7]  now, epoch ms (`completed_ms` if the resume completes it)
 -- ARGV[8]  slots to add to `missed` (those that passed before the pause, with no pump to
 --          send them, which a resume without catch-up drops; '' or 0 for none)
--- ARGV[9]  '' or 'dispatch': resume it only if a pump parked it for a dispatch that could
---          not work (`parked_dispatch`, park.lua) and nothing else paused it (no `paused_ms`:
---          no pause by hand, which park.lua keeps; a failure streak's pause has no mark):
---          else write nothing and return 0. A sync of the code that declares it resumes so.
+-- ARGV[9]  '', 'dispatch' or 'dispatch <source> <generation>': resume it only if a pump
+--          parked it for a dispatch that could not work (`parked_dispatch`, park.lua: the
+--          parking pump's code, '-' for none), not one of that code, and nothing else
+--          paused it (no `paused_ms`: no pause by hand, which park.lua keeps; a failure
+--          streak's pause has no mark): else write nothing and return 0. A sync of code that
+--          declares it resumes so (its generation: the same code cannot send it either).
 -- ARGV[10..] record fields and values written when it resumes (an importer's cut-over: the
 --          replaced scheduler's run count and last run; may be absent)
 --
@@ -34,7 +36,10 @@ local cur = redis.call(
   'parked_dispatch', 'paused_ms'
 )
 if cur[1] ~= '1' then return 0 end
-if ARGV[9] == 'dispatch' and (cur[5] ~= '1' or cur[6]) then return 0 end
+if ARGV[9] ~= '' then
+  if not cur[5] or cur[6] then return 0 end
+  if ARGV[9] == 'dispatch ' .. cur[5] then return 0 end
+end
 for i = 2, 4 do
   if (cur[i] or '') ~= ARGV[i + 2] then return -2 end
 end

@@ -109,3 +109,20 @@ def test_a_schedule_paused_by_hand_only_is_no_business_of_a_sync(any_repeat: Rep
     assert sync(any_repeat, declared("added"), "app").unpark == []
     added = any_repeat.get("q", "added")
     assert added is not None and added.paused
+
+
+def test_a_sync_of_the_code_whose_pump_parked_it_leaves_it_parked(any_repeat: Repeat) -> None:
+    # Review (session 38): code that cannot send it (a typo'd actor it declares) would be
+    # resumed at each of its syncs and parked again at its next slot. With a generation, the
+    # park names the code that made it, and only other code resumes it.
+    sync(any_repeat, declared("added"), "app", generation=2)
+    now = int(time.time() * 1000) + SECOND
+    pump = Pump(any_repeat, ["q"], Broker("added"), code=("app", 2))
+    assert pump.run_once(now_ms=now).parked == ["added"]
+    assert sync(any_repeat, declared("added"), "app", generation=2).unpark == []
+    added = any_repeat.get("q", "added")
+    assert added is not None and added.paused and added.parked_reason is not None
+    # The next deploy's generation is other code: it resumes it.
+    assert sync(any_repeat, declared("added"), "app", generation=3).unpark == [("q", "added")]
+    added = any_repeat.get("q", "added")
+    assert added is not None and not added.paused

@@ -432,8 +432,8 @@ def test_a_reimport_once_a_start_time_passed_changes_nothing(
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"one_off": True}, {"last_run_at": "recent"}],
-    ids=["plain", "one-off", "ran-lately"],
+    [{}, {"one_off": True}, {"last_run_at": "recent"}, {"start": "on a slot"}],
+    ids=["plain", "one-off", "ran-lately", "start-on-a-slot"],
 )
 def test_a_crontab_with_a_start_time_ahead_first_runs_at_its_first_slot_from_then(
     databases: dict[str, str], repeat: Repeat, redis_url: str, extra: dict[str, Any]
@@ -451,11 +451,15 @@ def test_a_crontab_with_a_start_time_ahead_first_runs_at_its_first_slot_from_the
     fields = dict(extra)
     if fields.get("last_run_at") == "recent":
         fields["last_run_at"] = now - timedelta(minutes=5)
+    start = now + timedelta(hours=4, minutes=15)
+    if fields.pop("start", None):  # a start on one of its slots: the peer waits for the next
+        slot_ms = Cron("0 */3 * * *", "Europe/Paris").next_after(ms(start))
+        start = datetime.fromtimestamp(slot_ms / 1000, timezone.utc)
     row = PeriodicTask.objects.using("default").create(
         name="later-cron",
         task="proj.tasks.run",
         crontab=hourly,
-        start_time=now + timedelta(hours=4, minutes=15),
+        start_time=start,
         **fields,
     )
     options = {"redis_url": redis_url, "prefix": repeat.prefix, "database": "default"}

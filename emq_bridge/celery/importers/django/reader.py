@@ -230,7 +230,7 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
             # Not the start itself, which is no slot of it: its first slot from then on, as
             # django-celery-beat waits for (`PeriodicTask.due_start_time`). (Once the start
             # passed, its crontab's `is_due` from the last run decides, as `carry` does.)
-            first_run_ms = carried.cadence.next_after(start_ms - 1)
+            first_run_ms = carried.cadence.next_after(start_ms)  # after it, as the peer
         first_run_ms = max(first_run_ms, start_ms)
         rhythm_ms = None if rhythm_ms is None else max(rhythm_ms, start_ms)
     if expires is not None and end_ms is not None and first_run_ms > end_ms:
