@@ -18,8 +18,8 @@
 -- ARGV[10..] lease members of the failed occurrences
 --
 -- Parked is paused (score +inf, the next run kept in `paused_next_ms`, so `resume` puts it
--- back) plus `parked_reason`, `parked_ms` and `parked_dispatch`, which `resume` clears. The leases still at
--- ARGV[2] are dropped: nothing of the registration is retried. A record whose template
+-- back) plus `parked_reason`, `parked_ms` and `parked_dispatch`, which `resume` clears. The
+-- leases still at ARGV[2] are dropped: nothing of the registration is retried. A record whose template
 -- changed since the read is not parked and keeps its leases (the new template is tried when
 -- they expire). A registration paused by hand is parked too, keeping its next run.
 -- A pump running an older generation of its source than the queue holds is an old worker of

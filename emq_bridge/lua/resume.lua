@@ -69,8 +69,8 @@ elseif reason then
   score = '+inf'
   redis.call('HSET', KEYS[2], 'completed', reason, 'completed_ms', ARGV[7] or '')
 end
--- `parked_reason`/`parked_ms`/`parked_dispatch`: a registration park.lua (or report.lua, after failures)
--- stopped is resumed the same way; resuming clears the failure streak; `paused_note`,
+-- `parked_reason`/`parked_ms`/`parked_dispatch`: a registration park.lua (or report.lua,
+-- after failures) stopped is resumed the same way; resuming clears the failure streak; `paused_note`,
 -- `paused_by`, `paused_ms`: pause.lua's note. Deleted last, but a field ARGV[10..] wrote (kept
 -- as when the delete came first): cluster slot migration: while the queue's slot is
 -- MIGRATING, a command on a key this script emptied fails ("non local key": the server
