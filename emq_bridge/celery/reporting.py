@@ -500,28 +500,8 @@ def _pool_runs(app: Celery) -> list[Report]:
     """The heartbeats of the runs of `app`'s tasks emq-bridge sent that the pool processes
     run now, as the worker's main process knows them (`worker_state.active_requests`: a
     task a pool process accepted and did not finish). Called from the reporter's thread."""
-    for _ in range(3):
-        try:  # a WeakSet the main thread changes: copied again if it changed meanwhile
-            requests = list(worker_state.active_requests)
-            break
-        except RuntimeError:
-            continue
-    else:
-        return []
-    runs = []
-    for request in requests:
-        fields = getattr(request, "request_dict", None)
-        task = getattr(request, "task", None)
-        if not fields or DUE_HEADER not in fields or getattr(task, "app", None) is not app:
-            continue
-        try:
-            occurrence = occurrence_of(SimpleNamespace(**fields), app)
-            if occurrence is not None:
-                attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
-                runs.append(report_of("heartbeat", occurrence, attempt=attempt))
-        except (EmqError, ValueError, TypeError):  # garbled headers: its run reports nothing
-            continue
-    return runs
+    runs = (_heartbeat_of(r, app) for r in _copied(worker_state.active_requests))
+    return [run for run in runs if run is not None]
 
 
 def _waiting_runs(app: Celery) -> list[Report]:
@@ -531,36 +511,48 @@ def _waiting_runs(app: Celery) -> list[Report]:
     holds its schedule in flight; heartbeated, it is marked lost `3 * heartbeat_s` after
     this worker dies with it, not at its start timeout (10 minutes: every slot between
     skipped). Called from the reporter's thread."""
-    runs = []
     active = worker_state.active_requests
+    runs = []
     for waiting in (worker_state.reserved_requests, worker_state.scheduled_requests):
-        for _ in range(3):
-            try:  # WeakSets the main thread changes: copied again if one changed meanwhile
-                requests = list(waiting)
-                break
-            except RuntimeError:
-                continue
-        else:
-            continue
-        for request in requests:
-            fields = getattr(request, "request_dict", None)
-            task = getattr(request, "task", None)
+        for request in _copied(waiting):
             if (
-                not fields
-                or not fields.get(GUARDED_HEADER)
-                or getattr(task, "app", None) is not app
-                or request in active  # started: `_pool_runs`, or its own process's reports
+                request in active  # started: `_pool_runs`, or its own process's reports
                 or request.id in worker_state.revoked
+                or not (getattr(request, "request_dict", None) or {}).get(GUARDED_HEADER)
             ):
                 continue
-            try:
-                occurrence = occurrence_of(SimpleNamespace(**fields), app)
-                if occurrence is not None:
-                    attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
-                    runs.append(report_of("heartbeat", occurrence, attempt=attempt))
-            except (EmqError, ValueError, TypeError):  # garbled headers: nothing to keep
-                continue
+            run = _heartbeat_of(request, app)
+            if run is not None:
+                runs.append(run)
     return runs
+
+
+def _copied(requests: Any) -> list[Any]:
+    """A copy of one of Celery's request sets, WeakSets the main thread changes: copied
+    again if it changed meanwhile; empty if it kept changing."""
+    for _ in range(3):
+        try:
+            return list(requests)
+        except RuntimeError:
+            continue
+    return []
+
+
+def _heartbeat_of(request: Any, app: Celery) -> Report | None:
+    """The heartbeat of the occurrence of `app` that Celery's `request` carries, or None (not
+    one of ours, another app's, or garbled headers: its run reports nothing)."""
+    fields = getattr(request, "request_dict", None)
+    task = getattr(request, "task", None)
+    if not fields or DUE_HEADER not in fields or getattr(task, "app", None) is not app:
+        return None
+    try:
+        occurrence = occurrence_of(SimpleNamespace(**fields), app)
+        if occurrence is None:
+            return None
+        attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
+        return report_of("heartbeat", occurrence, attempt=attempt)
+    except (EmqError, ValueError, TypeError):
+        return None
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
