@@ -23,6 +23,7 @@ from .shown import shown
 from .utf8 import check_utf8, is_utf8
 
 __all__ = [
+    "BEAT_KINDS",
     "FINAL_STATUSES",
     "HISTORY_SIZE",
     "MAX_ERROR_CHARS",
@@ -50,13 +51,16 @@ STATUSES: tuple[Status, ...] = (
     "revoked",
 )
 FINAL_STATUSES = frozenset({"succeeded", "failed", "skipped", "revoked"})
-# What a worker reports: a status it reached, or a heartbeat of a running occurrence.
+# What a worker reports: a status it reached, a heartbeat of a running occurrence, or one
+# of an occurrence it holds received and not started (`waiting`: see `Report`).
 ReportKind = Literal[
-    "started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat"
+    "started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat", "waiting"
 ]
 REPORT_KINDS = frozenset(
-    {"started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat"}
+    {"started", "succeeded", "failed", "retrying", "skipped", "revoked", "heartbeat", "waiting"}
 )
+# The kinds that tell no status: they only keep an occurrence in flight.
+BEAT_KINDS = frozenset({"heartbeat", "waiting"})
 
 # The history keeps the last HISTORY_SIZE occurrences of a registration (newest first).
 HISTORY_SIZE = 50
@@ -111,6 +115,13 @@ class Report:
     `retrying` report, is how long the occurrence stays in flight before its next attempt
     starts (the retry's countdown); a running occurrence stays in flight as long as its worker
     heartbeats.
+
+    A `waiting` report is the heartbeat of an occurrence a worker holds received and not
+    started (in its prefetch, waiting for a free thread or for its eta): it keeps the
+    occurrence in flight for the heartbeat TTL from now (`hold_ms`, when given, instead: a
+    worker that stops hands the message back to its broker, where it waits as a fresh send
+    does), but only while no run of that attempt or a later one has begun. A copy of a run
+    that started elsewhere so never keeps that run in flight once its own heartbeats stop.
 
     `task_ran=False` says the copy of the occurrence this report is about never reached its
     task. On a `failed` report: no worker of this version has it (Dramatiq's `ActorNotFound`,

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 
 from .errors import RegistryUnavailable, ReportBatchError
 from .lifecycle import BeginVerdict, check_history_size
-from .outcome import FINAL_STATUSES, HISTORY_SIZE, Report, ReportKind
+from .outcome import BEAT_KINDS, FINAL_STATUSES, HISTORY_SIZE, Report, ReportKind
 from .registry import Repeat
 
 __all__ = ["HEARTBEAT_S", "Reporter"]
@@ -140,6 +140,16 @@ class Reporter:
         # Runs another process runs that this one heartbeats too (`watch`); not a forked
         # child's: it watches nothing of its parent's.
         self._watched: Callable[[], Iterable[Report]] | None = None
+        # The worker stops (`hand_back`): the copies it holds unstarted go back to its
+        # broker, so they are heartbeated (`waiting`) no more.
+        self._handed_back = False
+        # The `waiting` reports heartbeated within the heartbeat TTL, by occurrence and
+        # attempt, with when (`time.monotonic()`): each may be in flight by these heartbeats
+        # alone, and a Celery worker no longer lists them once its connection closed and
+        # gave them back to the broker (`hand_back`).
+        self._beaten_waiting: dict[tuple[str, str, int], tuple[Report, float]] = {}
+        # What `hand_back` left for the thread to queue (it may run in a signal handler).
+        self._handing_back: list[Report] = []
 
     def report(self, item: Report) -> None:
         """Queue `item`; never blocks on Redis and never raises."""
@@ -148,7 +158,7 @@ class Reporter:
         # Single dict and deque operations are atomic under the GIL: no lock on this path.
         key = (item.queue, item.id)
         kind = item.kind
-        if kind == "heartbeat":
+        if kind in BEAT_KINDS:
             self._append(item)
             return
         if not item.task_ran:
@@ -294,13 +304,57 @@ class Reporter:
         if watched is None or self._failing:
             return
         try:
-            beats = [_heartbeat(r) for r in watched()]
+            runs = list(watched())
+            if self._handed_back:
+                runs = [r for r in runs if r.kind != "waiting"]
+            else:
+                self._note_waiting([r for r in runs if r.kind == "waiting"])
+            beats = [_heartbeat(r) for r in runs]
             if beats:
                 self.registry().report(
                     beats, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
                 )
         except Exception as exc:  # never stop the thread: the runs heartbeat themselves too
             log.debug("the runs this process watches were not heartbeated: %s", exc)
+
+    def hand_back(self, hold_ms: int, *, wake: bool = True) -> None:
+        """The worker stops, and its broker gets back the messages it holds unstarted: have
+        the thread queue, for each `waiting` report `watch` lists now or listed within the
+        heartbeat TTL, one that keeps its occurrence in flight `hold_ms` from now (the start
+        timeout: it waits in the broker as a fresh send does, for a worker that may come only
+        once this one is replaced), unless its run began or ended meanwhile; and heartbeat
+        such copies no more (each would cut that back to the heartbeat TTL). A `close` sends
+        them. Takes no lock, so a signal handler may call it (Celery's
+        `worker_shutting_down`) with `wake=False`: the thread then queues them at its next
+        pass, within `heartbeat_s`, well inside what their last heartbeat gave them. Never
+        raises."""
+        self._handed_back = True
+        watched = self._watched
+        if watched is None or self._closed:
+            return
+        try:
+            held = [r for r in watched() if r.kind == "waiting"]
+        except Exception:  # never into the worker's stop: those heartbeated lately still go
+            held = []
+        self._note_waiting(held)
+        self._handing_back = [
+            run.ended("waiting", run.at_ms, hold_ms=hold_ms)
+            for run, _ in list(self._beaten_waiting.values())
+        ]
+        if wake:
+            self._wake.set()
+
+    def _note_waiting(self, runs: list[Report]) -> None:
+        """Remember `runs` (`waiting` reports) as heartbeated now, and forget those not
+        heartbeated for the heartbeat TTL (lost by then, or started)."""
+        now = time.monotonic()
+        beaten = self._beaten_waiting
+        for run in runs:
+            beaten[(run.queue, run.id, run.attempt)] = (run, now)
+        expired = now - self.heartbeat_ttl_ms / 1000
+        for key, (_, at) in list(beaten.items()):
+            if at < expired:
+                del beaten[key]
 
     def ended(self, item: Report) -> None:
         """The run of `item`'s occurrence ended (its actor returned): heartbeat it no more,
@@ -358,7 +412,7 @@ class Reporter:
             self._flushing += 1  # no lingering while someone waits
             self._wake.set()
             try:
-                while self._pending or self._sending or self._unsent:
+                while self._pending or self._sending or self._unsent or self._handing_back:
                     left = deadline - time.monotonic()
                     if left <= 0 or self._thread is None:
                         return False
@@ -389,6 +443,9 @@ class Reporter:
                 wake.wait(max(0.0, wait))
             self._idle = False
             wake.clear()
+            if self._handing_back:
+                handed, self._handing_back = self._handing_back, []
+                pending.extend(handed)
             if self._closed and not pending and not unsent:
                 return
             # Let a batch gather (a full one, a flush or a close sends at once).
@@ -579,7 +636,10 @@ class Reporter:
 
 
 def _heartbeat(run: Report) -> Report:
-    """The heartbeat of the run `run` (its `started` or `heartbeat` report) reports."""
+    """The heartbeat of the run `run` (its `started` or `heartbeat` report) reports; a
+    `waiting` report (a copy held unstarted) as it is."""
+    if run.kind == "waiting":
+        return run
     return Report(
         "heartbeat",
         run.queue,

@@ -72,7 +72,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from celery import Celery, signals
 from celery.exceptions import Retry
@@ -80,7 +80,7 @@ from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
 from ..keys import MAX_NAME_BYTES
-from ..lifecycle import MAX_RESENDS, check_history_size, report_of
+from ..lifecycle import MAX_RESENDS, START_TIMEOUT_MS, check_history_size, report_of
 from ..occurrence import is_occurrence_id, occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
@@ -521,7 +521,7 @@ def _waiting_runs(app: Celery) -> list[Report]:
                 or not (getattr(request, "request_dict", None) or {}).get(GUARDED_HEADER)
             ):
                 continue
-            run = _heartbeat_of(request, app)
+            run = _heartbeat_of(request, app, "waiting")
             if run is not None:
                 runs.append(run)
     return runs
@@ -538,9 +538,12 @@ def _copied(requests: Any) -> list[Any]:
     return []
 
 
-def _heartbeat_of(request: Any, app: Celery) -> Report | None:
-    """The heartbeat of the occurrence of `app` that Celery's `request` carries, or None (not
-    one of ours, another app's, or garbled headers: its run reports nothing)."""
+def _heartbeat_of(
+    request: Any, app: Celery, kind: Literal["heartbeat", "waiting"] = "heartbeat"
+) -> Report | None:
+    """The heartbeat (`waiting`: of a copy held unstarted) of the occurrence of `app` that
+    Celery's `request` carries, or None (not one of ours, another app's, or garbled headers:
+    its run reports nothing)."""
     fields = getattr(request, "request_dict", None)
     task = getattr(request, "task", None)
     if not fields or DUE_HEADER not in fields or getattr(task, "app", None) is not app:
@@ -550,7 +553,7 @@ def _heartbeat_of(request: Any, app: Celery) -> Report | None:
         if occurrence is None:
             return None
         attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
-        return report_of("heartbeat", occurrence, attempt=attempt)
+        return report_of(kind, occurrence, attempt=attempt)
     except (EmqError, ValueError, TypeError):
         return None
 
@@ -909,6 +912,19 @@ def _on_shutdown(**_: Any) -> None:
             reporter.close(FLUSH_S)
 
 
+def _on_shutting_down(**_: Any) -> None:
+    """`worker_shutting_down`, in the worker's main process (from its signal handler, so
+    nothing here takes a lock): the guarded occurrences it holds unstarted go back to the
+    broker as its connection closes (unacked), but leave Celery's request sets at once, so
+    its heartbeats of them stop now. Each stays in flight for the start timeout, as a fresh
+    send (`Reporter.hand_back`), for a worker that may come only once this one is replaced,
+    rather than lost `3 * heartbeat_s` into a warm shutdown that waits for running tasks."""
+    for _app, reporter in list(_process.reporters.values()):
+        if reporter is not None:
+            reporter.hand_back(START_TIMEOUT_MS, wake=False)
+            _process.used.add(id(reporter))  # closed, so flushed, at `worker_shutdown`
+
+
 _RECEIVERS = (
     (signals.worker_init, _on_worker_init),
     (signals.task_received, _on_received),
@@ -921,6 +937,7 @@ _RECEIVERS = (
     (signals.task_revoked, _on_revoked),
     (signals.task_postrun, _on_postrun),
     (signals.worker_process_shutdown, _on_shutdown),
+    (signals.worker_shutting_down, _on_shutting_down),
     (signals.worker_shutdown, _on_shutdown),
 )
 for _signal, _receiver in _RECEIVERS:

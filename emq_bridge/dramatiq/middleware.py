@@ -355,8 +355,16 @@ class RecurringMiddleware(Middleware):
             raise BootError(f"recurring schedules could not be set up at boot: {exc}") from exc
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        if self.report:
+            self.outcomes.watch_waiting(worker)
         if self.run_pump:
             self.start_pump(broker)
+
+    def before_consumer_thread_shutdown(self, broker: dramatiq.Broker, thread: Any) -> None:
+        # The worker stops: its consumers fetch no more, and what it holds unstarted goes
+        # back to the broker (`MessageOutcomes.hand_back`).
+        if self.report:
+            self.outcomes.hand_back()
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         outage = self.pump is not None and self.pump.in_outage

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..lifecycle import BeginVerdict, checked_name
+from ..lifecycle import START_TIMEOUT_MS, BeginVerdict, checked_name
 from ..occurrence import is_occurrence_id
 from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
@@ -242,6 +242,52 @@ class MessageOutcomes:
             if error is None:
                 error = "the message failed before its actor ran"
             self._send("failed", run, run.finished_ms or run.now_ms(), error)
+
+    def watch_waiting(self, worker: Any) -> None:
+        """Have this process's reporter heartbeat, at each of its heartbeats, the guarded
+        occurrences `worker` holds received and not started: in its work queue, waiting for
+        a worker thread, or in a consumer's delay queue, for their eta (a retry's backoff).
+        Such an occurrence holds its schedule in flight; heartbeated (`waiting`), it is
+        marked lost `3 * heartbeat_s` after this process dies with it, not at its start
+        timeout (10 minutes: every slot between skipped), while Dramatiq hands the dead
+        worker's messages on only once its broker notices (a Redis broker: a minute or
+        more). A `waiting` heartbeat keeps nothing in flight once a run of its attempt began
+        (report.lua): a copy the middleware sent again, or RabbitMQ handed on, while its run
+        runs elsewhere does not keep that run in flight."""
+        self.reporter.watch(lambda: self._waiting(worker))
+
+    def hand_back(self) -> None:
+        """This worker stops: what it holds unstarted goes back to the broker (Dramatiq
+        requeues its work and delay queues), so each such occurrence stays in flight the start
+        timeout from now, as a fresh send (`Reporter.hand_back`). Called as each consumer
+        thread stops (its queue's last fetch is done), before the requeue."""
+        if self._reporter is not None:
+            self._reporter.hand_back(START_TIMEOUT_MS)
+
+    def _waiting(self, worker: Any) -> list[Report]:
+        """The `waiting` reports of the guarded messages `worker`'s queues hold (read from
+        the reporter's thread: each queue's heap copied whole, as the GIL lets one copy)."""
+        try:
+            consumers = list(getattr(worker, "consumers", {}).values())
+        except RuntimeError:  # a consumer added meanwhile: the next heartbeat reads them
+            consumers = []
+        queues = [getattr(worker, "work_queue", None)]
+        queues += [getattr(consumer, "delay_queue", None) for consumer in consumers]
+        now = _now_ms()
+        runs = []
+        for queue in queues:
+            for item in list(getattr(queue, "queue", ())):
+                message = getattr(item, "message", None)
+                options = getattr(message, "options", None)
+                if not isinstance(options, dict) or not options.get(OPTION_GUARDED):
+                    continue
+                try:
+                    start = start_report(message, now)
+                    if start is not None and self._sent_as(start):
+                        runs.append(start.ended("waiting", now))
+                except Exception:  # a message that is not one: nothing to keep in flight
+                    continue
+        return runs
 
     def flush(self, timeout_s: float) -> bool:
         """Send what was reported so far, at most `timeout_s`; False if some still waits."""

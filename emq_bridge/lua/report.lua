@@ -1,5 +1,6 @@
 -- report: apply what workers tell of occurrences (outcome.Report): started, succeeded,
--- failed, retrying, skipped, revoked, heartbeat. One call per queue for a batch of reports.
+-- failed, retrying, skipped, revoked, heartbeat, waiting (the heartbeat of a copy a worker
+-- holds unstarted). One call per queue for a batch of reports.
 --
 -- KEYS[1]  <prefix>:{q}:repeat          sorted set: name -> next run (pause on failures)
 -- KEYS[2]  <prefix>:{q}:leases          sorted set: lease member -> deadline (buffered slots)
@@ -156,6 +157,29 @@ for i, report in ipairs(reports) do
       if member ~= held_out
           and redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
         applied = applied + 1
+      end
+    elseif kind == 'waiting' then
+      -- A copy a worker holds unstarted keeps the occurrence in flight only while no run of
+      -- its attempt (or a later one) has begun: begin.lua's `inflight_run` mark, or a history
+      -- entry of that attempt or a later one. A copy waiting while its run runs (or ran, on a
+      -- worker since killed) elsewhere must not keep that run in flight: its own heartbeats
+      -- do, and lost once they stop. `hold` (a worker that stops, handing the message back
+      -- to its broker): in flight that long from now instead of the heartbeat TTL.
+      if running_score(member) then
+        local mine = tonumber(attempt)
+        local run_id, run_attempt = string.match(redis.call('HGET', record, 'inflight_run')
+                                                 or '', '^(%S+) (%d+)$')
+        local begun = run_id == id and tonumber(run_attempt) >= mine
+        if not begun then
+          local _, entry = find(history, id)
+          begun = entry ~= nil and (tonumber(entry[7]) or 0) >= mine
+        end
+        local hold_ms = tonumber(hold) or 0
+        if hold_ms <= 0 then hold_ms = ttl end
+        if not begun then
+          redis.call('ZADD', running, 'XX', now + hold_ms, member)
+          applied = applied + 1
+        end
       end
     else
       local status = kind

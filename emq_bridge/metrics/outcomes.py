@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..events import OutcomeEvents
-from ..outcome import Report
+from ..outcome import BEAT_KINDS, Report
 from .families import OutcomeFamilies, families, multiprocess_dir
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class OutcomeMetrics(OutcomeEvents):
     def on_reports(self, reports: Sequence[Report]) -> None:
         for report in reports:
             kind = report.kind
-            if kind == "heartbeat":
+            if kind in BEAT_KINDS:
                 continue
             if kind == "started":
                 self._started(report, report.at_ms)

@@ -37,6 +37,7 @@ from processes import celery_pump, stop, wait_until
 
 from emq_bridge import Occurrence, Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher
+from emq_bridge.lifecycle import START_TIMEOUT_MS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -232,5 +233,48 @@ def test_a_guarded_task_prefetched_by_a_killed_worker_frees_its_schedule_after_t
         [entry] = setup.repeat.history(setup.queue, "nightly")
         assert (entry.id, entry.status) == (occurrence.id, "lost")
         assert setup.ran() == []
+    finally:
+        setup.close()
+
+
+def test_a_guarded_task_a_stopping_worker_held_unstarted_is_handed_back_and_runs_later(
+    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # Session 39: heartbeated while the worker holds it (above), the occurrence would be lost
+    # `3 * heartbeat_s` after a warm shutdown put its message back in the broker, with no
+    # worker yet to take it (a deploy that replaces the only worker). The stopping worker
+    # hands it back: in flight for the start timeout from the stop, as a fresh send.
+    setup = Setup(tmp_path, redis_url, prefix, client, blockers=1, block_s=3, options={})
+    occurrence: Occurrence = setup.occurrence
+    running_key = setup.repeat.keys(setup.queue).running
+    member = f"{occurrence.name} {occurrence.due_ms}"
+    worker = setup.start(1)
+    try:
+        received = f"Task pt.nightly[{occurrence.id}] received"
+        wait_until(
+            lambda: received in setup.output(), 30, "the guarded task's receipt", then=setup.output
+        )
+        time.sleep(1.5)  # heartbeated as waiting: in flight for 3 heartbeats of 1 s
+        seconds, _ = client.time()
+        deadline = client.zscore(running_key, member)
+        assert deadline is not None and deadline - seconds * 1000 <= 3_000 + 500
+        stop(worker)  # a warm shutdown: the block ends, the guarded task goes back unrun
+        assert setup.ran() == [], setup.output()
+        time.sleep(3.5)  # past what its heartbeats gave
+        seconds, _ = client.time()
+        deadline = client.zscore(running_key, member)
+        assert deadline is not None, setup.output()
+        assert deadline - seconds * 1000 > START_TIMEOUT_MS - 60_000, setup.output()
+        sender = Celery("x", broker=redis_url)
+        Pump(setup.repeat, [setup.queue], CeleryDispatcher(sender)).run_once()  # a lost mark?
+        assert setup.repeat.history(setup.queue, "nightly") == []  # not lost
+        worker = setup.start(1)
+        wait_until(lambda: setup.ran() == [occurrence.id], 30, "its run", then=setup.output)
+
+        def ended() -> bool:
+            return [e.status for e in setup.repeat.history(setup.queue, "nightly")] == ["succeeded"]
+
+        wait_until(ended, 30, "its success reported", then=setup.output)
+        stop(worker)
     finally:
         setup.close()

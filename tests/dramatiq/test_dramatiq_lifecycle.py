@@ -41,7 +41,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from quiet import quiet_offset
 
-from emq_bridge import ConfigError, Repeat, ScheduleError
+from emq_bridge import ConfigError, Pump, Repeat, ScheduleError
 from emq_bridge.dramatiq import (
     OPTION_LAST_SUCCESS_MS,
     OPTION_PREVIOUS_DUE_MS,
@@ -60,8 +60,10 @@ from emq_bridge.dramatiq import (
     register,
 )
 from emq_bridge.embedded import EmbeddedServer
+from emq_bridge.lifecycle import START_TIMEOUT_MS
 from emq_bridge.occurrence import Occurrence
 from emq_bridge.outcome import HistoryEntry
+from emq_bridge.testing import RecordingDispatcher
 
 HEARTBEAT_S = 0.5
 MAX_SLEEP_S = 0.5
@@ -185,8 +187,27 @@ APP = textwrap.dedent("""
     @dramatiq.actor(queue_name=Q)
     def hangs():
         if results.set(f"{P}:hung", 1, nx=True):  # the first run hangs until killed
-            note("hangs", id=current_occurrence().id, ppid=os.getppid())
+            message = CurrentMessage.get_current_message()
+            note("hangs", id=current_occurrence().id, ppid=os.getppid(), options=message.options)
             time.sleep(120)
+
+
+    @dramatiq.actor(queue_name=Q)
+    def hog():  # sent by a test: keeps the one worker thread busy until the worker is killed
+        note("hog", ppid=os.getppid())
+        time.sleep(120)
+
+
+    @dramatiq.actor(queue_name=Q)
+    def short_hog():  # sent by a test: keeps the one worker thread busy for a while
+        note("short_hog")
+        time.sleep(3)
+
+
+    @schedule("prefetch", every="1h", overlap="skip", immediately=True)
+    @dramatiq.actor(queue_name=Q)
+    def held():
+        note("held")
 
 
     @schedule("aged", every=1, overlap="skip")
@@ -668,6 +689,143 @@ def test_a_sigkilled_workers_running_occurrence_is_lost_within_the_bound_and_ski
         assert registration is not None and registration.lost == 1
         [survivor] = [w for w in workers if w is not victim]
         assert "Unexpected failure" not in app.log(survivor)
+    finally:
+        app.stop()
+        clean(client, app)
+
+
+@slow
+@timeout
+def test_a_copy_waiting_while_its_run_runs_does_not_keep_that_run_in_flight_once_killed(
+    tmp_path: Path, redis_url: str, client: redis.Redis
+) -> None:
+    # Session 38's review of a first version of the waiting heartbeat: a copy of a run that
+    # runs elsewhere (sent again by the middleware, after its start check said the run goes
+    # on, into a worker's delay queue) was heartbeated as waiting, and kept that run in
+    # flight for ever once its worker was killed. A waiting heartbeat keeps nothing in
+    # flight once a run of its attempt began.
+    app = build_app(tmp_path, redis_url, "kill")
+    repeat = Repeat(client, app.prefix)
+    workers = [app.start(processes=1, threads=2), app.start(processes=1, threads=2)]
+    try:
+        [hung] = wait_for(lambda: notes(client, app, "hangs"), app, what="the hung run")
+
+        def status() -> str | None:
+            entries = [e for e in repeat.history(app.queue, "hangs") if e.id == hung["id"]]
+            return entries[0].status if entries else None
+
+        wait_for(lambda: status() == "running", app, what="the hung run's start in the registry")
+        enqueue_again(redis_url, app, "hangs", hung["options"], hung["id"])
+        time.sleep(4 * HEARTBEAT_S)  # the copy checked, sent again with a delay, heartbeated
+        assert status() == "running"
+        [victim] = [w for w in workers if w.pid == hung["ppid"]]
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        # Lost once the victim's heartbeats lapse; then the copy's next check finds no run in
+        # flight and runs it (it returns at once: the hang was the first run's).
+        wait_for(
+            lambda: status() in ("lost", "succeeded"),
+            app,
+            timeout_s=LOST_BOUND_S + SLACK_S,
+            what=f"the lost mark (documented bound {LOST_BOUND_S}s)",
+        )
+    finally:
+        app.stop()
+        clean(client, app)
+
+
+@slow
+@timeout
+def test_a_guarded_message_a_killed_worker_held_unstarted_is_lost_within_the_bound(
+    tmp_path: Path, redis_url: str, client: redis.Redis
+) -> None:
+    # Found by a chaos probe (session 38): a guarded occurrence waiting in a worker's queue
+    # (its threads busy) died with that worker unheard of: its schedule stayed in flight
+    # until the start timeout (10 minutes), every slot skipped, and the Redis broker handed
+    # the message on only minutes later. The worker's reporter heartbeats such messages.
+    app = build_app(tmp_path, redis_url, "prefetch")
+    repeat = Repeat(client, app.prefix)
+    broker = RedisBroker(url=redis_url, namespace=app.namespace)
+    try:  # first in the queue: the worker's one thread takes it and is busy
+        dramatiq.actor(broker=broker, queue_name=app.queue, actor_name="hog")(lambda: None).send()
+    finally:
+        broker.close()
+    worker = app.start(processes=1, threads=1)
+    try:
+        wait_for(lambda: notes(client, app, "hog"), app, what="the hog's run")
+
+        def waiting() -> Any:
+            registration = repeat.get(app.queue, "held")
+            return registration is not None and registration.inflight is not None
+
+        wait_for(waiting, app, what="the guarded occurrence sent and in flight")
+        time.sleep(4 * HEARTBEAT_S)  # heartbeated while it waits
+        assert notes(client, app, "held") == []  # it waits behind the hog
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        pump = Pump(repeat, [app.queue], RecordingDispatcher(), max_sleep_s=MAX_SLEEP_S)
+
+        def lost() -> Any:
+            pump.run_once()
+            return [e.status for e in repeat.history(app.queue, "held")] == ["lost"]
+
+        wait_for(lost, app, timeout_s=LOST_BOUND_S + SLACK_S, what="the lost mark")
+        registration = repeat.get(app.queue, "held")
+        assert registration is not None and registration.inflight is None
+    finally:
+        app.stop()
+        clean(client, app)
+
+
+@slow
+@timeout
+def test_a_guarded_message_a_stopping_worker_held_unstarted_is_handed_back_and_runs_later(
+    tmp_path: Path, redis_url: str, client: redis.Redis
+) -> None:
+    # A worker stopped gracefully requeues what it held unstarted: heartbeated as waiting
+    # until then, the occurrence would be lost `3 * heartbeat_s` after the stop, with its
+    # message still in the broker for the next worker. The stopping worker hands it back:
+    # in flight for the start timeout from the stop, as a fresh send; it runs on the next
+    # worker and is not lost meanwhile.
+    app = build_app(tmp_path, redis_url, "prefetch")
+    repeat = Repeat(client, app.prefix)
+    broker = RedisBroker(url=redis_url, namespace=app.namespace)
+    try:  # first in the queue: the worker's one thread takes it and is busy
+        dramatiq.actor(broker=broker, queue_name=app.queue, actor_name="short_hog")(
+            lambda: None
+        ).send()
+    finally:
+        broker.close()
+    worker = app.start(processes=1, threads=1)
+    try:
+        wait_for(lambda: notes(client, app, "short_hog"), app, what="the hog's run")
+
+        def sent() -> Any:
+            registration = repeat.get(app.queue, "held")
+            return registration is not None and registration.inflight is not None
+
+        wait_for(sent, app, what="the guarded occurrence sent and in flight")
+        time.sleep(2 * HEARTBEAT_S)  # heartbeated while it waits (in flight for the TTL)
+        ((_, deadline),) = client.zrange(repeat.keys(app.queue).running, 0, -1, withscores=True)
+        seconds, _ = client.time()
+        assert deadline - seconds * 1000 <= 3_000 * HEARTBEAT_S + 1_000
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+        app.workers[:] = [w for w in app.workers if w[0] is not worker]  # stopped, as asked
+        assert notes(client, app, "held") == []  # it never ran there
+        time.sleep(3 * HEARTBEAT_S + MAX_SLEEP_S + 1)  # past the TTL its heartbeats gave
+        ((_, deadline),) = client.zrange(repeat.keys(app.queue).running, 0, -1, withscores=True)
+        seconds, _ = client.time()
+        assert deadline - seconds * 1000 > START_TIMEOUT_MS - 60_000  # handed back
+        Pump(repeat, [app.queue], RecordingDispatcher(), max_sleep_s=MAX_SLEEP_S).run_once()
+        assert [e.status for e in repeat.history(app.queue, "held")] == []  # not lost
+        app.start(processes=1, threads=1)
+        wait_for(lambda: notes(client, app, "held"), app, what="the held message's run")
+
+        def succeeded() -> Any:
+            return [e.status for e in repeat.history(app.queue, "held")] == ["succeeded"]
+
+        wait_for(succeeded, app, what="its success reported")
     finally:
         app.stop()
         clean(client, app)
