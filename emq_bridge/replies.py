@@ -185,6 +185,14 @@ def redis_errors(action: str) -> Iterator[None]:
             yield
         except redis.ResponseError as exc:
             read = _as_busy(_as_from_7(exc))
+            if _code(read) == "NOREPLICAS":
+                # `min-replicas-to-write` (guarantees.md, "Failover"): the master refuses
+                # writes while too few replicas are in sync; they come back soon, so an
+                # outage (workers keep their reports), not a broken registry.
+                raise RegistryUnavailable(
+                    f"{action}: Redis refuses writes while too few replicas are in sync "
+                    f"(min-replicas-to-write): {read}"
+                ) from exc
             if read is exc:
                 raise
             raise read from exc
