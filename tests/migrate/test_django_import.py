@@ -360,6 +360,77 @@ def test_a_row_whose_task_name_holds_a_line_break_is_refused(databases: dict[str
         db.all().delete()
 
 
+def test_rows_the_database_cannot_give_back_are_refused_alone_and_the_others_imported(
+    databases: dict[str, str], redis_url: str, prefix: str
+) -> None:
+    # Session 39's input probe: SQLite keeps any text in a date column, and a name that is not
+    # UTF-8; Django (or the driver) then raised while reading every row, so one such row ended
+    # the import in a traceback (or an error that blamed the database), every good row with it.
+    # So did a date that is no date at all, and a foreign key to a schedule deleted by hand.
+    from django.db import connections
+    from django_celery_beat.models import ClockedSchedule, IntervalSchedule, PeriodicTask
+
+    from emq_bridge.celery.importers.django.reader import read_periodic_tasks
+
+    minute = IntervalSchedule.objects.using("default").create(every=1, period="minutes")
+    gone = IntervalSchedule.objects.using("default").create(every=2, period="minutes")
+    clocked = ClockedSchedule.objects.using("default").create(
+        clocked_time=datetime.now(timezone.utc) + timedelta(days=1)
+    )
+    db = PeriodicTask.objects.using("default")
+    db.create(name="fine", task="proj.tasks.run", interval=minute)
+    broken = {
+        column: db.create(name=f"bad-{column}", task="proj.tasks.run", interval=minute)
+        for column in ("last_run_at", "start_time", "expires", "date_changed")
+    }
+    db.create(name="dangling", task="proj.tasks.run", interval=gone)
+    db.create(name="not-a-date", task="proj.tasks.run", clocked=clocked, one_off=True)
+    not_utf8 = db.create(name="not-utf8", task="proj.tasks.run", interval=minute)
+    table = "django_celery_beat_periodictask"
+    try:
+        with connections["default"].cursor() as cursor:
+            for column, row in broken.items():
+                cursor.execute(
+                    f"UPDATE {table} SET {column} = '2030-02-30 00:00:00' WHERE id = %s", [row.id]
+                )
+            cursor.execute("PRAGMA foreign_keys = OFF")
+            cursor.execute(
+                "DELETE FROM django_celery_beat_intervalschedule WHERE id = %s", [gone.id]
+            )
+            cursor.execute(
+                "UPDATE django_celery_beat_clockedschedule SET clocked_time = 'not a date' "
+                "WHERE id = %s",
+                [clocked.id],
+            )
+            cursor.execute(f"UPDATE {table} SET name = X'61ff62' WHERE id = %s", [not_utf8.id])
+        plan = read_periodic_tasks(now_ms=ms(datetime.now(timezone.utc)), using="default")
+        assert [e.declaration.name for e in plan.entries] == ["fine"]
+        reasons = {r.origin: r.reason for r in plan.refused}
+        for column in broken:
+            assert (
+                "its row cannot be read (ValueError: " in reasons[f"periodic task 'bad-{column}'"]
+            )
+        assert reasons["periodic task 'dangling'"] == (
+            f"its interval (id {gone.id}) does not exist"
+        )
+        assert reasons["periodic task 'not-a-date'"] == "its clocked time is not a date"
+        # Read as bytes here, or not at all by the command's driver (below): refused either way.
+        [unreadable] = [r for r in reasons if r.startswith("periodic task b")]
+        assert reasons[unreadable] == "its name is not text (UTF-8)"
+        assert len(reasons) == 7, reasons
+        # The command: the refusals listed with `!`, no traceback, the good row planned.
+        result = _import_from(databases["default"], redis_url, prefix)
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+        assert result.stdout.count("! periodic task") == 7, result.stdout
+        assert "+ celery/fine" in result.stdout or "fine" in result.stdout, result.stdout
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table}")
+            cursor.execute("DELETE FROM django_celery_beat_clockedschedule")
+            cursor.execute("PRAGMA foreign_keys = ON")
+
+
 def _import_from(url: str, redis_url: str, prefix: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "emq_bridge", "--redis-url", redis_url, "--prefix", prefix]
     command += ["import", "django-celery-beat", "--database-url", url, "--dry-run"]

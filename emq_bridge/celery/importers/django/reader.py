@@ -68,23 +68,22 @@ def read_periodic_tasks(
 
     apps: dict[str, Celery] = {}
     plan = ImportPlan(source)
+    every_row = (
+        PeriodicTask.objects.using(using)
+        .select_related("interval", "crontab", "solar", "clocked")
+        # A crontab's zone read as the text stored: its field's own reading raises while
+        # the rows are read for a zone this machine does not know (a typo, an older
+        # tzdata), which stopped every row's import; that row alone is refused.
+        .defer("crontab__timezone")
+        .annotate(**{_ZONE: Cast("crontab__timezone", CharField())})
+        .order_by("name")
+    )
     try:
-        rows = list(
-            PeriodicTask.objects.using(using)
-            .select_related("interval", "crontab", "solar", "clocked")
-            # A crontab's zone read as the text stored: its field's own reading raises while
-            # the rows are read for a zone this machine does not know (a typo, an older
-            # tzdata), which stopped every row's import; that row alone is refused.
-            .defer("crontab__timezone")
-            .annotate(**{_ZONE: Cast("crontab__timezone", CharField())})
-            .order_by("name")
-        )
-    except DatabaseError as exc:  # unreachable, or no django-celery-beat tables there
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(
-            f"cannot read django-celery-beat's periodic tasks ({type(exc).__name__}: {first}); "
-            "is it the project's database, with django-celery-beat's migrations applied?"
-        ) from None
+        rows = list(every_row)
+    except (DatabaseError, ValueError, TypeError, OverflowError) as exc:
+        # A row the database driver or Django cannot read (a date of 30 February, a name
+        # that is not UTF-8, in SQLite's loose columns): read row by row, that one refused.
+        rows = _row_by_row(every_row, exc, plan, DatabaseError)
     for row in rows:
         origin = f"periodic task {row.name!r}"
         try:
@@ -98,6 +97,45 @@ def read_periodic_tasks(
     return plan
 
 
+def _row_by_row(
+    every_row: Any, error: Exception, plan: ImportPlan, database_error: Any
+) -> list[Any]:
+    """The rows of `every_row` read one at a time, after reading them all at once failed
+    with `error`; each row that cannot be read is refused in `plan`. A ConfigError when
+    not even the rows' ids can be read (unreachable, no django-celery-beat tables)."""
+    try:
+        ids = list(every_row.values_list("pk", flat=True))
+    except database_error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(
+            f"cannot read django-celery-beat's periodic tasks ({type(error).__name__}: "
+            f"{first}); is it the project's database, with django-celery-beat's migrations "
+            "applied?"
+        ) from None
+    rows = []
+    for ident in ids:
+        try:
+            rows.append(every_row.get(pk=ident))
+        except (database_error, ValueError, TypeError, OverflowError) as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            plan.refused.append(
+                Refusal(
+                    _row_name(every_row, ident),
+                    f"its row cannot be read ({type(exc).__name__}: {first})",
+                )
+            )
+    return rows
+
+
+def _row_name(every_row: Any, ident: Any) -> str:
+    """How a refusal names the row `ident`: by its name when that can be read."""
+    try:
+        name = every_row.filter(pk=ident).values_list("name", flat=True).get()
+    except Exception:  # the name is what cannot be read (not UTF-8): its id says which
+        return f"periodic task with id {ident!r}"
+    return f"periodic task {name!r}"
+
+
 def _app(apps: dict[str, Celery], zone: str, queue: str) -> Celery:
     if zone not in apps:
         apps[zone] = importer_app(zone, queue)
@@ -108,6 +146,8 @@ def _schedule(row: Any, apps: dict[str, Celery], queue: str) -> tuple[Any, Celer
     """Return the row's Celery schedule and the app (time zone) to convert it with."""
     if row.solar_id is not None:
         solar = row.solar
+        if solar is None:
+            raise Unrepresentable(f"its solar schedule (id {row.solar_id}) does not exist")
         where = f"{float(solar.latitude):g}, {float(solar.longitude):g}"
         raise Unrepresentable(
             f"solar {solar.event} at ({where}) is decided by Celery's is_due in the process "
@@ -116,10 +156,14 @@ def _schedule(row: Any, apps: dict[str, Celery], queue: str) -> tuple[Any, Celer
         )
     if row.interval_id is not None:
         interval = row.interval
+        if interval is None:  # SQLite keeps a foreign key to a row deleted by hand
+            raise Unrepresentable(f"its interval (id {row.interval_id}) does not exist")
         app = _app(apps, "UTC", queue)
         return schedule(timedelta(**{interval.period: interval.every}), app=app), app
     if row.crontab_id is not None:
         c = row.crontab
+        if c is None:
+            raise Unrepresentable(f"its crontab (id {row.crontab_id}) does not exist")
         zone = getattr(row, _ZONE)
         try:
             ZoneInfo(zone)
@@ -146,10 +190,12 @@ def _carried(
 ) -> tuple[Carried, Celery]:
     """Return the row's schedule carried over: a ClockedSchedule as a one-off instant, a
     one-off interval or crontab as its next slot with a limit of one run."""
+    if row.clocked_id is not None and row.clocked is None:  # a row deleted by hand (SQLite)
+        raise Unrepresentable(f"its clocked schedule (id {row.clocked_id}) does not exist")
     if row.one_off:
         _refuse_if_ran(row, now_ms)
     if row.clocked_id is not None:
-        at_ms = epoch_ms(_aware(row.clocked.clocked_time))
+        at_ms = epoch_ms(_aware(row.clocked.clocked_time, "its clocked time"))
         # Due once its time has come, as ClockedSchedule.is_due: a past one fires at once.
         return Carried(At((at_ms,)), at_ms), _app(apps, "UTC", queue)
     value, app = _schedule(row, apps, queue)
@@ -162,14 +208,21 @@ def _carried(
 def _refuse_if_ran(row: Any, now_ms: int) -> None:
     """Refuse a one-off that ran, or may have: importing it would fire it a second time."""
     if row.total_run_count or row.last_run_at is not None:
-        when = f" (last at {_aware(row.last_run_at).isoformat()})" if row.last_run_at else ""
+        when = (
+            f" (last at {_aware(row.last_run_at, 'its last_run_at').isoformat()})"
+            if row.last_run_at
+            else ""
+        )
         raise Unrepresentable(f"a one-off that already ran{when}: nothing left to fire")
     if row.enabled:
         return
     # Once a one-off ran, django-celery-beat sets enabled=False and total_run_count=0, and its
     # save() clears last_run_at: the row is then one disabled before it ran. Only a clocked
     # time still ahead says it has not run (it runs at that time, not before).
-    if row.clocked_id is not None and epoch_ms(_aware(row.clocked.clocked_time)) > now_ms:
+    if (
+        row.clocked_id is not None
+        and epoch_ms(_aware(row.clocked.clocked_time, "its clocked time")) > now_ms
+    ):
         return
     raise Unrepresentable(
         "a disabled one-off: django-celery-beat disables a one-off once it ran (clearing its "
@@ -180,12 +233,14 @@ def _refuse_if_ran(row: Any, now_ms: int) -> None:
 
 def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: str) -> Imported:
     label = f"periodic task {row.name!r}"
+    if not isinstance(row.name, str):  # SQLite's loose columns: bytes that are not UTF-8
+        raise Unrepresentable("its name is not text (UTF-8)")
     try:
         check_task_name(row.task)
     except ScheduleError as exc:
         raise Unrepresentable(f"its task: {exc}") from None
     end_ms = None
-    expires = _aware(row.expires) if row.expires is not None else None
+    expires = _aware(row.expires, "its expires") if row.expires is not None else None
     if expires is not None:
         if epoch_ms(expires) <= now_ms:
             raise Unrepresentable(
@@ -225,7 +280,7 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
     if row.start_time is not None:
         # Kept once it passed too: a bound that went away when the start passed made the next
         # re-import an update, which fired the start slot a second time.
-        start_ms = epoch_ms(_aware(row.start_time))
+        start_ms = epoch_ms(_aware(row.start_time, "its start_time"))
         if isinstance(carried.cadence, Cron) and start_ms > now_ms:
             # Not the start itself, which is no slot of it: its first slot from then on, as
             # django-celery-beat waits for (`PeriodicTask.due_start_time`). (Once the start
@@ -246,7 +301,9 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
         first_run_ms,
         paused=not row.enabled,
         fired=max(int(row.total_run_count or 0), 0),
-        last_fired_ms=epoch_ms(_aware(row.last_run_at)) if row.last_run_at is not None else None,
+        last_fired_ms=epoch_ms(_aware(row.last_run_at, "its last_run_at"))
+        if row.last_run_at is not None
+        else None,
         rhythm_ms=rhythm_ms,
     )
     return Imported(label, declaration, seed)
@@ -256,17 +313,21 @@ def _last_run_ms(row: Any, now_ms: int) -> int:
     """Return the last run ModelEntry computes from: `last_run_at`, else `date_changed`
     (30 years earlier with a `start_time`, so it fires at the start), else now."""
     if row.last_run_at is not None:
-        return epoch_ms(_aware(row.last_run_at))
+        return epoch_ms(_aware(row.last_run_at, "its last_run_at"))
     changed: datetime | None = row.date_changed
-    base = epoch_ms(_aware(changed)) if changed is not None else now_ms
+    base = epoch_ms(_aware(changed, "its date_changed")) if changed is not None else now_ms
     if row.start_time is not None:
         base -= floor_ms(_NEVER_RAN_BEFORE_START)
     return base
 
 
-def _aware(value: datetime) -> datetime:
+def _aware(value: datetime, what: str) -> datetime:
     """Return `value` with its time zone: a naive one as django-celery-beat's `make_aware`
-    reads it, in the project's `TIME_ZONE` when `USE_TZ` is False, else in UTC."""
+    reads it, in the project's `TIME_ZONE` when `USE_TZ` is False, else in UTC. A value
+    that is no date (SQLite keeps any text in a date column; Django reads an unreadable
+    one as None) is refused, as `what`."""
+    if not isinstance(value, datetime):
+        raise Unrepresentable(f"{what} is not a date")
     if value.utcoffset() is not None:
         return value
     from django.conf import settings  # type: ignore[import-untyped]
