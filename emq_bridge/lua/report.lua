@@ -204,8 +204,11 @@ for i, report in ipairs(reports) do
         and carried ~= '' and tonumber(carried) > (tonumber(entry[4]) or math.huge)
       -- A copy of a lost occurrence skipped by the overlap check (a redelivery; a Celery
       -- worker revokes it on receipt) leaves it lost: nothing ran, and the loss is what
-      -- happened to it (a revoke would also give it the lost run's start as its own).
+      -- happened to it (a revoke would also give it the lost run's start as its own). A
+      -- later attempt skipped or revoked (a retry revoked while it waited for its countdown,
+      -- marked lost meanwhile) is what happened to the occurrence: it is told.
       local hides_loss = (status == 'skipped' or status == 'revoked') and entry[6] == 'lost'
+        and attempt <= old_attempt
       -- A copy that never reached its task (`task_ran` 0: skipped before its start, or its
       -- actor unknown to an old worker) does not end the same attempt running elsewhere (a
       -- broker's redelivery of a message another worker still runs).
@@ -241,8 +244,14 @@ for i, report in ipairs(reports) do
         if kind == 'started' then
           entry[4], entry[5], entry[10] = at, '', ''
         else
-          -- A start the report carries (the reporter folded it in, or the adapter saw it).
-          if folded then entry[4] = started_at end
+          -- A start the report carries (the reporter folded it in, or the adapter saw it). A
+          -- later attempt's end without one (a retry revoked before its countdown ended)
+          -- has no start: not the earlier attempt's, which would make a duration of the wait.
+          if folded then
+            entry[4] = started_at
+          elseif not fresh and attempt > old_attempt then
+            entry[4] = ''
+          end
           entry[5], entry[10] = at, error
         end
         local encoded = cjson.encode(entry)
