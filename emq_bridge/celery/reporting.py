@@ -575,7 +575,7 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             return
         attempt = _attempt(fields.get("retries"), fields.get(REPLACES_HEADER))
         item = report_of("started", occurrence, attempt=attempt)
-        twin = _twin_here(request, fields, attempt)
+        twin = _twin_here(request, fields, attempt, sender)
         if twin is not None:
             _discard_alone(request, twin)
             log.info(
@@ -643,26 +643,54 @@ def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         log.warning("emq-bridge: the overlap check of a received task failed: %s", exc)
 
 
-def _twin_here(request: Any, fields: dict[str, Any], attempt: int) -> Any:
+def _twin_here(request: Any, fields: dict[str, Any], attempt: int, consumer: Any) -> Any:
     """Another message of `request`'s task id and attempt that this worker received and
     has not started (Celery's `worker_state.requests`, but not `active_requests`: waiting
-    for a pool process or for its eta), or None: the same message delivered twice into one
+    for a pool process or for its eta; or, for a rate-limited task, in `consumer`'s token
+    bucket, waiting for its token), or None: the same message delivered twice into one
     worker, as the Redis transport restores an unacked message that waited in a busy
-    worker's prefetch past its visibility timeout. Neither copy has started, so the
-    registry cannot tell them apart, and a pool process cannot refuse a task: the first one
-    received runs. A copy of one that runs goes to the registry's check (held, and sent
-    again if that run's process dies: `held_copies`)."""
+    worker's prefetch, or for a token, past its visibility timeout. Neither copy has
+    started, so the registry cannot tell them apart, and a pool process cannot refuse a
+    task: the first one received runs. A copy of one that runs goes to the registry's check
+    (held, and sent again if that run's process dies: `held_copies`)."""
     if fields.get(REPLACES_HEADER) or request.id in worker_state.revoked:
         return None  # a replacement runs while the task it replaces ends, under its id
     other = worker_state.requests.get(request.id)
     if other is None or other is request or other in worker_state.active_requests:
-        return None
+        other = _waiting_for_a_token(request, consumer)
+        if other is None:
+            return None
     theirs = getattr(other, "request_dict", None) or {}
     try:
         same = _attempt(theirs.get("retries"), theirs.get(REPLACES_HEADER)) == attempt
     except (ValueError, TypeError):
         return None
     return other if same else None
+
+
+def _waiting_for_a_token(request: Any, consumer: Any) -> Any:
+    """Another request of `request`'s task id in `consumer`'s token bucket of its task (a
+    rate-limited task waits there, out of Celery's request sets, until a token frees), or
+    None. Each restore of its message past the visibility timeout came back as one more
+    copy, each one waiting there too (a probe counted 25 runs of one occurrence)."""
+    buckets = getattr(consumer, "task_buckets", None)
+    bucket = buckets.get(request.name) if isinstance(buckets, dict) else None
+    waiting = getattr(bucket, "contents", None)
+    if not waiting:
+        return None
+    for _ in range(3):  # a deque the timer changes: copied again if it changed meanwhile
+        try:
+            held = list(waiting)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return None
+    for item in held:
+        other = item[0] if isinstance(item, tuple) and item else None
+        if other is not None and other is not request and getattr(other, "id", None) == request.id:
+            return other
+    return None
 
 
 def _discard_alone(request: Any, twin: Any) -> None:

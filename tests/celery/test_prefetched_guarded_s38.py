@@ -73,6 +73,12 @@ APP = textwrap.dedent("""
     def nightly(self):
         side.rpush(env["PT_NOTES"], json.dumps({"id": self.request.id, "at": time.time()}))
         time.sleep(0.5)
+
+
+    @app.task(bind=True, name="pt.limited", rate_limit="20/m")  # a token every 3 s
+    def limited(self, *args):
+        if not args:  # the blocker (args) takes the first token; the occurrence notes its run
+            side.rpush(env["PT_NOTES"], json.dumps({"id": self.request.id, "at": time.time()}))
 """)
 
 
@@ -91,6 +97,7 @@ class Setup:
         blockers: int,
         block_s: float,
         options: dict[str, Any],
+        task: str = "pt.nightly",
     ) -> None:
         (tmp_path / "pt_app.py").write_text(APP)
         self.tmp_path, self.client = tmp_path, client
@@ -103,14 +110,15 @@ class Setup:
             every="1h",
             overlap="skip",
             immediately=True,
-            template={"task": "pt.nightly", "options": options},
+            template={"task": task, "options": options},
         )
         sender = Celery("pt-sender", broker=redis_url)
         sender.conf.update(result_backend=None, task_default_queue=self.queue)
         try:
             # Behind tasks that keep the worker's pool busy: what it prefetches waits.
             for _ in range(blockers):
-                sender.send_task("pt.block", args=[block_s], queue=self.queue)
+                blocker = "pt.block" if task == "pt.nightly" else task
+                sender.send_task(blocker, args=[block_s], queue=self.queue)
             pump = Pump(self.repeat, [self.queue], CeleryDispatcher(sender))
             [self.occurrence] = pump.run_once().dispatched
         finally:
@@ -200,6 +208,38 @@ def test_two_copies_prefetched_into_one_worker_run_once(
         assert (entry.status, entry.attempt) == ("succeeded", 1)
         registration = setup.repeat.get(setup.queue, "nightly")
         assert registration is not None and registration.inflight is None
+    finally:
+        setup.close()
+
+
+def test_two_copies_of_a_rate_limited_task_waiting_for_a_token_run_once(
+    tmp_path: Path, redis_url: str, prefix: str, client: redis.Redis
+) -> None:
+    # Session 39's Celery probe: a rate-limited task waits for its token in the consumer's
+    # bucket, out of Celery's request sets, so a copy the Redis transport restored past its
+    # visibility timeout passed the check on receipt and both ran (each restore one more
+    # copy: 25 runs of one occurrence). The copy is found in the bucket and dropped.
+    setup = Setup(
+        tmp_path, redis_url, prefix, client, blockers=1, block_s=0, options={}, task="pt.limited"
+    )
+    message = client.lindex(setup.queue, 0)
+    assert message is not None and setup.occurrence.id in message.decode()
+    client.lpush(setup.queue, message)
+    worker = setup.start(1)
+    try:
+
+        def ended() -> bool:
+            return [e.status for e in setup.repeat.history(setup.queue, "nightly")] == ["succeeded"]
+
+        wait_until(ended, 60, "the run's end", then=setup.output)
+        wait_until(
+            lambda: "another copy of it" in setup.output(), 10, "the drop", then=setup.output
+        )
+        time.sleep(7)  # two more tokens: the copy would have run by now
+        stop(worker)
+        assert setup.ran() == [setup.occurrence.id], setup.output()
+        [entry] = setup.repeat.history(setup.queue, "nightly")
+        assert (entry.status, entry.attempt) == ("succeeded", 1)
     finally:
         setup.close()
 
