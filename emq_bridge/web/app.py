@@ -40,6 +40,7 @@ from ..errors import (
     CorruptRecord,
     EmqError,
     RegistryError,
+    RegistryOutOfMemory,
     RegistryUnavailable,
     UnknownRegistration,
 )
@@ -507,6 +508,8 @@ def _status_of(exc: Exception) -> tuple[int, str]:
     """Return the HTTP status and the one-line reason of an error (never a URL or secret)."""
     if isinstance(exc, HTTPException):
         return exc.status_code, str(exc.detail)
+    if isinstance(exc, RegistryOutOfMemory):  # it answers, and refuses writes
+        return 503, "Redis is out of memory and refuses writes; try again once it has room"
     if isinstance(exc, RegistryUnavailable):
         return 503, "cannot reach Redis; try again"
     if isinstance(exc, CorruptRecord):  # edited by hand: no retry mends it

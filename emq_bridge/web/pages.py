@@ -188,17 +188,30 @@ class QueueList:
         self.repeat, self.ttl_s, self.clock = repeat, ttl_s, clock
         self._queues: list[str] = []
         self._read_at: float | None = None
+        # The last read that failed, with when it ended: the requests that waited for it
+        # fail with it, rather than each trying again in turn (a Redis that hangs held the
+        # N-th of them N times the client's timeout).
+        self._failed: tuple[float, Exception] | None = None
         self._lock = threading.Lock()
 
     def __call__(self) -> list[str]:
+        arrived = self.clock()
         read_at = self._read_at
-        if read_at is not None and self.clock() - read_at < self.ttl_s:
+        if read_at is not None and arrived - read_at < self.ttl_s:
             return self._queues
         # One request reads (others wait for it rather than each walking the keyspace).
         with self._lock:
+            failed = self._failed
+            if failed is not None and failed[0] >= arrived:
+                raise failed[1]
             now = self.clock()
             if self._read_at is None or now - self._read_at >= self.ttl_s:
-                self._queues, self._read_at = self.repeat.queues(), now
+                try:
+                    self._queues = self.repeat.queues()
+                except Exception as exc:
+                    self._failed = (self.clock(), exc)
+                    raise
+                self._read_at, self._failed = now, None
             return self._queues
 
     def forget(self) -> None:
