@@ -280,6 +280,13 @@ def parse_every_ms(value: int | timedelta | str) -> int:
                     f"every {shown(value)} is not an interval; use ms or a string like "
                     "'500ms', '30s', '1.5h', '1h30m', '2d'"
                 )
+            sizes = [_UNITS_MS[unit] for _, unit in parts]
+            if any(later >= earlier for earlier, later in itertools.pairwise(sizes)):
+                # "1m1m", "1s1m": a typo more likely than a sum (each unit once, largest first)
+                raise ScheduleError(
+                    f"every {shown(value)} is not an interval: give each unit once, the "
+                    "largest first ('1h30m', not '30m1h' or '1m1m')"
+                )
             # Decimal, not float: "0.1s" + "0.2s" is exactly 300 ms, and a part finer than
             # a millisecond is refused rather than rounded away.
             exact = sum((Decimal(n) * _UNITS_MS[unit] for n, unit in parts), Decimal(0))

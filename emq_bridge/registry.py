@@ -217,6 +217,11 @@ class Registration:
         return bounded_runs(definition.cadence, definition.bounds, first, n, remaining=remaining)
 
 
+# The largest run count an import carries: exact as a double (a script's number) and far
+# from the counter's own limit.
+MAX_CARRIED_COUNT = 2**53 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Seed:
     """Where a registration created by `upsert_many` starts, instead of its cadence's
@@ -236,6 +241,15 @@ class Seed:
     # interval after that, as its old scheduler's would), but a cut-over that resumes it
     # keeps the rhythm of the old scheduler's runs (the latest of its slots not after now).
     rhythm_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        # A count the record's counter could not go on from: the next fire's increment
+        # (ack.lua) would fail on it and start the count again at 1, the carried one lost.
+        if type(self.fired) is not int or not 0 <= self.fired <= MAX_CARRIED_COUNT:
+            raise ScheduleError(
+                f"its run count {shown(self.fired)} is not a count the registry can go on "
+                f"from (0 to {MAX_CARRIED_COUNT})"
+            )
 
     @property
     def resume_ms(self) -> int:

@@ -14,10 +14,17 @@ QUOTED_CHARS = 80
 # error, a name in a file) printed to a terminal must not move its cursor, change its
 # colours, or start a line of its own that reads as another field.
 _CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+# And the bidirectional controls as `\\uNNNN`: a right-to-left override in a note would
+# reorder what the terminal shows of the rest of its line.
+_CONTROLS.update(
+    {code: f"\\u{code:04x}" for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F))}
+)
+_CONTROLS.update({code: f"\\u{code:04x}" for code in range(0x2066, 0x206A)})
 
 
 def printable(text: str) -> str:
-    """Return `text` with its control characters written as `\\xNN` escapes."""
+    """Return `text` with its control characters written as `\\xNN` escapes, and its
+    bidirectional controls as `\\uNNNN`."""
     return text if text.isprintable() else text.translate(_CONTROLS)
 
 

@@ -386,12 +386,22 @@ def freeze(value: Any) -> Any:
             stack[-1].add(done)
 
 
+# Longer than any dotted path a framework names a task by; a name past it is garbage (it
+# would otherwise be refused as an oversized template, naming args, kwargs and options).
+MAX_TASK_CHARS = 1_000
+
+
 def check_task_name(task: object) -> str:
     """Return `task`, a task or actor name as a schedule declares it; `ScheduleError` unless
     it is a non-empty string of valid UTF-8 with no control character or line break (no
-    framework names a task so, and such a name could not be written back to a file)."""
+    framework names a task so, and such a name could not be written back to a file), of at
+    most `MAX_TASK_CHARS` characters."""
     if not isinstance(task, str) or not task.strip():
         raise ScheduleError(f"must be a non-empty string, got {shown(task)}")
+    if len(task) > MAX_TASK_CHARS:
+        raise ScheduleError(
+            f"task name is {len(task):,} characters; the limit is {MAX_TASK_CHARS:,}"
+        )
     if not task.isascii():
         check_utf8(task, "task")
     if not task.isprintable() and any(map(is_control, task)):  # isprintable: the fast path

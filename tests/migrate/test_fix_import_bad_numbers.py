@@ -190,3 +190,24 @@ def test_a_schedule_with_a_number_out_of_range_is_refused_and_the_good_one_impor
     assert len(refused) == 1 and refused[0].startswith(f"! redbeat {key_prefix}bad: "), refused
     assert "1 created, 0 updated, 0 unchanged, 1 refused" in result.stderr
     assert repeat.names("celery") == ([] if flags else ["good"])
+
+
+def test_a_run_count_past_what_the_counter_goes_on_from_is_refused(
+    run: Run, repeat: Repeat, redis_url: str, old: tuple[redis.Redis, str]
+) -> None:
+    # Session 39's input probe: a redbeat total_run_count of 10**30 was imported as it was,
+    # and the next fire's increment failed on it and started the count again at 1.
+    client, key_prefix = old
+    store(old, "good", schedule(timedelta(minutes=1)), datetime.now(timezone.utc))
+    store(old, "huge", schedule(timedelta(minutes=1)), datetime.now(timezone.utc))
+    meta = json.loads(client.hget(key_prefix + "huge", "meta") or b"{}")
+    meta["total_run_count"] = 10**30
+    client.hset(key_prefix + "huge", "meta", json.dumps(meta))
+    result = run("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    [refused] = [line for line in result.stdout.splitlines() if line.startswith("!")]
+    assert "huge" in refused and "run count" in refused, result.stdout
+    assert [r.name for r in repeat.list("celery")] == ["good"]
+    registration = repeat.get("celery", "good")
+    assert registration is not None and registration.fired == 3
