@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Sequence
 from typing import IO, Any
 
 import click
@@ -192,7 +193,7 @@ def pumps_command(settings: Settings, queue: str | None, as_json: bool) -> None:
         [
             p.id,
             p.role,
-            ",".join(p.queues),
+            _queues_cell(p.queues),
             "never" if p.tick_ms is None else relative(p.tick_ms, now_ms),
             relative(p.started_ms, now_ms),
             str(p.dispatched),
@@ -202,6 +203,24 @@ def pumps_command(settings: Settings, queue: str | None, as_json: bool) -> None:
     ]
     header = ["id", "role", "queues", "last tick", "started", "dispatched", "version"]
     click.echo(table(header, rows))
+
+
+# How much of a pump's queue list the table shows (`--json` has it whole): a pump of a
+# thousand queues would make its row a line of many thousand characters.
+QUEUES_CELL_CHARS = 60
+
+
+def _queues_cell(queues: Sequence[str]) -> str:
+    """`queues` joined with commas, cut after `QUEUES_CELL_CHARS` with how many more."""
+    joined = ",".join(queues)
+    if len(joined) <= QUEUES_CELL_CHARS:
+        return joined
+    shown: list[str] = []
+    for queue in queues:
+        if len(",".join([*shown, queue])) > QUEUES_CELL_CHARS:
+            break
+        shown.append(queue)
+    return f"{','.join(shown)},… (+{len(queues) - len(shown):,} more)"
 
 
 COMMANDS = (health_command, pumps_command)

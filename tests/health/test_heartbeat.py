@@ -3,6 +3,7 @@ one key per queue on the queue's slot; from `Pump.run`, celery beat and Dramatiq
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -253,3 +254,23 @@ def test_a_refused_heartbeat_life_names_the_least_one_that_is_accepted(
         with pytest.raises(ValueError):
             Heartbeat(["q"], max_sleep_s=max_sleep_s, ttl_s=least)
         Heartbeat(["q"], max_sleep_s=max_sleep_s, ttl_s=least + 0.001)  # just above: accepted
+
+
+def test_the_pumps_table_cuts_a_long_queue_list_and_json_keeps_it_whole(
+    repeat: Repeat, redis_url: str
+) -> None:
+    # Session 39's operations probe: a pump of 1,201 queues printed them all in its row.
+    from click.testing import CliRunner
+
+    from emq_bridge.cli import cli
+
+    queues = [f"queue-{i:04d}" for i in range(1_201)]
+    assert Heartbeat(queues, max_sleep_s=1.0).write(repeat)
+    base = ["--redis-url", redis_url, "--prefix", repeat.prefix, "pumps"]
+    table = CliRunner().invoke(cli, [*base, "queue-0000"], catch_exceptions=False)
+    assert table.exit_code == 0, table.output
+    [row] = table.stdout.splitlines()[1:]
+    assert "queue-0000,queue-0001," in row and "(+1,196 more)" in row, row
+    assert len(row) < 300, row
+    whole = CliRunner().invoke(cli, [*base, "queue-0000", "--json"], catch_exceptions=False)
+    assert json.loads(whole.stdout)[0]["queues"] == queues
