@@ -475,7 +475,12 @@ class AppSchedule:
 
 
 def _beat_entries(app: Celery) -> dict[str, Any]:
-    entries = dict(app.conf.beat_schedule or {})
+    schedule = app.conf.beat_schedule or {}
+    if not isinstance(schedule, Mapping):  # a list of entries, say: said, not a dict() error
+        raise ConfigError(
+            f"beat_schedule must be a dict of entries by name, got a {type(schedule).__name__}"
+        )
+    entries = dict(schedule)
     # Celery's beat installs this one too (see Scheduler.install_default_entries).
     if app.conf.result_expires and not app.backend.supports_autoexpire:
         entries.setdefault(

@@ -290,17 +290,19 @@ def _check_ms(value: Any) -> int:
 _CHECKED: type[CheckedCadence] = CelerySchedule  # mypy: CelerySchedule is a CheckedCadence
 
 
-def registry_name(key: str) -> str:
-    """Return the registration name of a `beat_schedule` key: whitespace and braces become `_`."""
+def registry_name(key: str, what: str | None = None) -> str:
+    """Return the registration name of a `beat_schedule` key: whitespace and braces become `_`.
+    An error names the entry, or `what` (an importer's "its name": its row is named already)."""
     if not isinstance(key, str) or not key:
-        raise ConfigError(f"beat_schedule keys must be non-empty strings, got {shown(key)}")
+        said = f"{what} must be" if what else "beat_schedule keys must be"
+        raise ConfigError(f"{said} non-empty strings, got {shown(key)}")
     if len(key) <= MAX_NAME_BYTES and _ASCII_NAME.fullmatch(key):
         return key  # most keys: nothing to replace, a valid name as it is
     name = _shortened(_BAD_NAME_CHARS.sub("_", key))
     try:
         return validate_name(name, "registration name")
     except EmqError as exc:
-        raise ConfigError(f"{entry_label(key)}: {exc}") from exc
+        raise ConfigError(f"{what or entry_label(key)}: {exc}") from exc
 
 
 # What an over-long key keeps of itself, in UTF-8 bytes, before `~` and its digest.

@@ -848,6 +848,25 @@ def _on_postrun(
     **_: Any,
 ) -> None:
     task = task or sender
+    try:
+        _on_postrun_state(task, task_id, retval, state)
+    finally:
+        if getattr(getattr(task, "request", None), "is_eager", False):
+            _flush_eager(task)
+
+
+def _flush_eager(task: Any) -> None:
+    """A task run eagerly (`task_always_eager`: a test's `pump.run_once()` runs it in the
+    test's thread) has its reports sent before its caller goes on, at most `FLUSH_S`: a
+    guarded schedule's next `run_once()` then sees this run ended, instead of skipping its
+    slot as overlapping a run whose end the reporter's thread had not sent yet."""
+    app = getattr(task, "app", None)
+    found = _process.reporters.get(id(app)) if isinstance(app, Celery) else None
+    if found is not None and found[0] is app and found[1] is not None:
+        found[1].flush(FLUSH_S)
+
+
+def _on_postrun_state(task: Any, task_id: Any, retval: Any, state: str | None) -> None:
     if state is None:
         _escaped(task, task_id)
     elif state == "SUCCESS":
@@ -928,8 +947,9 @@ def _on_internal_error(
         cause = getattr(exception, "exc", None)
         error = cause if isinstance(cause, BaseException) else exception
         _report("retrying", sender, run, error=error, hold_ms=_hold_ms(exception))
-        return
-    _report("failed", sender, run, error=exception)
+    else:
+        _report("failed", sender, run, error=exception)
+    _flush_eager(sender)  # after its `task_postrun`, which flushed before this report
 
 
 def _on_shutdown(**_: Any) -> None:

@@ -128,6 +128,14 @@ def _zone(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _owner(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """`--source`, checked as a bad option (exit 2), before any row is read."""
+    try:
+        return validate_name(value, "source")
+    except InvalidName as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 def _queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         return validate_name(value, "queue")
@@ -198,7 +206,9 @@ def import_group() -> None:
     callback=utf8_option,
     help="celery-redbeat's key prefix (its redbeat_key_prefix setting).",
 )
-@click.option("--source", default="import:redbeat", show_default=True, help="Owner tag.")
+@click.option(
+    "--source", default="import:redbeat", show_default=True, callback=_owner, help="Owner tag."
+)
 @_common
 @pass_settings
 def import_redbeat(
@@ -263,7 +273,13 @@ def import_redbeat(
     help="django-celery-beat's database (postgresql://, mysql://, sqlite:///path); "
     "default: the project of $DJANGO_SETTINGS_MODULE.",
 )
-@click.option("--source", default="import:django-celery-beat", show_default=True, help="Owner tag.")
+@click.option(
+    "--source",
+    default="import:django-celery-beat",
+    show_default=True,
+    callback=_owner,
+    help="Owner tag.",
+)
 @click.option(
     "--stored-timezone",
     default="UTC",

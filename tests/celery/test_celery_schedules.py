@@ -383,3 +383,14 @@ def test_an_entry_without_a_queue_goes_to_the_queue_its_task_routes_to() -> None
     declaration, _ = convert_entry(app, "e", {"task": "t.noop", "schedule": 60})
     assert declaration.queue == "routed"
     assert convert_entry(make_app(), "e", {"task": "t.noop", "schedule": 60})[0].queue == "celery"
+
+
+def test_a_beat_schedule_that_is_no_dict_is_a_config_error_that_says_so() -> None:
+    # Session 39's input probe: a list of entries said "cannot convert dictionary update
+    # sequence element #0 to a sequence", naming neither beat_schedule nor what it wants.
+    from emq_bridge.celery.declare import app_schedule
+
+    app = make_app()
+    app.conf.beat_schedule = [{"task": "t.noop", "schedule": 60}]
+    with pytest.raises(ConfigError, match=r"^beat_schedule must be a dict of entries by name"):
+        app_schedule(app)

@@ -49,3 +49,11 @@ def test_an_interval_that_repeats_or_disorders_its_units_is_refused(
     with pytest.raises(ScheduleError, match="each unit once"):
         define(every=every, template={"task": "t"})
     assert define(every="1h30m", template={"task": "t"}).cadence.describe() == "every 90m"
+
+
+@pytest.mark.parametrize("importer", ["redbeat", "django-celery-beat"])
+def test_an_import_with_a_bad_source_is_bad_usage(run: Run, redis_url: str, importer: str) -> None:
+    # It exited 1 (bad input) after reading the rows; a bad option is bad usage: exit 2.
+    where = ["--from", redis_url] if importer == "redbeat" else ["--database-url", "sqlite://"]
+    line = one_error_line(run("import", importer, *where, "--source", ""), 2)
+    assert "Invalid value for '--source': source must not be empty" in line, line

@@ -360,6 +360,27 @@ def test_a_row_whose_task_name_holds_a_line_break_is_refused(databases: dict[str
         db.all().delete()
 
 
+def test_a_row_whose_name_cannot_be_a_registration_name_is_refused_naming_its_name(
+    databases: dict[str, str],
+) -> None:
+    # Session 39's input probe: the reason said `beat_schedule['x\u202ey']: ...`, a
+    # setting the import never read.
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from emq_bridge.celery.importers.django.reader import read_periodic_tasks
+
+    minute = IntervalSchedule.objects.using("default").create(every=1, period="minutes")
+    db = PeriodicTask.objects.using("default")
+    db.create(name="x\u202ey", task="proj.tasks.run", interval=minute)
+    try:
+        plan = read_periodic_tasks(now_ms=ms(datetime.now(timezone.utc)), using="default")
+        [refusal] = plan.refused
+        assert refusal.reason.startswith("its name: "), refusal.reason
+        assert "beat_schedule" not in refusal.reason
+    finally:
+        db.all().delete()
+
+
 def test_rows_the_database_cannot_give_back_are_refused_alone_and_the_others_imported(
     databases: dict[str, str], redis_url: str, prefix: str
 ) -> None:

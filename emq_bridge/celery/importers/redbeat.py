@@ -162,7 +162,7 @@ def _entry(
     template = TaskTemplate(task, args, kwargs, options).to_dict()
     declaration = Declaration(
         resolve_queue(app, task, options, args, kwargs),
-        registry_name(name),
+        registry_name(name, "its name"),
         Definition(carried.cadence, template, bounds=carried.bounds()),
     )
     fired = meta.get("total_run_count")

@@ -295,7 +295,9 @@ def _entry(row: Any, apps: dict[str, Celery], now_ms: int, queue: str, source: s
     template = TaskTemplate(row.task, args, kwargs, options).to_dict()
     definition = Definition(carried.cadence, template, bounds=carried.bounds(start_ms, end_ms))
     declaration = Declaration(
-        resolve_queue(app, row.task, options, args, kwargs), registry_name(row.name), definition
+        resolve_queue(app, row.task, options, args, kwargs),
+        registry_name(row.name, "its name"),
+        definition,
     )
     seed = Seed(
         first_run_ms,
