@@ -118,8 +118,9 @@ class Report:
 
     A `waiting` report is the heartbeat of an occurrence a worker holds received and not
     started (in its prefetch, waiting for a free thread or for its eta): it keeps the
-    occurrence in flight for the heartbeat TTL from now (`hold_ms`, when given, instead: a
-    worker that stops hands the message back to its broker, where it waits as a fresh send
+    occurrence in flight for the heartbeat TTL from now (`hold_ms`, when given, instead: one
+    waiting for its eta, until then plus the start timeout, as a fresh send with a countdown;
+    a worker that stops hands the message back to its broker, where it waits as a fresh send
     does), but only while no run of that attempt or a later one has begun. A copy of a run
     that started elsewhere so never keeps that run in flight once its own heartbeats stop.
 

@@ -294,6 +294,10 @@ class Reporter:
         DEBUG) when they fail. Starts the thread, which a forked child does not inherit (it
         watches nothing)."""
         self._watched = runs
+        # A worker started again in this process (a test's `Worker` per test) holds what
+        # it holds afresh: heartbeated, not handed back.
+        self._handed_back = False
+        self._beaten_waiting = {}
         self._ensure_thread()
 
     def _beat_watched(self) -> None:
@@ -337,8 +341,9 @@ class Reporter:
         except Exception:  # never into the worker's stop: those heartbeated lately still go
             held = []
         self._note_waiting(held)
+        # A copy waiting for its eta (a retry's backoff) keeps the longer hold it had.
         self._handing_back = [
-            run.ended("waiting", run.at_ms, hold_ms=hold_ms)
+            run.ended("waiting", run.at_ms, hold_ms=max(hold_ms, run.hold_ms))
             for run, _ in list(self._beaten_waiting.values())
         ]
         if wake:
@@ -354,7 +359,7 @@ class Reporter:
         expired = now - self.heartbeat_ttl_ms / 1000
         for key, (_, at) in list(beaten.items()):
             if at < expired:
-                del beaten[key]
+                beaten.pop(key, None)  # the other thread (a consumer's, the reporter's) may too
 
     def ended(self, item: Report) -> None:
         """The run of `item`'s occurrence ended (its actor returned): heartbeat it no more,

@@ -523,8 +523,20 @@ def _waiting_runs(app: Celery) -> list[Report]:
                 continue
             run = _heartbeat_of(request, app, "waiting")
             if run is not None:
-                runs.append(run)
+                hold_ms = _eta_hold_ms(getattr(request, "eta", None), run.at_ms)
+                runs.append(run.ended("waiting", run.at_ms, hold_ms=hold_ms) if hold_ms else run)
     return runs
+
+
+def _eta_hold_ms(eta: Any, now_ms: int) -> int:
+    """How long a request waiting for `eta` (an aware datetime: Celery's `Request.eta`) stays
+    in flight from `now_ms`: until its eta plus the start timeout, as a send with that
+    countdown (a retry's, whose message its broker gives back if this worker dies); 0 for
+    none, or one past (heartbeated as any waiting request)."""
+    if not isinstance(eta, datetime) or eta.tzinfo is None:
+        return 0
+    left_ms = int(eta.timestamp() * 1000) - now_ms
+    return left_ms + START_TIMEOUT_MS if left_ms > 0 else 0
 
 
 def _copied(requests: Any) -> list[Any]:
@@ -851,16 +863,22 @@ def _on_postrun(
     try:
         _on_postrun_state(task, task_id, retval, state)
     finally:
-        if getattr(getattr(task, "request", None), "is_eager", False):
-            _flush_eager(task)
+        _flush_eager(task)
 
 
 def _flush_eager(task: Any) -> None:
-    """A task run eagerly (`task_always_eager`: a test's `pump.run_once()` runs it in the
-    test's thread) has its reports sent before its caller goes on, at most `FLUSH_S`: a
+    """An occurrence run eagerly (`task_always_eager`: a test's `pump.run_once()` runs it in
+    the test's thread) has its reports sent before its caller goes on, at most `FLUSH_S`: a
     guarded schedule's next `run_once()` then sees this run ended, instead of skipping its
-    slot as overlapping a run whose end the reporter's thread had not sent yet."""
-    app = getattr(task, "app", None)
+    slot as overlapping a run whose end the reporter's thread had not sent yet. Any other
+    task, eager or not (a worker's task calling `other.apply()`), never waits on Redis."""
+    request = getattr(task, "request", None)
+    if getattr(request, "is_eager", False) and header(request, DUE_HEADER) is not None:
+        _flush_app(getattr(task, "app", None))
+
+
+def _flush_app(app: Any) -> None:
+    """Send what this process's reporter for `app` queued, at most `FLUSH_S`."""
     found = _process.reporters.get(id(app)) if isinstance(app, Celery) else None
     if found is not None and found[0] is app and found[1] is not None:
         found[1].flush(FLUSH_S)
@@ -949,7 +967,9 @@ def _on_internal_error(
         _report("retrying", sender, run, error=error, hold_ms=_hold_ms(exception))
     else:
         _report("failed", sender, run, error=exception)
-    _flush_eager(sender)  # after its `task_postrun`, which flushed before this report
+    # An eager occurrence (its run's start was kept): after its `task_postrun`, which
+    # flushed before this report.
+    _flush_app(getattr(sender, "app", None))
 
 
 def _on_shutdown(**_: Any) -> None:

@@ -215,12 +215,15 @@ def _queues_cell(queues: Sequence[str]) -> str:
     joined = ",".join(queues)
     if len(joined) <= QUEUES_CELL_CHARS:
         return joined
-    shown: list[str] = []
-    for queue in queues:
+    shown = [
+        queues[0] if len(queues[0]) <= QUEUES_CELL_CHARS else queues[0][:QUEUES_CELL_CHARS] + "…"
+    ]
+    for queue in queues[1:]:
         if len(",".join([*shown, queue])) > QUEUES_CELL_CHARS:
             break
         shown.append(queue)
-    return f"{','.join(shown)},… (+{len(queues) - len(shown):,} more)"
+    more = len(queues) - len(shown)
+    return ",".join(shown) + (f",… (+{more:,} more)" if more else "")
 
 
 COMMANDS = (health_command, pumps_command)

@@ -58,6 +58,18 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _eta_hold_ms(options: dict[str, Any], now_ms: int) -> int:
+    """How long a message waiting for its `eta` (a retry's backoff, in a consumer's delay
+    queue) stays in flight from `now_ms`: until its eta plus the start timeout, as a send
+    with that countdown (its broker gives it back if this worker dies: minutes later, for a
+    Redis broker); 0 for none, or one past (heartbeated as any waiting message)."""
+    eta = options.get("eta")
+    if type(eta) is not int:
+        return 0
+    left_ms = eta - now_ms
+    return left_ms + START_TIMEOUT_MS if left_ms > 0 else 0
+
+
 def start_report(message: Any, at_ms: int) -> Report | None:
     """Return the `started` report, at `at_ms`, of the occurrence `message` carries (attempt
     `retries + 1`), or None for a message emq-bridge did not send. ValueError or
@@ -284,7 +296,7 @@ class MessageOutcomes:
                 try:
                     start = start_report(message, now)
                     if start is not None and self._sent_as(start):
-                        runs.append(start.ended("waiting", now))
+                        runs.append(start.ended("waiting", now, hold_ms=_eta_hold_ms(options, now)))
                 except Exception:  # a message that is not one: nothing to keep in flight
                     continue
         return runs

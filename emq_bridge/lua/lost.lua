@@ -44,11 +44,22 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       local name = string.match(member, '^(%S+)')
       local prefix = '["' .. id .. '"'
       local found, backfilled = false, false
+      -- The attempt a worker began (begin.lua's `inflight_run`), when its start report never
+      -- came (it waits aside `linger_s`, or Redis refused it): the attempt that is lost, so
+      -- that a copy of it skipped or revoked later is a copy of the lost attempt, not a
+      -- later one (report.lua's `hides_loss`).
+      local began = 0
+      local mark = redis.call('HMGET', record, 'inflight', 'inflight_run')
+      if mark[1] == member and mark[2] then
+        local run_id, run_attempt = string.match(mark[2], '^(%S+) (%d+)$')
+        if run_id == id then began = tonumber(run_attempt) end
+      end
       for index, raw in ipairs(redis.call('LRANGE', history, 0, -1)) do
         if string.sub(raw, 1, #prefix) == prefix then
           local entry = cjson.decode(raw)
           if entry[6] == 'running' or entry[6] == 'retrying' then
             entry[6] = 'lost'
+            if began > (tonumber(entry[7]) or 1) then entry[7] = began end
             redis.call('LSET', history, index - 1, cjson.encode(entry))
           end
           found, backfilled = true, entry[11] == 1
@@ -58,7 +69,9 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       if not found then
         local triggered = 0
         if string.sub(member, -10) == ' triggered' then triggered = 1 end
-        redis.call('LPUSH', history, cjson.encode({id, due, '', '', '', 'lost', 1, 0, triggered, ''}))
+        local attempt = math.max(began, 1)
+        redis.call('LPUSH', history,
+                   cjson.encode({id, due, '', '', '', 'lost', attempt, 0, triggered, ''}))
         redis.call('LTRIM', history, 0, cap - 1)
         -- report.lua searches the history only for occurrences not after `history_due`.
         local newest = tonumber(redis.call('HGET', record, 'history_due'))

@@ -59,3 +59,40 @@ def test_failures_that_propagate_pause_after_failures_without_a_flush() -> None:
     registration = repeat.get("celery", "prices")
     assert registration is not None and registration.paused
     assert registration.failures == 2 and registration.skipped == 0
+
+
+def test_a_task_that_is_no_occurrence_applied_eagerly_never_waits_on_the_registry() -> None:
+    # The session's review: the flush ran after any eager task, so a worker's task calling
+    # `other.apply()` waited for the reporter (up to FLUSH_S) while the registry hung.
+    import os
+    import signal
+    import time
+
+    import redis
+
+    from emq_bridge import Repeat
+    from emq_bridge.embedded import EmbeddedServer
+    from emq_bridge.lifecycle import report_of
+    from emq_bridge.occurrence import Occurrence
+
+    app = Celery("eagerplain", broker="memory://")
+
+    @app.task(name="eagerplain.inner")
+    def inner() -> int:
+        return 1
+
+    with EmbeddedServer() as server, redis.Redis.from_url(server.url, socket_timeout=5) as client:
+        repeat = Repeat(client, "plain")
+        reporter = report_to(app, repeat)
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            # Something waits in the reporter, which the hung registry does not take.
+            occurrence = Occurrence("q", "job", 1_900_000_000_000, "an-id", {}, 1_900_000_000_000)
+            reporter.report(report_of("succeeded", occurrence))
+            started = time.monotonic()
+            assert inner.apply().get() == 1
+            assert time.monotonic() - started < 1.0  # no flush: 2 s before
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+            reporter.close(5.0)

@@ -154,3 +154,63 @@ def test_a_reporter_hands_back_what_its_watch_lists_waiting_and_beats_it_no_more
 def test_a_waiting_report_with_a_bad_hold_is_refused() -> None:
     with pytest.raises(ScheduleError):
         Report("waiting", "q", "job", "an-id", 1, 1, hold_ms=-1)
+
+
+def test_a_reporter_watching_again_heartbeats_what_its_new_worker_holds(
+    repeat: Repeat,
+) -> None:
+    # The session's review: once a worker stopped, a later worker of the same process (a
+    # test's `Worker` per test) had its waiting messages handed back at every heartbeat's
+    # place, never heartbeated, so kept the start timeout.
+    occurrence = sent_slot(repeat)
+    held = waiting(occurrence)
+    reporter = Reporter(lambda: repeat, heartbeat_s=1.0)
+    try:
+        reporter.watch(lambda: [])
+        reporter.hand_back(START_TIMEOUT_MS)
+        reporter.watch(lambda: [held])  # the next worker
+        reporter._beat_watched()
+        left = deadline_in_ms(repeat, occurrence)
+        assert left is not None and left <= reporter.heartbeat_ttl_ms
+    finally:
+        reporter.close(5.0)
+
+
+def test_a_waiting_retry_keeps_its_eta_plus_the_start_timeout(repeat: Repeat) -> None:
+    # The review: a retry waiting out an hour's backoff in a worker's delay queue was
+    # heartbeated down to the TTL, so lost seconds after its worker was killed, while its
+    # broker still held the message (given back minutes later, then skipped: never run).
+    occurrence = sent_slot(repeat)
+    assert repeat.begin(occurrence)
+    start = report_of("started", occurrence)
+    assert repeat.report([start.ended("retrying", start.at_ms, "E", hold_ms=3_600_000)]) == 1
+    retry = report_of("waiting", occurrence, attempt=2)
+    assert (
+        repeat.report([retry.ended("waiting", retry.at_ms, hold_ms=3_600_000 + START_TIMEOUT_MS)])
+        == 1
+    )
+    left = deadline_in_ms(repeat, occurrence)
+    assert left is not None and left > 3_600_000 + START_TIMEOUT_MS - 5_000
+
+
+def test_a_run_lost_before_its_start_report_is_lost_at_the_attempt_that_began(
+    repeat: Repeat,
+) -> None:
+    # The review: attempt 2 began (begin.lua's mark) and its worker died before its start
+    # report left; marked lost at attempt 1, a copy of attempt 2 skipped later read as a
+    # later attempt, and turned the loss into a skip.
+    occurrence = sent_slot(repeat)
+    assert repeat.begin(occurrence)
+    start = report_of("started", occurrence)
+    assert repeat.report([start.ended("retrying", start.at_ms, "E", hold_ms=0)]) == 1
+    assert repeat.begin(report_of("started", occurrence, attempt=2))  # no start report
+    member = f"{occurrence.name} {occurrence.due_ms}"
+    repeat.client.zadd(repeat.keys("q").running, {member: 0})
+    assert [m[2] for m in repeat.mark_lost("q", [member])] == [occurrence.id]
+    (entry,) = repeat.history("q", "job")
+    assert (entry.status, entry.attempt) == ("lost", 2)
+    assert repeat.report([report_of("skipped", occurrence, attempt=2)]) == 0
+    (entry,) = repeat.history("q", "job")
+    assert (entry.status, entry.attempt) == ("lost", 2)
+    registration = repeat.get("q", "job")
+    assert registration is not None and registration.lost == 1

@@ -210,6 +210,13 @@ APP = textwrap.dedent("""
         note("held")
 
 
+    @schedule("retryhold", every="1h", overlap="skip", immediately=True)
+    @dramatiq.actor(queue_name=Q, max_retries=1, min_backoff=3_600_000, max_backoff=3_600_000)
+    def retries_later():  # its retry waits an hour in a worker's delay queue
+        if results.incr(f"{P}:retries_later") == 1:
+            raise RuntimeError("first attempt")
+
+
     @schedule("aged", every=1, overlap="skip")
     @dramatiq.actor(queue_name=Q, max_age=5000)
     def aged_slow():  # AgeLimit skips a copy sent with an old timestamp, before it starts
@@ -826,6 +833,40 @@ def test_a_guarded_message_a_stopping_worker_held_unstarted_is_handed_back_and_r
             return [e.status for e in repeat.history(app.queue, "held")] == ["succeeded"]
 
         wait_for(succeeded, app, what="its success reported")
+    finally:
+        app.stop()
+        clean(client, app)
+
+
+@slow
+@timeout
+def test_a_retry_waiting_in_a_killed_workers_delay_queue_keeps_its_backoff(
+    tmp_path: Path, redis_url: str, client: redis.Redis
+) -> None:
+    # The session's review: heartbeated as a waiting message, a retry's deadline came down
+    # to the heartbeat TTL, so a worker killed while it held the retry had it marked lost
+    # seconds later, its schedule's next slots sent, and the retry, given back by the broker
+    # later, skipped as overlapping them: never run. It keeps its backoff plus the start
+    # timeout, as `retrying` does.
+    app = build_app(tmp_path, redis_url, "retryhold")
+    repeat = Repeat(client, app.prefix)
+    worker = app.start(processes=1, threads=1)
+    try:
+
+        def retrying() -> Any:
+            return [(e.status, e.attempt) for e in repeat.history(app.queue, "retries_later")]
+
+        wait_for(lambda: retrying() == [("retrying", 1)], app, what="the first attempt's retry")
+        time.sleep(3 * HEARTBEAT_S)  # the retry in the delay queue, heartbeated as waiting
+        ((_, deadline),) = client.zrange(repeat.keys(app.queue).running, 0, -1, withscores=True)
+        seconds, _ = client.time()
+        # Dramatiq's backoff has a jitter: from half the hour to the hour.
+        assert deadline - seconds * 1000 > 1_800_000 + START_TIMEOUT_MS - 60_000
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        time.sleep(LOST_BOUND_S + 1)
+        Pump(repeat, [app.queue], RecordingDispatcher(), max_sleep_s=MAX_SLEEP_S).run_once()
+        assert retrying() == [("retrying", 1)]  # not lost: its broker gives the retry back
     finally:
         app.stop()
         clean(client, app)
