@@ -223,7 +223,8 @@ def _queues_cell(queues: Sequence[str]) -> str:
             break
         shown.append(queue)
     more = len(queues) - len(shown)
-    return ",".join(shown) + (f",… (+{more:,} more)" if more else "")
+    cut = ",".join(shown) + (f",… (+{more:,} more)" if more else "")
+    return joined if len(joined) <= len(cut) else cut
 
 
 COMMANDS = (health_command, pumps_command)

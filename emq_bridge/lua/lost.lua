@@ -59,7 +59,10 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
           local entry = cjson.decode(raw)
           if entry[6] == 'running' or entry[6] == 'retrying' then
             entry[6] = 'lost'
-            if began > (tonumber(entry[7]) or 1) then entry[7] = began end
+            if began > (tonumber(entry[7]) or 1) then
+              -- That attempt's start, end and error are not known: not the earlier one's.
+              entry[4], entry[5], entry[7], entry[10] = '', '', began, ''
+            end
             redis.call('LSET', history, index - 1, cjson.encode(entry))
           end
           found, backfilled = true, entry[11] == 1

@@ -209,6 +209,8 @@ def test_a_run_lost_before_its_start_report_is_lost_at_the_attempt_that_began(
     assert [m[2] for m in repeat.mark_lost("q", [member])] == [occurrence.id]
     (entry,) = repeat.history("q", "job")
     assert (entry.status, entry.attempt) == ("lost", 2)
+    # Attempt 2's start, end and error are not known: not attempt 1's (the second review).
+    assert (entry.started_ms, entry.finished_ms, entry.error) == (None, None, None)
     assert repeat.report([report_of("skipped", occurrence, attempt=2)]) == 0
     (entry,) = repeat.history("q", "job")
     assert (entry.status, entry.attempt) == ("lost", 2)
