@@ -189,6 +189,21 @@ for i, report in ipairs(reports) do
       local later = not newest or tonumber(due) > newest
       if not later then index, entry = find(history, id) end
       local fresh = entry == nil
+      -- A copy skipped or revoked (refused at its start or on receipt) of an occurrence the
+      -- history no longer holds: older than its oldest entry, the history full. Its run
+      -- ended, or was lost, long ago (a killed worker's message its broker gave back minutes
+      -- later), and its entry was trimmed: a fresh `skipped` entry, counted, would say of an
+      -- occurrence that ran that it never started.
+      local forgotten = false
+      if fresh and not later and (status == 'skipped' or status == 'revoked') then
+        local kept = redis.pcall('LLEN', history)
+        if type(kept) == 'number' and kept >= cap then
+          local oldest = redis.call('LINDEX', history, -1)
+          local ok, decoded = pcall(cjson.decode, oldest or '')
+          forgotten = ok and type(decoded) == 'table'
+            and tonumber(due) < (tonumber(decoded[2]) or -math.huge)
+        end
+      end
       if fresh then
         entry = {id, due, released, '', '', status, attempt, redelivered, triggered, ''}
       end
@@ -226,7 +241,8 @@ for i, report in ipairs(reports) do
       -- A skip from before the run in hand started (a report of it sent again) is stale.
       local stale_skip = status == 'skipped' and entry[6] == 'running'
         and attempt == old_attempt and tonumber(entry[4]) and tonumber(at) < tonumber(entry[4])
-      if not hides_loss and not unrun_copy and not stale_skip and (fresh or attempt > old_attempt
+      if not hides_loss and not unrun_copy and not stale_skip and not forgotten
+          and (fresh or attempt > old_attempt
           or (attempt == old_attempt and RANK[status] > old_rank)
           or (kind == 'started' and restarted) or rerun) then
         applied = applied + 1
