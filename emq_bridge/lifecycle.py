@@ -49,6 +49,7 @@ __all__ = [
     "BeginVerdict",
     "LifecycleMoves",
     "checked_name",
+    "eta_hold_ms",
     "report_of",
 ]
 
@@ -66,6 +67,17 @@ GUARDED_MODES = frozenset({"skip", "buffer_one", "replace"})
 START_TIMEOUT_MS = 600_000
 # A running occurrence whose worker did not heartbeat for this long is lost.
 HEARTBEAT_TTL_MS = 30_000
+
+
+def eta_hold_ms(eta_ms: int, now_ms: int) -> int:
+    """How long an occurrence a worker holds waiting for its eta (epoch ms: a retry's
+    backoff, a countdown) stays in flight from `now_ms`: until its eta plus the start
+    timeout, as a send with that countdown (its broker gives the message back if the worker
+    dies); 0 for an eta past (heartbeated as any waiting copy: a `waiting` report)."""
+    left_ms = eta_ms - now_ms
+    return left_ms + START_TIMEOUT_MS if left_ms > 0 else 0
+
+
 # A copy held while its occurrence's run was heartbeated is sent again once those heartbeats
 # lapsed (a worker killed mid-run), at most this often: each is a new message to the broker,
 # whose delivery count (a RabbitMQ quorum queue's `x-delivery-limit`) starts again, so a task

@@ -80,7 +80,13 @@ from celery.worker import state as worker_state
 
 from ..errors import ConfigError, EmqError
 from ..keys import MAX_NAME_BYTES
-from ..lifecycle import MAX_RESENDS, START_TIMEOUT_MS, check_history_size, report_of
+from ..lifecycle import (
+    MAX_RESENDS,
+    START_TIMEOUT_MS,
+    check_history_size,
+    eta_hold_ms,
+    report_of,
+)
 from ..occurrence import is_occurrence_id, occurrence_id
 from ..outcome import HISTORY_SIZE, Report, ReportKind, error_text
 from ..registry import Repeat
@@ -529,14 +535,11 @@ def _waiting_runs(app: Celery) -> list[Report]:
 
 
 def _eta_hold_ms(eta: Any, now_ms: int) -> int:
-    """How long a request waiting for `eta` (an aware datetime: Celery's `Request.eta`) stays
-    in flight from `now_ms`: until its eta plus the start timeout, as a send with that
-    countdown (a retry's, whose message its broker gives back if this worker dies); 0 for
-    none, or one past (heartbeated as any waiting request)."""
+    """`eta_hold_ms` of a request waiting for `eta` (an aware datetime: Celery's
+    `Request.eta`); 0 for none."""
     if not isinstance(eta, datetime) or eta.tzinfo is None:
         return 0
-    left_ms = int(eta.timestamp() * 1000) - now_ms
-    return left_ms + START_TIMEOUT_MS if left_ms > 0 else 0
+    return eta_hold_ms(int(eta.timestamp() * 1000), now_ms)
 
 
 def _copied(requests: Any) -> list[Any]:
@@ -690,15 +693,7 @@ def _waiting_for_a_token(request: Any, consumer: Any) -> Any:
     waiting = getattr(bucket, "contents", None)
     if not waiting:
         return None
-    for _ in range(3):  # a deque the timer changes: copied again if it changed meanwhile
-        try:
-            held = list(waiting)
-            break
-        except RuntimeError:
-            continue
-    else:
-        return None
-    for item in held:
+    for item in _copied(waiting):  # a deque the timer changes, as the request sets are
         other = item[0] if isinstance(item, tuple) and item else None
         if other is not None and other is not request and getattr(other, "id", None) == request.id:
             return other

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..lifecycle import START_TIMEOUT_MS, BeginVerdict, checked_name
+from ..lifecycle import START_TIMEOUT_MS, BeginVerdict, checked_name, eta_hold_ms
 from ..occurrence import is_occurrence_id
 from ..outcome import Report, ReportKind, error_text
 from ..reporting import Reporter
@@ -59,15 +59,11 @@ def _now_ms() -> int:
 
 
 def _eta_hold_ms(options: dict[str, Any], now_ms: int) -> int:
-    """How long a message waiting for its `eta` (a retry's backoff, in a consumer's delay
-    queue) stays in flight from `now_ms`: until its eta plus the start timeout, as a send
-    with that countdown (its broker gives it back if this worker dies: minutes later, for a
-    Redis broker); 0 for none, or one past (heartbeated as any waiting message)."""
+    """`eta_hold_ms` of a message waiting for its `eta` (epoch ms: a retry's backoff, in a
+    consumer's delay queue; a Redis broker gives a dead worker's back minutes later); 0 for
+    none."""
     eta = options.get("eta")
-    if type(eta) is not int:
-        return 0
-    left_ms = eta - now_ms
-    return left_ms + START_TIMEOUT_MS if left_ms > 0 else 0
+    return eta_hold_ms(eta, now_ms) if type(eta) is int else 0
 
 
 def start_report(message: Any, at_ms: int) -> Report | None:

@@ -48,10 +48,12 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       -- came (it waits aside `linger_s`, or Redis refused it): the attempt that is lost, so
       -- that a copy of it skipped or revoked later is a copy of the lost attempt, not a
       -- later one (report.lua's `hides_loss`).
+      -- (One read of the record's in-flight fields: nothing below writes them before their
+      -- use: `inflight` and `inflight_also` decide the promotion after the history.)
+      local state = redis.call('HMGET', record, 'inflight', 'inflight_also', 'inflight_run')
       local began = 0
-      local mark = redis.call('HMGET', record, 'inflight', 'inflight_run')
-      if mark[1] == member and mark[2] then
-        local run_id, run_attempt = string.match(mark[2], '^(%S+) (%d+)$')
+      if state[1] == member and state[3] then
+        local run_id, run_attempt = string.match(state[3], '^(%S+) (%d+)$')
         if run_id == id then began = tonumber(run_attempt) end
       end
       for index, raw in ipairs(redis.call('LRANGE', history, 0, -1)) do
@@ -91,7 +93,6 @@ for i, item in ipairs(cjson.decode(ARGV[5])) do
       end
       -- The occurrences in flight beside it (report.lua's `inflight_also`): it leaves them,
       -- and when it was the `inflight` one, the first of them still live takes its place.
-      local state = redis.call('HMGET', record, 'inflight', 'inflight_also')
       local promoted = nil
       if state[2] then
         local kept = {}

@@ -11,8 +11,19 @@ from datetime import datetime, timedelta, timezone
 
 from celery import Celery
 
+from emq_bridge import Pump, Repeat
 from emq_bridge.celery import CeleryDispatcher, recurring, report_to, sync_app
 from emq_bridge.testing import ManualClock, fake_repeat, manual_pump
+
+
+def pumped(app: Celery) -> tuple[ManualClock, Repeat, Pump]:
+    """The unit test's set-up (celery.md, "In your tests"): a fake registry on a manual
+    clock, the app's schedules synced, its runs' reports sent there, and a manual pump."""
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=timezone.utc))
+    repeat = fake_repeat(clock=clock)
+    sync_app(app, repeat)
+    report_to(app, repeat)
+    return clock, repeat, manual_pump(repeat, ["celery"], clock, CeleryDispatcher(app))
 
 
 def test_a_skip_schedule_pumped_eagerly_runs_every_slot_without_a_flush() -> None:
@@ -25,11 +36,7 @@ def test_a_skip_schedule_pumped_eagerly_runs_every_slot_without_a_flush() -> Non
     def inventory() -> None:
         runs.append(1)
 
-    clock = ManualClock(datetime(2030, 1, 1, tzinfo=timezone.utc))
-    repeat = fake_repeat(clock=clock)
-    sync_app(app, repeat)
-    report_to(app, repeat)
-    pump = manual_pump(repeat, ["celery"], clock, CeleryDispatcher(app))
+    clock, repeat, pump = pumped(app)
     for _ in range(4):
         clock.advance(timedelta(minutes=5))
         pump.run_once()
@@ -48,11 +55,7 @@ def test_failures_that_propagate_pause_after_failures_without_a_flush() -> None:
     def prices() -> None:
         raise RuntimeError("upstream down")
 
-    clock = ManualClock(datetime(2030, 1, 1, tzinfo=timezone.utc))
-    repeat = fake_repeat(clock=clock)
-    sync_app(app, repeat)
-    report_to(app, repeat)
-    pump = manual_pump(repeat, ["celery"], clock, CeleryDispatcher(app))
+    clock, repeat, pump = pumped(app)
     for _ in range(2):
         clock.advance(timedelta(hours=1))
         assert len(pump.run_once().dispatched) == 1

@@ -9,6 +9,9 @@ what it held back to its broker: in flight the start timeout from then (`hold_ms
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from emq_bridge import Occurrence, Pump, Repeat, ScheduleError
@@ -132,13 +135,22 @@ def test_a_waiting_report_of_an_occurrence_not_in_flight_changes_nothing(
     assert repeat.history("q", "free") == []
 
 
+@contextmanager
+def reporting_to(repeat: Repeat) -> Iterator[Reporter]:
+    """A reporter sending to `repeat`, heartbeating every second; closed after."""
+    reporter = Reporter(lambda: repeat, heartbeat_s=1.0)
+    try:
+        yield reporter
+    finally:
+        reporter.close(5.0)
+
+
 def test_a_reporter_hands_back_what_its_watch_lists_waiting_and_beats_it_no_more(
     repeat: Repeat,
 ) -> None:
     occurrence = sent_slot(repeat)
     held = waiting(occurrence)
-    reporter = Reporter(lambda: repeat, heartbeat_s=1.0)
-    try:
+    with reporting_to(repeat) as reporter:
         reporter.watch(lambda: [held])
         reporter.hand_back(START_TIMEOUT_MS)
         assert reporter.flush(5.0)
@@ -147,8 +159,6 @@ def test_a_reporter_hands_back_what_its_watch_lists_waiting_and_beats_it_no_more
         reporter._beat_watched()  # a heartbeat after the hand-back: the copy is not beaten
         left = deadline_in_ms(repeat, occurrence)
         assert left is not None and left > START_TIMEOUT_MS - 5_000
-    finally:
-        reporter.close(5.0)
 
 
 def test_a_waiting_report_with_a_bad_hold_is_refused() -> None:
@@ -164,16 +174,13 @@ def test_a_reporter_watching_again_heartbeats_what_its_new_worker_holds(
     # place, never heartbeated, so kept the start timeout.
     occurrence = sent_slot(repeat)
     held = waiting(occurrence)
-    reporter = Reporter(lambda: repeat, heartbeat_s=1.0)
-    try:
+    with reporting_to(repeat) as reporter:
         reporter.watch(lambda: [])
         reporter.hand_back(START_TIMEOUT_MS)
         reporter.watch(lambda: [held])  # the next worker
         reporter._beat_watched()
         left = deadline_in_ms(repeat, occurrence)
         assert left is not None and left <= reporter.heartbeat_ttl_ms
-    finally:
-        reporter.close(5.0)
 
 
 def test_a_waiting_retry_keeps_its_eta_plus_the_start_timeout(repeat: Repeat) -> None:
