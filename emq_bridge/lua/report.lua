@@ -234,8 +234,10 @@ for i, report in ipairs(reports) do
       -- reports is what happened. Only a skip gives way so: a second delivery of a run that
       -- ended otherwise (at least once: an ack lost with its worker) would count its failure
       -- twice, or flip a success. (A guarded registration's worker drops such a copy before
-      -- it runs: begin.lua.)
-      local rerun = attempt == old_attempt and entry[6] == 'skipped' and status ~= 'skipped'
+      -- it runs: begin.lua.) A final report carrying its start (folded) reruns as that
+      -- start, sent alone, would have: whatever its own status, a skip included.
+      local rerun = attempt == old_attempt and entry[6] == 'skipped'
+        and (status ~= 'skipped' or (kind ~= 'started' and started_at and started_at ~= ''))
         and carried and carried ~= '' and tonumber(entry[5])
         and tonumber(carried) > tonumber(entry[5])
       -- A skip from before the run in hand started (a report of it sent again) is stale.

@@ -148,6 +148,8 @@ close_reports = st.lists(
 @given(plan=close_reports, cut=st.integers(0, 12))
 # A worker's skip of a second attempt, its start folded in: counted as when sent one by one.
 @example(plan=[(0, "skipped", 1), (0, "started", 2), (0, "skipped", 2)], cut=0)
+# A skip, the same attempt run later, skipped again, its start folded in: a rerun (session 40).
+@example(plan=[(0, "skipped", 1), (0, "started", 1), (0, "skipped", 1)], cut=0)
 def test_a_folded_batch_ends_as_its_reports_one_by_one(
     model_client: redis.Redis, plan: list[tuple[int, str, int]], cut: int
 ) -> None:
