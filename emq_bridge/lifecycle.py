@@ -234,21 +234,55 @@ class LifecycleMoves:
         check_history_size(history_size)
         if outcome_listeners:  # metrics; on the caller's thread (the Reporter's, not a task's)
             outcome_listeners.on_reports(reports if told is None else told)
+        return self._apply(reports, history_size, heartbeat_ttl_ms, start_timeout_ms)[0]
+
+    def beat(
+        self,
+        runs: Sequence[Report],
+        *,
+        history_size: int = HISTORY_SIZE,
+        heartbeat_ttl_ms: int = HEARTBEAT_TTL_MS,
+    ) -> builtins.list[Report]:
+        """Apply the heartbeats `runs` (`heartbeat` and `waiting` reports, as `report` does,
+        one script call per queue) and return those of runs a `replace` took over: their
+        registration's overlap policy is `replace` and a later occurrence is in flight in
+        their place, so the revoke the pump sent should have stopped them. A worker that
+        missed it (one in warm shutdown reads no remote control) stops them itself. Raises
+        as `report` does."""
+        check_history_size(history_size)
+        if outcome_listeners:
+            outcome_listeners.on_reports(runs)
+        replaced = self._apply(runs, history_size, heartbeat_ttl_ms, START_TIMEOUT_MS)[1]
+        return [run for run in runs if run.kind == "heartbeat" and run.id in replaced]
+
+    def _apply(
+        self,
+        reports: Sequence[Report],
+        history_size: int,
+        heartbeat_ttl_ms: int,
+        start_timeout_ms: int,
+    ) -> tuple[int, set[str]]:
+        """`report`'s calls: how many reports applied, and the ids of the heartbeats' runs a
+        `replace` took over (`beat`)."""
+        check_history_size(history_size)
         by_queue: dict[str, builtins.list[Report]] = {}
         for item in reports:
             by_queue.setdefault(item.queue, []).append(item)
-        applied = 0
+        applied, replaced = 0, set()
         failed: builtins.list[tuple[str, int, RegistryError]] = []
         for queue, items in by_queue.items():
             try:
-                applied += self._report_queue(
+                count, ids = self._report_queue(
                     queue, items, history_size, heartbeat_ttl_ms, start_timeout_ms
                 )
             except RegistryError as exc:  # one queue's failure must not drop the others'
                 failed.append((queue, len(items), exc))
+                continue
+            applied += count
+            replaced.update(ids)
         if failed:
             raise _batch_error(failed, applied, len(reports)) from failed[0][2]
-        return applied
+        return applied, replaced
 
     def _report_queue(
         self,
@@ -257,25 +291,25 @@ class LifecycleMoves:
         history_size: int,
         heartbeat_ttl_ms: int,
         start_timeout_ms: int,
-    ) -> int:
-        """Apply the reports of one queue, one `report.lua` call; return how many applied."""
+    ) -> tuple[int, builtins.list[str]]:
+        """Apply the reports of one queue, one `report.lua` call; return how many applied and
+        the ids of the heartbeats' runs a `replace` took over."""
         keys = self.keys(queue)
         report_keys = []
         for item in items:
             report_keys += [keys.record(item.name), keys.history(item.name)]
         with redis_errors(f"report {queue}"):
-            return int(
-                self.scripts.report(
-                    keys=[keys.registry, keys.leases, keys.running, *report_keys],
-                    args=[
-                        json.dumps([item.to_json_item() for item in items]),
-                        history_size,
-                        heartbeat_ttl_ms,
-                        start_timeout_ms,
-                        keys.wake_channel,
-                    ],
-                )
+            reply = self.scripts.report(
+                keys=[keys.registry, keys.leases, keys.running, *report_keys],
+                args=[
+                    json.dumps([item.to_json_item() for item in items]),
+                    history_size,
+                    heartbeat_ttl_ms,
+                    start_timeout_ms,
+                    keys.wake_channel,
+                ],
             )
+        return int(reply[0]), [text(ident) for ident in reply[1:]]
 
     def started(
         self, occurrence: Occurrence | Mapping[str, Any], *, attempt: int = 1, **options: Any

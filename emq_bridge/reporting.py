@@ -140,6 +140,8 @@ class Reporter:
         # Runs another process runs that this one heartbeats too (`watch`); not a forked
         # child's: it watches nothing of its parent's.
         self._watched: Callable[[], Iterable[Report]] | None = None
+        # What stops the watched runs a `replace` took over (`watch`).
+        self._on_replaced: Callable[[list[Report]], None] | None = None
         # The worker stops (`hand_back`): the copies it holds unstarted go back to its
         # broker, so they are heartbeated (`waiting`) no more.
         self._handed_back = False
@@ -282,7 +284,12 @@ class Reporter:
                     )
                     self._thread.start()
 
-    def watch(self, runs: Callable[[], Iterable[Report]]) -> None:
+    def watch(
+        self,
+        runs: Callable[[], Iterable[Report]],
+        *,
+        replaced: Callable[[list[Report]], None] | None = None,
+    ) -> None:
         """Heartbeat, besides the runs this process reports, the ones `runs()` lists at each
         heartbeat (their `started` or `heartbeat` reports): runs another process runs that
         this one sees. A Celery prefork worker's main process so heartbeats its pool
@@ -291,9 +298,12 @@ class Reporter:
         would be marked lost while it runs. A heartbeat changes only an occurrence still in
         flight, so one of a run that just ended changes nothing. `runs` is called from the
         reporter's thread, and its heartbeats sent in a call of their own, dropped (at
-        DEBUG) when they fail. Starts the thread, which a forked child does not inherit (it
+        DEBUG) when they fail. `replaced` is called, from that thread, with the heartbeats
+        of runs a `replace` took over whose revoke did not stop them (`Repeat.beat`): the
+        caller stops them. Starts the thread, which a forked child does not inherit (it
         watches nothing)."""
         self._watched = runs
+        self._on_replaced = replaced
         # A worker started again in this process (a test's `Worker` per test) holds what
         # it holds afresh: heartbeated, not handed back.
         self._handed_back = False
@@ -314,12 +324,22 @@ class Reporter:
             else:
                 self._note_waiting([r for r in runs if r.kind == "waiting"])
             beats = [_heartbeat(r) for r in runs]
-            if beats:
-                self.registry().report(
+            replaced = (
+                self.registry().beat(
                     beats, history_size=self.history_size, heartbeat_ttl_ms=self.heartbeat_ttl_ms
                 )
+                if beats
+                else []
+            )
         except Exception as exc:  # never stop the thread: the runs heartbeat themselves too
             log.debug("the runs this process watches were not heartbeated: %s", exc)
+            return
+        stop = self._on_replaced
+        if replaced and stop is not None:
+            try:
+                stop(replaced)
+            except Exception as exc:  # never stop the thread
+                log.warning("runs a `replace` took over were not stopped: %s", exc)
 
     def hand_back(self, hold_ms: int, *, wake: bool = True) -> None:
         """The worker stops, and its broker gets back the messages it holds unstarted: have
@@ -654,6 +674,7 @@ def _heartbeat(run: Report) -> Report:
         run.at_ms,
         run.attempt,
         triggered=run.triggered,
+        backfill=run.backfill,  # out of band: never a run a `replace` took over (`Repeat.beat`)
     )
 
 

@@ -71,6 +71,7 @@ import logging
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -486,7 +487,10 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         reporter = reporter_for(app)
         if reporter is not None:
             prefork = _prefork(getattr(sender, "pool_cls", None))
-            reporter.watch(lambda: (_pool_runs(app) if prefork else []) + _waiting_runs(app))
+            reporter.watch(
+                lambda: (_pool_runs(app) if prefork else []) + _waiting_runs(app),
+                replaced=partial(_terminate_replaced, sender) if prefork else None,
+            )
 
 
 def _prefork(pool: Any) -> bool:
@@ -508,6 +512,44 @@ def _pool_runs(app: Celery) -> list[Report]:
     task a pool process accepted and did not finish). Called from the reporter's thread."""
     runs = (_heartbeat_of(r, app) for r in _copied(worker_state.active_requests))
     return [run for run in runs if run is not None]
+
+
+def _terminate_replaced(worker: Any, runs: list[Report]) -> None:
+    """Terminate the pool's runs of `runs` (heartbeats of runs a `replace` took over, as
+    `Repeat.beat` tells them), as the `revoke(id, terminate=True)` the pump sent would have:
+    a worker in warm shutdown reads no remote control, so it ran on beside its replacement.
+    Called from the reporter's thread; the termination runs where Celery's own revoke runs,
+    on the worker's event loop, or here for a worker without one, or stopping (its loop
+    ended: its main thread waits for the pool to drain). One that was revoked already is
+    left to that revoke."""
+    replaced = {run.id: run for run in runs}
+
+    def terminate() -> None:
+        pool = getattr(worker, "pool", None)
+        for request in _copied(worker_state.active_requests):
+            run = replaced.get(request.id)
+            if run is None or pool is None or request.id in worker_state.revoked:
+                continue
+            log.warning(
+                "emq-bridge: task %s (%s/%s) was replaced by a newer occurrence (overlap "
+                "replace) and the revoke did not reach this worker (shutting down?): "
+                "terminated",
+                request.id,
+                run.queue,
+                run.name,
+            )
+            worker_state.revoked.add(request.id)  # what the revoke command does first
+            request.terminate(pool, signal="SIGTERM")
+
+    hub = getattr(worker, "hub", None)
+    stopping = any(
+        flag is not None and flag is not False
+        for flag in (worker_state.should_stop, worker_state.should_terminate)
+    )
+    if hub is not None and not stopping:
+        hub.call_soon(terminate)
+    else:
+        terminate()
 
 
 def _waiting_runs(app: Celery) -> list[Report]:

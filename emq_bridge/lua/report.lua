@@ -42,7 +42,9 @@
 -- never the record's `inflight` nor in `inflight_also` (the overlap policy neither waits for
 -- it nor replaces it), and none of its reports moves the live schedule's `last_*` fields,
 -- `failures` or pause; the `skipped` count still counts it.
--- Returns the number of reports applied.
+-- Returns {the number of reports applied, then the ids of the heartbeats' runs a `replace`
+-- took over (their registration's policy is `replace`; the run is neither its `inflight` one
+-- nor in flight beside it, nor a trigger's or a backfill's): the worker stops them}.
 -- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
 -- (a redelivery after its heartbeats stopped) has it in flight again. A `started` of the
 -- attempt running, at a later time, is the same attempt started again by another worker: it
@@ -141,7 +143,7 @@ local function set(field, value)
   ns = ns + 2
 end
 
-local applied = 0
+local applied, replaced = 0, {}
 for i, report in ipairs(reports) do
   local kind, member, id, due, attempt, at, released, redelivered, triggered, error, hold,
         started_at, task_ran, backfilled = unpack(report)
@@ -157,6 +159,16 @@ for i, report in ipairs(reports) do
       if member ~= held_out
           and redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
         applied = applied + 1
+        -- A run a `replace` took over whose revoke did not reach its worker (one in warm
+        -- shutdown reads no remote control): the reply names it, for the worker to stop.
+        -- Not a trigger's nor a backfill's (never replaced), nor one in flight beside the
+        -- `inflight` one (a policy edited to `replace` while several ran: none replaced).
+        if cur[5] == 'replace' and member ~= cur[3] and tonumber(triggered) ~= 1
+            and tonumber(backfilled) ~= 1 and not string.find(member, ' triggered', 1, true)
+            and not string.find('\n' .. (cur[6] or '') .. '\n', '\n' .. member .. '\n', 1,
+                                true) then
+          replaced[#replaced + 1] = id
+        end
       end
     elseif kind == 'waiting' then
       -- A copy a worker holds unstarted keeps the occurrence in flight only while no run of
@@ -431,4 +443,5 @@ for i, report in ipairs(reports) do
   end
 end
 running_done()
-return applied
+table.insert(replaced, 1, applied)
+return replaced
