@@ -267,6 +267,11 @@ for i, report in ipairs(reports) do
         local was = fresh and '' or entry[6]
         local was_lost = was == 'lost'
         if folded then was = 'running' end  -- as after its start, sent alone
+        -- An attempt skipped, then run (`rerun`), is marked (a 12th element): a skip of that
+        -- run again is the same occurrence's, counted once (a later attempt starts afresh).
+        if not fresh and attempt > old_attempt then entry[12] = nil end
+        if rerun then entry[11], entry[12] = entry[11] or 0, 1 end
+        local skip_counted = was == 'skipped' or entry[12] == 1
         entry[6], entry[7] = status, attempt
         if released ~= '' then entry[3] = released end
         if redelivered == 1 then entry[8] = 1 end
@@ -374,7 +379,7 @@ for i, report in ipairs(reports) do
           end
           local failures = 0
           if backfill then
-            if status == 'skipped' and was ~= 'skipped' then
+            if status == 'skipped' and not skip_counted then
               redis.pcall('HINCRBY', record, 'skipped', 1)
             end
           elseif status == 'succeeded' then
@@ -399,7 +404,7 @@ for i, report in ipairs(reports) do
             end
             set('last_error', error)
             set('last_failure_ms', at)
-          elseif status == 'skipped' and was ~= 'skipped' then
+          elseif status == 'skipped' and not skip_counted then
             -- A worker skipped it (its overlap check at start, Dramatiq's SkipMessage or
             -- AgeLimit, Celery's Ignore): counted as the pump's skips are.
             redis.pcall('HINCRBY', record, 'skipped', 1)

@@ -89,6 +89,24 @@ def test_a_second_run_of_an_attempt_that_ended_changes_nothing(repeat: Repeat) -
 def test_a_skip_twice_is_counted_once(repeat: Repeat) -> None:
     _registered(repeat)
     assert repeat.report([_report(repeat, "skipped", DUE + 2_000, DUE + 1_000)]) == 1
-    assert repeat.report([_report(repeat, "skipped", DUE + 9_000, DUE + 8_000)]) == 0
+    # Run again later and skipped again (its start folded in): the entry tells the later
+    # run, as its start and its skip sent one by one would (the lifecycle model), and the
+    # occurrence is counted skipped once.
+    assert repeat.report([_report(repeat, "skipped", DUE + 9_000, DUE + 8_000)]) == 1
+    (entry,) = repeat.history("q", "a")
+    assert (entry.status, entry.started_ms, entry.finished_ms) == (
+        "skipped",
+        DUE + 8_000,
+        DUE + 9_000,
+    )
+    registration = repeat.get("q", "a")
+    assert registration is not None and registration.skipped == 1
+
+
+def test_a_skip_its_rerun_and_a_skip_again_one_by_one_count_once(repeat: Repeat) -> None:
+    _registered(repeat)
+    assert repeat.report([_report(repeat, "skipped", DUE + 2_000, DUE + 1_000)]) == 1
+    assert repeat.report([_report(repeat, "started", DUE + 8_000)]) == 1  # a copy runs
+    assert repeat.report([_report(repeat, "skipped", DUE + 9_000)]) == 1  # and is skipped
     registration = repeat.get("q", "a")
     assert registration is not None and registration.skipped == 1
