@@ -227,6 +227,9 @@ end
 
 -- True when `record` is a hash with a `template`, as every record written is (pcall: a key
 -- of another type, edited by hand, is not).
+-- The runs a `replace` took over that a record keeps (`replaced_runs`), newest last.
+local REPLACED_MAX = 16
+
 local function has_template(record)
   return redis.pcall('HEXISTS', record, 'template') == 1
 end
@@ -310,6 +313,16 @@ for i, candidate in ipairs(candidates) do
         if busy then  -- 'replace'
           replaced[#replaced + 1] = i
           replaced[#replaced + 1] = busy
+          -- Kept in the record (the newest REPLACED_MAX): a heartbeat of one of them tells
+          -- its worker to stop it, should the revoke the pump sends miss it (report.lua).
+          local kept = {}
+          for other in string.gmatch(redis.call('HGET', record, 'replaced_runs') or '',
+                                     '[^\n]+') do
+            if other ~= busy then kept[#kept + 1] = other end
+          end
+          kept[#kept + 1] = busy
+          while #kept > REPLACED_MAX do table.remove(kept, 1) end
+          redis.call('HSET', record, 'replaced_runs', table.concat(kept, '\n'))
         end
         writes[1], writes[2] = 'inflight', member
         local start_at = start_deadline

@@ -43,8 +43,7 @@
 -- it nor replaces it), and none of its reports moves the live schedule's `last_*` fields,
 -- `failures` or pause; the `skipped` count still counts it.
 -- Returns {the number of reports applied, then the ids of the heartbeats' runs a `replace`
--- took over (their registration's policy is `replace`; the run is neither its `inflight` one
--- nor in flight beside it, nor a trigger's or a backfill's): the worker stops them}.
+-- took over (claim.lua's `replaced_runs`): the worker stops them}.
 -- `lost` is lower than `running`: a worker that starts an occurrence the pump gave up on
 -- (a redelivery after its heartbeats stopped) has it in flight again. A `started` of the
 -- attempt running, at a later time, is the same attempt started again by another worker: it
@@ -152,21 +151,19 @@ for i, report in ipairs(reports) do
   -- holds (`history_due`: a report of a later occurrence has no entry yet, so no search), the
   -- occurrence in flight, whether there is a failure streak to clear, and the overlap policy.
   local cur = redis.pcall('HMGET', record, 'template', 'history_due', 'inflight', 'failures',
-                          'overlap', 'inflight_also', 'last_success_ms')
+                          'overlap', 'inflight_also', 'last_success_ms', 'replaced_runs')
   if type(cur) == 'table' and not cur.err and cur[1] then
     if kind == 'heartbeat' then
       -- (A member held out is gone: XX leaves it out.)
-      if member ~= held_out
-          and redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
-        applied = applied + 1
-        -- A run a `replace` took over whose revoke did not reach its worker (one in warm
-        -- shutdown reads no remote control): the reply names it, for the worker to stop.
-        -- Not a trigger's nor a backfill's (never replaced), nor one in flight beside the
-        -- `inflight` one (a policy edited to `replace` while several ran: none replaced).
-        if cur[5] == 'replace' and member ~= cur[3] and tonumber(triggered) ~= 1
-            and tonumber(backfilled) ~= 1 and not string.find(member, ' triggered', 1, true)
-            and not string.find('\n' .. (cur[6] or '') .. '\n', '\n' .. member .. '\n', 1,
-                                true) then
+      if member ~= held_out then
+        if redis.call('ZADD', running, 'XX', 'CH', now + ttl, member) == 1 then
+          applied = applied + 1
+        end
+        -- A run a `replace` took over (claim.lua keeps those in `replaced_runs`), still in
+        -- flight, whose revoke did not reach its worker (one in warm shutdown reads no
+        -- remote control; or it waited unstarted, and started after): the reply names it.
+        if cur[8] and string.find('\n' .. cur[8] .. '\n', '\n' .. member .. '\n', 1, true)
+            and running_score(member) then
           replaced[#replaced + 1] = id
         end
       end

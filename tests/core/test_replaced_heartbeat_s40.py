@@ -1,10 +1,11 @@
 """`Repeat.beat`: a heartbeat tells its worker when a `replace` took its run over.
 
 A Celery worker that misses the revoke a `replace` sends (one in warm shutdown, one with
-remote control off) ran the replaced run on beside its replacement. `report.lua` now names,
-in its reply, the heartbeats of runs a `replace` took over: the registration's policy is
-`replace`, and the run is neither its `inflight` one nor in flight beside it (`inflight_also`),
-nor a trigger's or a backfill's. Only those: every other heartbeat is applied as before.
+remote control off) ran the replaced run on beside its replacement. The claim now keeps the
+runs it replaced in the record (`replaced_runs`, the newest 16), and `report.lua` names, in
+its reply, the heartbeats of those still running. Only those: a first version inferred them
+(a run neither `inflight` nor in `inflight_also`), and the review of it (session 40) had a
+worker kill runs nothing replaced, past `inflight_also`'s cap of 16.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def test_a_run_in_flight_beside_the_inflight_one_is_not_named(repeat: Repeat) ->
     # Two runs under `allow`, then the policy edited to `replace`: neither was replaced.
     first, second = two_slots(repeat, "allow")
     assert repeat.started(second)
-    repeat.register(
-        "q", "job", every="1h", template={"task": "t"}, overlap="replace", immediately=True
-    )
+    repeat.upsert("q", "job", every="1h", template={"task": "t"}, overlap="replace")
+    edited = repeat.get("q", "job")
+    assert edited is not None and edited.definition.overlap == "replace"
     assert repeat.beat([beat(first), beat(second)]) == []
 
 
@@ -82,15 +83,64 @@ def test_report_still_returns_the_count_applied(repeat: Repeat) -> None:
     assert repeat.report([beat(first), beat(second)]) == 2
 
 
-def test_a_backfilled_run_is_not_named(repeat: Repeat) -> None:
-    # A backfill's run is out of band: never the one a slot replaces (its worker says so).
-    first, _ = two_slots(repeat, "replace")
-    assert repeat.beat([replace(beat(first), backfill=True)]) == []
-
-
 def test_the_reporters_heartbeat_keeps_the_backfill_flag() -> None:
-    # The Reporter heartbeats a run from its start report: the flag must survive that.
+    # The Reporter heartbeats a run from its start report: a backfill's stays out of band.
     start = replace(
         report_of("started", {"id": "i", "queue": "q", "name": "n", "due_ms": 1}), backfill=True
     )
     assert _heartbeat(start).backfill
+
+
+def test_runs_past_the_cap_of_those_in_flight_beside_are_not_named(repeat: Repeat) -> None:
+    # 20 runs under `allow` (only 16 are kept beside the `inflight` one), then the policy
+    # edited to `replace`: no claim replaced any of them.
+    repeat.register("q", "job", every="1h", template={"task": "t"}, immediately=True)
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    pump.run_once()
+    runs = sent.clear()
+    for n in range(1, 20):
+        pump.run_once(now_ms=runs[0].due_ms + n * HOUR_MS + 1)
+        runs += sent.clear()
+    for run in runs:
+        assert repeat.started(run)
+    assert len(runs) == 20
+    repeat.upsert("q", "job", every="1h", template={"task": "t"}, overlap="replace")
+    edited = repeat.get("q", "job")
+    assert edited is not None and edited.definition.overlap == "replace"
+    assert repeat.beat([beat(run) for run in runs]) == []
+    # The next slot replaces the one in flight: that one only is named.
+    pump.run_once(now_ms=runs[0].due_ms + 20 * HOUR_MS + 1)
+    (newest,) = sent.clear()
+    named = repeat.beat([beat(run) for run in runs] + [beat(newest)])
+    assert len(named) == 1 and named[0].id in {run.id for run in runs}
+
+
+def test_a_run_replaced_before_it_started_is_named_once_it_runs(repeat: Repeat) -> None:
+    repeat.register(
+        "q", "job", every="1h", template={"task": "t"}, overlap="replace", immediately=True
+    )
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    pump.run_once()
+    (first,) = sent.clear()
+    pump.run_once(now_ms=first.due_ms + HOUR_MS + 1)  # replaces it while it waits unstarted
+    (second,) = sent.clear()
+    assert repeat.started(second)
+    assert repeat.started(first)  # its worker never got the revoke: it starts late
+    assert [r.id for r in repeat.beat([beat(first), beat(second)])] == [first.id]
+
+
+def test_a_trigger_the_claim_replaced_is_named_as_the_pump_revoked_it(repeat: Repeat) -> None:
+    repeat.register("q", "job", every="1h", template={"task": "t"}, overlap="replace")
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    repeat.trigger("q", "job")
+    pump.run_once()
+    (triggered,) = sent.clear()
+    assert repeat.started(triggered)  # in flight: the `inflight` one
+    due = repeat.get("q", "job")
+    assert due is not None and due.next_run_ms is not None
+    pump.run_once(now_ms=due.next_run_ms + 1)  # the slot replaces it (the pump revokes it)
+    (slot,) = sent.clear()
+    assert [r.id for r in repeat.beat([beat(triggered), beat(slot)])] == [triggered.id]
