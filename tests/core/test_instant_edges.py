@@ -174,3 +174,14 @@ def test_day_and_on_an_interval_is_refused_for_what_it_is(tmp_path: Path) -> Non
         match="field 'day_and': applies to cron schedules only; an interval has no days",
     ):
         load_schedule_file(path)
+
+
+def test_without_a_start_at_a_schedule_with_no_slot_left_is_taken_with_no_next_run(
+    repeat: Repeat,
+) -> None:
+    # timing.md: refused only when its `start_at` leaves no slot; registered late in 9999
+    # without one, it is taken and never fires (session 40's timing probe).
+    late = int(datetime(9999, 12, 31, 12, tzinfo=timezone.utc).timestamp() * 1000)
+    assert repeat.register("q", "never", every="1d", now_ms=late)
+    registration = repeat.get("q", "never")
+    assert registration is not None and registration.next_run_ms is None
