@@ -118,8 +118,8 @@ class PumpEvents:
         in flight ends."""
 
     def on_replace(self, occurrence: Occurrence, previous_id: str, revoked: bool) -> None:
-        """`occurrence` replaces the one in flight, `previous_id` (overlap `replace`);
-        `revoked` says whether the dispatcher could revoke it."""
+        """`occurrence` replaces `previous_id`, in flight (overlap `replace`: once for each
+        occurrence in flight); `revoked` says whether the dispatcher could revoke it."""
 
     def on_lost(self, queue: str, name: str, due_ms: int, occurrence_id: str) -> None:
         """The occurrence `occurrence_id` in flight went silent (its worker stopped

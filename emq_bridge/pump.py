@@ -664,7 +664,9 @@ class Pump:
         sending: _Sending,
     ) -> None:
         """Build the occurrences of `claim` into `batch` and send them, outcomes into `sending`."""
-        replaced = dict(claim.replaced)
+        replaced: dict[int, list[str]] = {}  # a `replace` takes over every run in flight
+        for index, previous in claim.replaced:
+            replaced.setdefault(index, []).append(previous)
         for index in claim.claimed:
             name, score, _, missed, _, fire = candidates[index]
             template = firings[name].template
@@ -680,8 +682,8 @@ class Pump:
                 # A jittered score is the instant its slot was to be sent (the lag's start).
                 send_at_ms=score if score > fire else None,
             )
-            if index in replaced:
-                self._replace(occurrence, replaced[index])
+            for previous in replaced.get(index, ()):
+                self._replace(occurrence, previous)
             batch.append(occurrence)
         drop: list[str] = []
         for member in claim.released:

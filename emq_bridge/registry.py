@@ -291,7 +291,8 @@ class Scan:
 class Claim:
     """What a claim took: candidate indexes, re-leased lease members, and what is due next.
 
-    `replaced`: (candidate index, the member in flight it replaces) of `replace` policies;
+    `replaced`: (candidate index, a member in flight it replaces) of `replace` policies, one
+    pair per member (a slot replaces every run in flight, its trigger's included);
     `skipped` and `buffered`: candidate indexes the overlap policy did not fire; `dropped`:
     candidate indexes this claim moved whose missed slots it counted (the misfire policy's).
     """

@@ -34,7 +34,8 @@
 --          history (KEYS[history key index]) under the occurrence id given; 'buffer_one'
 --          keeps the slot in the record's `buffered` field (report.lua and lost.lua release
 --          it when the running one ends), or skips it if one is kept already; 'replace'
---          fires and returns the member in flight, for the pump to revoke. A guarded
+--          fires and returns every member in flight it did not replace before (kept in
+--          the record's `replaced_runs`), for the pump to revoke. A guarded
 --          occurrence fired is in flight at once: `inflight`, and `running` for ARGV[5] ms.
 --          Deadlines in `running` are on this server's clock (TIME), whatever the pump's.
 -- ARGV[4]  JSON array of expired lease members to re-lease, as scan read them
@@ -75,7 +76,8 @@
 -- decided (`track`), which a backfill never sends.
 -- Returns {{claimed candidate index (1-based), ...}, {re-leased member as given, ...},
 --          earliest registry score or '', earliest lease deadline or '',
---          {candidate index, member in flight it replaces, ...}, {skipped index, ...},
+--          {candidate index, member in flight it replaces, ...} (one pair per member),
+--          {skipped index, ...},
 --          {buffered index, ...}, {index whose dropped slots were counted, ...}} after the
 --          writes: a re-leased "... manual", "... buffered" or "... backfill" member is a
 --          first send, any other a redelivery.
@@ -228,22 +230,27 @@ end
 -- True when `record` is a hash with a `template`, as every record written is (pcall: a key
 -- of another type, edited by hand, is not).
 -- The runs a `replace` took over that a record keeps (`replaced_runs`), newest last.
-local REPLACED_MAX = 16
+local REPLACED_MAX = 32
 
 local function has_template(record)
   return redis.pcall('HEXISTS', record, 'template') == 1
 end
 
 -- The member of an occurrence of `record` in flight whose lost deadline has not passed: its
--- `inflight` one, else one in flight beside it (`inflight_also`, report.lua), or nil.
-local function in_flight(record)
+-- `inflight` one, else one in flight beside it (`inflight_also`, report.lua), or nil. With
+-- `every`, the list of all of them.
+local function in_flight(record, every)
   local f = redis.call('HMGET', record, 'inflight', 'inflight_also')
-  local members = {f[1] or nil}  -- (a missing field reads as false)
+  local members, live_ones = {f[1] or nil}, {}  -- (a missing field reads as false)
   for member in string.gmatch(f[2] or '', '[^\n]+') do members[#members + 1] = member end
   for _, member in ipairs(members) do
     local live = redis.call('ZSCORE', running, member)
-    if live and tonumber(live) > server_now then return member end
+    if live and tonumber(live) > server_now then
+      if not every then return member end
+      live_ones[#live_ones + 1] = member
+    end
   end
+  if every then return live_ones end
   return nil
 end
 
@@ -310,17 +317,24 @@ for i, candidate in ipairs(candidates) do
         writes[1], writes[2] = 'buffered', fire
         buffered[#buffered + 1] = i
       else
-        if busy then  -- 'replace'
-          replaced[#replaced + 1] = i
-          replaced[#replaced + 1] = busy
-          -- Kept in the record (the newest REPLACED_MAX): a heartbeat of one of them tells
-          -- its worker to stop it, should the revoke the pump sends miss it (report.lua).
-          local kept = {}
+        if busy then  -- 'replace': every occurrence in flight, not replaced before
+          -- (a trigger's, a run beside the `inflight` one: the newest slot runs alone; one a
+          -- framework could not revoke, Dramatiq's, is replaced once). Kept in the record
+          -- (the newest REPLACED_MAX): a heartbeat of one tells its worker to stop it, should
+          -- the revoke the pump sends miss it (report.lua); begin.lua lets the slot run.
+          local kept, before = {}, {}
           for other in string.gmatch(redis.call('HGET', record, 'replaced_runs') or '',
                                      '[^\n]+') do
-            if other ~= busy then kept[#kept + 1] = other end
+            kept[#kept + 1] = other
+            before[other] = true
           end
-          kept[#kept + 1] = busy
+          for _, other in ipairs(in_flight(record, true)) do
+            if not before[other] then
+              replaced[#replaced + 1] = i
+              replaced[#replaced + 1] = other
+              kept[#kept + 1] = other
+            end
+          end
           while #kept > REPLACED_MAX do table.remove(kept, 1) end
           redis.call('HSET', record, 'replaced_runs', table.concat(kept, '\n'))
         end

@@ -109,11 +109,13 @@ def test_runs_past_the_cap_of_those_in_flight_beside_are_not_named(repeat: Repea
     edited = repeat.get("q", "job")
     assert edited is not None and edited.definition.overlap == "replace"
     assert repeat.beat([beat(run) for run in runs]) == []
-    # The next slot replaces the one in flight: that one only is named.
+    # The next slot replaces every run in flight the record tracks (its `inflight` one and
+    # the 16 beside it): those only are named, not the 3 oldest, forgotten past the cap.
     pump.run_once(now_ms=runs[0].due_ms + 20 * HOUR_MS + 1)
     (newest,) = sent.clear()
-    named = repeat.beat([beat(run) for run in runs] + [beat(newest)])
-    assert len(named) == 1 and named[0].id in {run.id for run in runs}
+    named = {r.id for r in repeat.beat([beat(run) for run in runs] + [beat(newest)])}
+    assert len(named) == 17 and newest.id not in named
+    assert not named & {run.id for run in runs[1:4]}
 
 
 def test_a_run_replaced_before_it_started_is_named_once_it_runs(repeat: Repeat) -> None:
@@ -144,3 +146,37 @@ def test_a_trigger_the_claim_replaced_is_named_as_the_pump_revoked_it(repeat: Re
     pump.run_once(now_ms=due.next_run_ms + 1)  # the slot replaces it (the pump revokes it)
     (slot,) = sent.clear()
     assert [r.id for r in repeat.beat([beat(triggered), beat(slot)])] == [triggered.id]
+
+
+def test_a_slot_replaces_a_trigger_running_beside_it_and_runs(repeat: Repeat) -> None:
+    # The review of session 40: a trigger in flight beside the slot `inflight` (its
+    # `inflight_also`) made every later slot of a `replace` schedule refused at its start
+    # (begin.lua saw the trigger), while each slot replaced only the slot before it.
+    first, _ = two_slots(repeat, "replace")  # `first` is replaced and named already
+    repeat.trigger("q", "job")
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    pump.run_once(now_ms=first.due_ms + HOUR_MS + 2)
+    (triggered,) = sent.clear()
+    assert repeat.started(triggered)  # beside the slot in flight
+    pump.run_once(now_ms=first.due_ms + 2 * HOUR_MS + 1)
+    (third,) = sent.clear()
+    named = {r.id for r in repeat.beat([beat(triggered), beat(third)])}
+    assert triggered.id in named and third.id not in named
+    # Its worker may start it: nothing it does not replace is in its way.
+    assert repeat.begin(third)
+
+
+def test_a_run_is_replaced_once(repeat: Repeat) -> None:
+    # One a framework cannot revoke (Dramatiq) runs on: the next slot does not replace it
+    # again (one `replaces` event per run), and the slot after may start.
+    first, second = two_slots(repeat, "replace")
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    tick = pump.run_once(now_ms=first.due_ms + 2 * HOUR_MS + 1)
+    assert len(tick.dispatched) == 1
+    claim_pairs = repeat.client.hget(repeat.keys("q").record("job"), "replaced_runs")
+    assert claim_pairs is not None
+    members = claim_pairs.decode().split("\n")
+    assert members.count(f"job {first.due_ms}") == 1
+    assert f"job {second.due_ms}" in members
