@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -84,81 +87,89 @@ def prefix(redis_url: str) -> Iterator[str]:
         client.delete(key)
 
 
-def test_a_run_replaced_while_its_worker_shuts_down_is_terminated_and_reported_revoked(
-    redis_url: str, app_dir: Path, prefix: str
-) -> None:
+@dataclass
+class Stack:
+    queue: str
+    repeat: Repeat
+    side: redis.Redis
+    worker: subprocess.Popen[bytes]
+    log: Path
+    notes: str  # the list the task notes its runs in
+
+    def started(self) -> list[str]:
+        """The ids of the runs started, in order."""
+        return [json.loads(raw)["id"] for raw in self.side.lrange(self.notes, 0, -1)]
+
+    def revoked_early(self, ident: str) -> None:
+        """Assert the run `ident` ended `revoked`, long before it would have ended."""
+        ended = {e.id: e for e in self.repeat.history(self.queue, "long", n=20)}[ident]
+        assert ended.status == "revoked", (ended, self.log.read_text(errors="replace")[-3000:])
+        assert ended.started_ms is not None and ended.finished_ms is not None
+        assert ended.finished_ms - ended.started_ms < (LONG_S / 2) * 1000
+
+
+@contextmanager
+def replace_schedule(
+    redis_url: str, app_dir: Path, prefix: str, *, remote_control: bool
+) -> Iterator[Stack]:
+    """A one-process prefork worker, a `replace` schedule of `ws.long` every EVERY_S, and a
+    pump for the block; the worker stopped after."""
     queue = f"{prefix}-q"
-    repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
-    side = redis.Redis.from_url(redis_url)
-    variables = {"WS_BROKER": redis_url, "WS_PREFIX": prefix, "WS_QUEUE": queue}
+    variables = {
+        "WS_BROKER": redis_url,
+        "WS_PREFIX": prefix,
+        "WS_QUEUE": queue,
+        "WS_REMOTE_CONTROL": "1" if remote_control else "0",
+    }
     worker, log = celery_worker(app_dir, "ws_app", queue, variables, concurrency=1)
     try:
         wait_until(lambda: b"ready." in log.read_bytes(), 60, "the worker's start")
+        repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
         repeat.register(
             queue, "long", every=f"{EVERY_S}s", overlap="replace", template={"task": "ws.long"}
         )
         with celery_pump(repeat, queue, redis_url):
-            wait_until(lambda: side.llen(f"{prefix}:notes") >= 1, 30, "the first run's start")
-            first = json.loads(side.lindex(f"{prefix}:notes", 0) or b"{}")["id"]
-            worker.send_signal(signal.SIGTERM)  # a warm shutdown: it finishes its task
-            stopping = time.monotonic()
-            # The next slot replaces the run; its revoke does not reach a worker shutting down.
-            wait_until(lambda: fired(repeat, queue) >= 2, 2 * EVERY_S + 5, "the next slot")
-            # The run is terminated at a heartbeat of it, and the worker exits: long before
-            # the run would have ended.
-            wait_until(
-                lambda: worker.poll() is not None,
-                EVERY_S + 10 * HEARTBEAT_S + 10,
-                "the worker's exit, its replaced run terminated",
-            )
-            assert time.monotonic() - stopping < LONG_S / 2
-        entries = {e.id: e for e in repeat.history(queue, "long", n=10)}
-        assert first in entries, entries
-        ended = entries[first]
-        assert ended.status == "revoked", (ended, log.read_text(errors="replace")[-3000:])
-        assert ended.started_ms is not None and ended.finished_ms is not None
-        assert ended.finished_ms - ended.started_ms < (LONG_S / 2) * 1000
-        output = log.read_text(errors="replace")
-        assert "replaced by a newer occurrence" in output, output[-3000:]
+            side = redis.Redis.from_url(redis_url)
+            yield Stack(queue, repeat, side, worker, log, f"{prefix}:notes")
     finally:
         stop(worker)
+
+
+def test_a_run_replaced_while_its_worker_shuts_down_is_terminated_and_reported_revoked(
+    redis_url: str, app_dir: Path, prefix: str
+) -> None:
+    with replace_schedule(redis_url, app_dir, prefix, remote_control=True) as stack:
+        wait_until(lambda: len(stack.started()) >= 1, 30, "the first run's start")
+        (first,) = stack.started()
+        stack.worker.send_signal(signal.SIGTERM)  # a warm shutdown: it finishes its task
+        stopping = time.monotonic()
+        # The next slot replaces the run; its revoke does not reach a worker shutting down.
+        wait_until(lambda: fired(stack.repeat, stack.queue) >= 2, 2 * EVERY_S + 5, "a slot")
+        # The run is terminated at a heartbeat of it, and the worker exits: long before the
+        # run would have ended.
+        wait_until(
+            lambda: stack.worker.poll() is not None,
+            EVERY_S + 10 * HEARTBEAT_S + 10,
+            "the worker's exit, its replaced run terminated",
+        )
+        assert time.monotonic() - stopping < LONG_S / 2
+        stack.revoked_early(first)
+        output = stack.log.read_text(errors="replace")
+        assert "replaced by a newer occurrence" in output, output[-3000:]
 
 
 def test_a_worker_without_remote_control_terminates_the_run_a_replace_took_over(
     redis_url: str, app_dir: Path, prefix: str
 ) -> None:
-    queue = f"{prefix}-q"
-    repeat = Repeat(redis.Redis.from_url(redis_url), prefix)
-    side = redis.Redis.from_url(redis_url)
-    variables = {
-        "WS_BROKER": redis_url,
-        "WS_PREFIX": prefix,
-        "WS_QUEUE": queue,
-        "WS_REMOTE_CONTROL": "0",
-    }
-    worker, log = celery_worker(app_dir, "ws_app", queue, variables, concurrency=1)
-    try:
-        wait_until(lambda: b"ready." in log.read_bytes(), 60, "the worker's start")
-        repeat.register(
-            queue, "long", every=f"{EVERY_S}s", overlap="replace", template={"task": "ws.long"}
+    with replace_schedule(redis_url, app_dir, prefix, remote_control=False) as stack:
+        # Each slot's run is terminated once the next one took over, so the one process of
+        # the pool runs the next: three runs started within a few slots, not one a minute.
+        wait_until(
+            lambda: len(stack.started()) >= 3,
+            4 * EVERY_S + 10 * HEARTBEAT_S + 10,
+            "three runs, each replaced by the next",
         )
-        with celery_pump(repeat, queue, redis_url):
-            # Each slot's run is terminated once the next one took over, so the one process
-            # of the pool runs the next: three runs started within a few slots, not one a
-            # minute.
-            wait_until(
-                lambda: side.llen(f"{prefix}:notes") >= 3,
-                4 * EVERY_S + 10 * HEARTBEAT_S + 10,
-                "three runs, each replaced by the next",
-            )
-        started = [json.loads(raw)["id"] for raw in side.lrange(f"{prefix}:notes", 0, -1)]
-        entries = {e.id: e for e in repeat.history(queue, "long", n=20)}
-        for ident in started[:2]:
-            ended = entries[ident]
-            assert ended.status == "revoked", (ended, log.read_text(errors="replace")[-3000:])
-            assert ended.finished_ms is not None and ended.started_ms is not None
-            assert ended.finished_ms - ended.started_ms < (LONG_S / 2) * 1000
-        assert worker.poll() is None, "the worker keeps running"
-        assert "replaced by a newer occurrence" in log.read_text(errors="replace")
-    finally:
-        stop(worker)
+        for ident in stack.started()[:2]:
+            stack.revoked_early(ident)
+        assert stack.worker.poll() is None, "the worker keeps running"
+        assert "replaced by a newer occurrence" in stack.log.read_text(errors="replace")
