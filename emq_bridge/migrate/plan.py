@@ -466,18 +466,18 @@ def _left(entry: Imported, owners: dict[tuple[str, str], str | None]) -> Refusal
 
 
 def _owned(repeat: Repeat, entry: Imported, source: str, moved: dict[tuple[str, str], str]) -> bool:
-    """True if the registration is paused, by a pause the import may lift: the import's
-    source still owns it, or the pause is its `--paused` (`paused_by`) on a registration a
-    beat took over meanwhile (in its queue, or moved to the app's: `moved`); and it is not
-    parked (a dispatch that can never work, a failure streak: resume it by name). Another
-    source's own pause is not the import's to lift."""
+    """True if the registration is paused by a pause the import may lift: its own `--paused`
+    (`paused_by` its source), whether the source still owns the registration or a beat took
+    it over meanwhile (in its queue, or moved to the app's: `moved`); and it is not parked (a
+    dispatch that can never work, a failure streak: resume it by name). A pause an operator
+    set by hand (`emq-bridge pause`), or another source's, is not the import's to lift."""
     d = entry.declaration
     registration = repeat.get(moved.get(_key(d), d.queue), d.name)
     return (
         registration is not None
         and registration.paused
         and registration.parked_reason is None
-        and source in (registration.source, registration.paused_by)
+        and registration.paused_by == source
     )
 
 

@@ -348,3 +348,24 @@ def test_an_import_that_finds_no_schedule_says_so(run: Run, repeat: Repeat, redi
     assert result.exit_code == 0, result.output
     assert "note: the old scheduler holds no schedule here" in result.stderr
     assert snapshot(repeat) == {}
+
+
+def test_a_cut_over_leaves_a_pause_an_operator_set_by_hand(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    # Migration probe, session 40: `--resume` lifted any pause on the import's
+    # registrations, an operator's too ("do not run until INC-42 is fixed").
+    now = datetime.now(timezone.utc)
+    save(redbeat_app, "nightly", schedule(timedelta(hours=1)), last_run_at=now)
+    save(redbeat_app, "staged", schedule(timedelta(hours=1)), last_run_at=now)
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    assert run(*args).exit_code == 0
+    held = run("pause", "celery", "nightly", "--note", "INC-42", "--by", "alice")
+    assert held.exit_code == 0, held.output
+    assert run(*args, "--paused").exit_code == 0  # stages "staged" only: "nightly" is held
+    cut = run(*args, "--resume")
+    assert cut.exit_code == 0, cut.output
+    assert "> resumed celery/nightly" not in cut.output
+    nightly = repeat.get("celery", "nightly")
+    assert nightly is not None and nightly.paused and nightly.paused_by == "alice"
