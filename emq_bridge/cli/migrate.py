@@ -27,7 +27,13 @@ from ..cadence import Cron
 from ..errors import ConfigError, InvalidName
 from ..keys import validate_name
 from ..migrate.export import FORMATS, Format, SourceLeftOut, export_registry, render
-from ..migrate.plan import ImportPlan, apply_import, queues_note, result_lines
+from ..migrate.plan import (
+    ImportPlan,
+    apply_import,
+    left_behind_notes,
+    queues_note,
+    result_lines,
+)
 from ..urls import client_from_url, redact_url
 from .context import (
     ServerError,
@@ -78,7 +84,8 @@ def _apply(
             "note: the old scheduler holds no schedule here (check its URL, database and prefix)"
         )
         note = f"{note}\n{found}" if note else found
-    note = "\n".join(filter(None, [note, *notes]))
+    behind = left_behind_notes(settings.repeat(), plan)
+    note = "\n".join(filter(None, [note, *notes, *behind]))
     if as_json:
 
         def items(entries: list[Any]) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ __all__ = [
     "Imported",
     "Refusal",
     "apply_import",
+    "left_behind_notes",
     "queues_note",
     "result_lines",
 ]
@@ -493,6 +494,44 @@ def result_lines(result: ImportResult) -> list[str]:
         f"> paused {e.declaration.queue}/{e.declaration.name} (it fired here: --resume lifts it)"
         for e in result.staged
     ]
+    return lines
+
+
+# Registrations `left_behind_notes` names one by one at most; the others are counted.
+LEFT_BEHIND_SHOWN = 20
+
+
+def left_behind_notes(repeat: Repeat, plan: ImportPlan) -> list[str]:
+    """Return `note:` lines for the registrations of the import's source that this import
+    did not read (an import never removes anything): one whose entry moved to another queue
+    in the old scheduler (or an import run again with another `--queue`) fires under both
+    queues; one whose entry was deleted or renamed there still fires here. Each line gives
+    the command that removes it. (Not removed here: two deployments of one old scheduler
+    imported under one source would remove each other's.)"""
+    read = {(e.declaration.queue, e.declaration.name) for e in plan.entries}
+    queue_of = {e.declaration.name: e.declaration.queue for e in plan.entries}
+    lines: list[str] = []
+    left = 0
+    for queue in repeat.queues():
+        for registration in repeat.iter_list(queue):
+            if registration.source != plan.source or (queue, registration.name) in read:
+                continue
+            left += 1
+            if len(lines) >= LEFT_BEHIND_SHOWN:
+                continue
+            remove = shlex.join(["emq-bridge", "remove", queue, registration.name])
+            now_in = queue_of.get(registration.name)
+            why = (
+                f"its entry is in queue {now_in!r} now, where it fires too"
+                if now_in is not None
+                else "no entry this import read is it (deleted or renamed there, or refused above)"
+            )
+            lines.append(
+                f"note: {queue}/{registration.name} of {plan.source} was not read by this "
+                f"import: {why}; it still fires here unless removed: {remove}"
+            )
+    if left > len(lines):
+        lines.append(f"note: and {left - len(lines)} more registration(s) of {plan.source} so")
     return lines
 
 

@@ -369,3 +369,37 @@ def test_a_cut_over_leaves_a_pause_an_operator_set_by_hand(
     assert "> resumed celery/nightly" not in cut.output
     nightly = repeat.get("celery", "nightly")
     assert nightly is not None and nightly.paused and nightly.paused_by == "alice"
+
+
+def test_an_import_run_again_names_what_it_left_behind_with_the_command_to_remove_it(
+    run: Run, repeat: Repeat, redis_url: str, redbeat_app: Celery
+) -> None:
+    # Migration probe, session 40: an entry moved to another queue in redbeat fired under
+    # both queues, and a deleted one kept firing, and the import said nothing of either.
+    now = datetime.now(timezone.utc)
+    save(redbeat_app, "report", schedule(timedelta(hours=1)), last_run_at=now)
+    gone = save(redbeat_app, "gone", schedule(timedelta(hours=1)), last_run_at=now)
+    key_prefix = redbeat_app.redbeat_conf.key_prefix
+    args = ("import", "redbeat", "--from", redis_url, "--prefix", key_prefix)
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    assert "was not read by this import" not in first.stderr
+    save(
+        redbeat_app,
+        "report",
+        schedule(timedelta(hours=1)),
+        last_run_at=now,
+        options={"queue": "fastlane"},
+    )
+    gone.delete()
+    again = run(*args)
+    assert again.exit_code == 0, again.output
+    assert repeat.get("fastlane", "report") is not None
+    assert (
+        "note: celery/report of import:redbeat was not read by this import: its entry is in "
+        "queue 'fastlane' now, where it fires too; it still fires here unless removed: "
+        "emq-bridge remove celery report"
+    ) in again.stderr
+    assert "note: celery/gone of import:redbeat was not read" in again.stderr
+    assert "emq-bridge remove celery gone" in again.stderr
+    assert again.stderr.strip().splitlines()[-1].startswith("import import:redbeat:")

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError  # type: ignor
 from emq_bridge.celery.importers.django.project import project_registry
 from emq_bridge.celery.importers.django.reader import DEFAULT_SOURCE, read_periodic_tasks
 from emq_bridge.errors import EmqError
-from emq_bridge.migrate.plan import apply_import, queues_note, result_lines
+from emq_bridge.migrate.plan import apply_import, left_behind_notes, queues_note, result_lines
 from emq_bridge.registry import Repeat
 from emq_bridge.urls import redact_url
 
@@ -65,6 +65,7 @@ class Command(BaseCommand):  # type: ignore[misc]
                     paused=options["paused"],
                     resume=options["resume"],
                 )
+                behind = left_behind_notes(repeat, plan)
         except EmqError as exc:
             raise CommandError(str(exc)) from exc
         for line in result_lines(result):
@@ -72,4 +73,6 @@ class Command(BaseCommand):  # type: ignore[misc]
         note = queues_note(result)  # which queues a beat must pump, as the CLI says
         if note is not None:
             self.stderr.write(note)
+        for line in behind:
+            self.stderr.write(line)
         self.stderr.write(result.summary())
