@@ -131,6 +131,16 @@ def export_registry(
             "definitions only: synced into a registry that does not hold them, a run whose "
             "time has passed by then is not sent (the schedule is complete)"
         )
+    # A limit is a definition's; the runs made toward it are this registry's (`remaining`).
+    spent = [r for r in registrations if _runs_made_toward_its_limit(r)]
+    if spent:
+        completed = sum(1 for r in spent if r.completed is not None)
+        out.notes.append(
+            f"note: {len(spent)} schedule(s) with a limit of runs made some of them here "
+            f"({completed} completed): written as definitions only, synced into a registry "
+            "that does not hold them, they run their whole limit again (a one-off imported "
+            "from django-celery-beat is a limit of 1)"
+        )
     for queue in sorted(set(queues or ())):
         if not any(r.queue == queue for r in registrations):
             out.notes.append(f"note: queue {queue!r} has no schedule to export")
@@ -580,3 +590,12 @@ def render(export: Export, fmt: Format) -> str:
             "writing TOML needs tomli-w: pip install 'emq-bridge[migrate]' (or use --format json)"
         ) from exc
     return tomli_w.dumps(document)
+
+
+def _runs_made_toward_its_limit(registration: Registration) -> bool:
+    """Whether `registration` has a limit of runs and made some of them here."""
+    limit = registration.definition.bounds.limit
+    if limit is None:
+        return False
+    remaining = registration.remaining
+    return registration.completed is not None or (remaining is not None and remaining < limit)

@@ -122,3 +122,31 @@ def test_an_export_notes_the_one_offs_whose_run_is_still_to_come(
     assert synced.exit_code == 0, synced.output
     once = elsewhere.get("celery", "once")
     assert once is not None and once.completed and once.fired == 0
+
+
+def test_an_export_notes_the_schedules_whose_limit_ran_here(
+    run: Run, repeat: Repeat, tmp_path: Path
+) -> None:
+    # Session 40 (migration probe): a django-celery-beat one-off imported as a limit of 1 ran
+    # here; exported and synced into another registry it ran again, and the export said
+    # nothing. The file holds definitions; the note says so of those whose limit ran.
+    from emq_bridge import Pump
+    from emq_bridge.testing import RecordingDispatcher
+
+    repeat.upsert("celery", "once", every="1m", limit=1, template=TASK, source="app-a")
+    repeat.upsert("celery", "plenty", every="1m", limit=5, template=TASK, source="app-a")
+    repeat.upsert("celery", "every", every="1m", template=TASK, source="app-a")
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["celery"], sent)
+    pump.run_once(now_ms=repeat.server_time_ms() + 61_000)
+    assert {o.name for o in sent.clear()} == {"once", "plenty", "every"}
+    once = repeat.get("celery", "once")
+    assert once is not None and once.completed is not None
+    exported = run("export", "--source", "app-a", "-o", str(tmp_path / "a.toml"))
+    assert exported.exit_code == 0, exported.output
+    assert (
+        "note: 2 schedule(s) with a limit of runs made some of them here (1 completed): "
+        "written as definitions only, synced into a registry that does not hold them, they "
+        "run their whole limit again (a one-off imported from django-celery-beat is a limit "
+        "of 1)"
+    ) in exported.stderr.splitlines()
