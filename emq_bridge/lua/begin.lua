@@ -34,7 +34,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- The `inflight` occurrence, those in flight beside it (`inflight_also`, report.lua), and
 -- the newest nominal time the history holds.
 local cur = redis.call('HMGET', KEYS[1], 'inflight', 'inflight_also', 'history_due',
-                       'inflight_run', 'replaced_runs')
+                       'inflight_run', 'replaced_runs', 'overlap')
 -- The history holds no entry of an occurrence later than its newest (`history_due`): a first
 -- copy, the usual case, is not searched for; a copy is nearly always among the newest.
 local function entry_of(id)
@@ -68,9 +68,13 @@ if started or (cur[1] == ARGV[1] and cur[4] == run) then
 end
 local others = {cur[1] or nil}  -- (a missing field reads as false)
 for member in string.gmatch(cur[2] or '', '[^\n]+') do others[#others + 1] = member end
--- Runs a `replace` took over (claim.lua's `replaced_runs`) are being stopped: not in the way.
+-- Runs a `replace` took over (claim.lua's `replaced_runs`) are being stopped: not in the way
+-- of a slot of that policy. One edited since to `skip` or `buffer_one` waits for those still
+-- in flight (a framework that cannot revoke, Dramatiq's, runs them on).
 local replaced = {}
-for member in string.gmatch(cur[5] or '', '[^\n]+') do replaced[member] = true end
+for member in string.gmatch(cur[5] or '', '[^\n]+') do
+  if cur[6] == 'replace' then replaced[member] = true else others[#others + 1] = member end
+end
 for _, other in ipairs(others) do
   if other ~= ARGV[1] and not replaced[other] then
     local live = redis.call('ZSCORE', KEYS[2], other)

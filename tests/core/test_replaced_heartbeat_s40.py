@@ -180,3 +180,40 @@ def test_a_run_is_replaced_once(repeat: Repeat) -> None:
     members = claim_pairs.decode().split("\n")
     assert members.count(f"job {first.due_ms}") == 1
     assert f"job {second.due_ms}" in members
+
+
+def test_a_replaced_run_still_in_flight_holds_a_schedule_edited_to_skip(repeat: Repeat) -> None:
+    # The second review of session 40: a run a `replace` took over that runs on (Dramatiq
+    # cannot revoke) was in nobody's way once the policy was edited to `skip`.
+    first, second = two_slots(repeat, "replace")
+    assert repeat.started(second)
+    assert repeat.report([report_of("succeeded", second)]) == 1
+    repeat.upsert("q", "job", every="1h", template={"task": "t"}, overlap="skip")
+    sent = RecordingDispatcher()
+    Pump(repeat, ["q"], sent).run_once(now_ms=first.due_ms + 2 * HOUR_MS + 1)
+    (third,) = sent.clear()
+    assert repeat.begin_verdict(report_of("started", third)) == "skip"  # `first` runs on
+    assert repeat.report([report_of("succeeded", first)]) == 1
+    assert repeat.begin_verdict(report_of("started", third)) == "run"
+
+
+def test_a_trigger_started_after_the_slot_was_sent_holds_it_until_the_next_slot(
+    repeat: Repeat,
+) -> None:
+    # lifecycle.md's overlap table: the slot is skipped at its start; the next replaces it.
+    repeat.register(
+        "q", "job", every="1h", template={"task": "t"}, overlap="replace", immediately=True
+    )
+    sent = RecordingDispatcher()
+    pump = Pump(repeat, ["q"], sent)
+    pump.run_once()
+    (slot,) = sent.clear()
+    repeat.trigger("q", "job")
+    pump.run_once()
+    (triggered,) = sent.clear()
+    assert repeat.started(triggered)
+    assert repeat.begin_verdict(report_of("started", slot)) == "skip"
+    pump.run_once(now_ms=slot.due_ms + HOUR_MS + 1)
+    (following,) = sent.clear()
+    assert triggered.id in {r.id for r in repeat.beat([beat(triggered), beat(following)])}
+    assert repeat.begin_verdict(report_of("started", following)) == "run"
