@@ -227,11 +227,11 @@ local function read_record(record)
   return {f[1], f[2], remaining or nil, f[3], f[4], f[5], f[6] or nil, f[7] or nil}
 end
 
--- True when `record` is a hash with a `template`, as every record written is (pcall: a key
--- of another type, edited by hand, is not).
 -- The runs a `replace` took over that a record keeps (`replaced_runs`), newest last.
 local REPLACED_MAX = 32
 
+-- True when `record` is a hash with a `template`, as every record written is (pcall: a key
+-- of another type, edited by hand, is not).
 local function has_template(record)
   return redis.pcall('HEXISTS', record, 'template') == 1
 end

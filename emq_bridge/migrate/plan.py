@@ -531,7 +531,10 @@ def left_behind_notes(repeat: Repeat, plan: ImportPlan) -> list[str]:
                 f"import: {why}; it still fires here unless removed: {remove}"
             )
     if left > len(lines):
-        lines.append(f"note: and {left - len(lines)} more registration(s) of {plan.source} so")
+        lines.append(
+            f"note: {left - len(lines)} more registration(s) of {plan.source} were not read "
+            f"by this import either (the first {LEFT_BEHIND_SHOWN} are named above)"
+        )
     return lines
 
 

@@ -403,3 +403,21 @@ def test_an_import_run_again_names_what_it_left_behind_with_the_command_to_remov
     assert "note: celery/gone of import:redbeat was not read" in again.stderr
     assert "emq-bridge remove celery gone" in again.stderr
     assert again.stderr.strip().splitlines()[-1].startswith("import import:redbeat:")
+
+
+def test_what_an_import_left_behind_is_named_twenty_at_most_then_counted(repeat: Repeat) -> None:
+    from emq_bridge.migrate.plan import LEFT_BEHIND_SHOWN, ImportPlan, left_behind_notes
+
+    for i in range(LEFT_BEHIND_SHOWN + 2):
+        repeat.upsert(
+            "celery", f"old{i:02d}", every="1h", template={"task": "t"}, source="import:redbeat"
+        )
+    repeat.upsert("celery", "mine", every="1h", template={"task": "t"}, source="app")
+    lines = left_behind_notes(repeat, ImportPlan(source="import:redbeat"))
+    assert len(lines) == LEFT_BEHIND_SHOWN + 1
+    assert all("was not read by this import" in line for line in lines[:-1])
+    assert not any("celery/mine" in line for line in lines)
+    assert lines[-1] == (
+        "note: 2 more registration(s) of import:redbeat were not read by this import either "
+        f"(the first {LEFT_BEHIND_SHOWN} are named above)"
+    )
