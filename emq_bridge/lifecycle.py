@@ -262,9 +262,8 @@ class LifecycleMoves:
         heartbeat_ttl_ms: int,
         start_timeout_ms: int,
     ) -> tuple[int, set[str]]:
-        """`report`'s calls: how many reports applied, and the ids of the heartbeats' runs a
-        `replace` took over (`beat`)."""
-        check_history_size(history_size)
+        """`report`'s calls (its callers checked `history_size`): how many reports applied,
+        and the ids of the heartbeats' runs a `replace` took over (`beat`)."""
         by_queue: dict[str, builtins.list[Report]] = {}
         for item in reports:
             by_queue.setdefault(item.queue, []).append(item)

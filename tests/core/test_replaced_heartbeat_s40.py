@@ -21,8 +21,8 @@ from emq_bridge.testing import RecordingDispatcher
 HOUR_MS = 3_600_000
 
 
-def two_slots(repeat: Repeat, overlap: str) -> tuple[Occurrence, Occurrence]:
-    """Send a slot, start it, and send the next one while it runs."""
+def first_slot(repeat: Repeat, overlap: str) -> tuple[Pump, RecordingDispatcher, Occurrence]:
+    """Register "job" (every hour, `overlap`) and send its first slot, not started."""
     repeat.register(
         "q", "job", every="1h", template={"task": "t"}, overlap=overlap, immediately=True
     )
@@ -30,6 +30,12 @@ def two_slots(repeat: Repeat, overlap: str) -> tuple[Occurrence, Occurrence]:
     pump = Pump(repeat, ["q"], sent)
     pump.run_once()
     (first,) = sent.clear()
+    return pump, sent, first
+
+
+def two_slots(repeat: Repeat, overlap: str) -> tuple[Occurrence, Occurrence]:
+    """Send a slot, start it, and send the next one while it runs."""
+    pump, sent, first = first_slot(repeat, overlap)
     assert repeat.started(first)
     pump.run_once(now_ms=first.due_ms + HOUR_MS + 1)
     (second,) = sent.clear()
@@ -119,13 +125,7 @@ def test_runs_past_the_cap_of_those_in_flight_beside_are_not_named(repeat: Repea
 
 
 def test_a_run_replaced_before_it_started_is_named_once_it_runs(repeat: Repeat) -> None:
-    repeat.register(
-        "q", "job", every="1h", template={"task": "t"}, overlap="replace", immediately=True
-    )
-    sent = RecordingDispatcher()
-    pump = Pump(repeat, ["q"], sent)
-    pump.run_once()
-    (first,) = sent.clear()
+    pump, sent, first = first_slot(repeat, "replace")
     pump.run_once(now_ms=first.due_ms + HOUR_MS + 1)  # replaces it while it waits unstarted
     (second,) = sent.clear()
     assert repeat.started(second)
@@ -201,13 +201,7 @@ def test_a_trigger_started_after_the_slot_was_sent_holds_it_until_the_next_slot(
     repeat: Repeat,
 ) -> None:
     # lifecycle.md's overlap table: the slot is skipped at its start; the next replaces it.
-    repeat.register(
-        "q", "job", every="1h", template={"task": "t"}, overlap="replace", immediately=True
-    )
-    sent = RecordingDispatcher()
-    pump = Pump(repeat, ["q"], sent)
-    pump.run_once()
-    (slot,) = sent.clear()
+    pump, sent, slot = first_slot(repeat, "replace")
     repeat.trigger("q", "job")
     pump.run_once()
     (triggered,) = sent.clear()
